@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# Engine benchmark: throng vs. peer WebSocket echo servers on this machine.
+#
+# For each server (fresh process per measurement, random free port, loopback):
+#   (a) idle: server VmRSS (median of 5 samples) after start + settle, open
+#       N WebSockets (paced), wait, VmRSS again (median of 5)
+#       -> (RSS delta) / opened  = userspace bytes per idle connection
+#   (b) echo: 100 and 1000 connections, 32-byte text, one message in flight per
+#       connection, 1 s warmup + measured window; the server's utime+stime
+#       (/proc/PID/stat) over the window / messages = server CPU us per message.
+# Prints the machine description and one markdown table; raw JSON goes to
+# bench/results/engine-<date>.json (and the table to engine-<date>.md).
+#
+# Usage: bench/engine.sh [--servers throng,gorilla,tungstenite,node]
+#                        [--conns-idle 15000] [--rate 2000] [--echo-duration 10s]
+#                        [--echo-conns 100,1000]
+# Env:   THRONG_BIN (default <repo>/target/release/throng)
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(dirname "$BENCH_DIR")
+THRONG_BIN=${THRONG_BIN:-$REPO_DIR/target/release/throng}
+
+SERVERS=throng,gorilla,tungstenite,node
+CONNS_IDLE=15000
+RATE=2000
+ECHO_DURATION=10s
+ECHO_CONNS=100,1000
+IDLE_HOLD=6s        # hold after all idle connections are open
+IDLE_SETTLE=3s      # wait before the "after" RSS samples
+START_SETTLE=2      # seconds between readiness and the "before" RSS samples
+SOURCE_IPS=127.0.0.2-127.0.0.254
+
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --servers) SERVERS=$2; shift 2 ;;
+    --servers=*) SERVERS=${1#*=}; shift ;;
+    --conns-idle) CONNS_IDLE=$2; shift 2 ;;
+    --conns-idle=*) CONNS_IDLE=${1#*=}; shift ;;
+    --rate) RATE=$2; shift 2 ;;
+    --rate=*) RATE=${1#*=}; shift ;;
+    --echo-duration) ECHO_DURATION=$2; shift 2 ;;
+    --echo-duration=*) ECHO_DURATION=${1#*=}; shift ;;
+    --echo-conns) ECHO_CONNS=$2; shift 2 ;;
+    --echo-conns=*) ECHO_CONNS=${1#*=}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "engine.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+for s in ${SERVERS//,/ }; do
+  case "$s" in throng|gorilla|tungstenite|node) ;; *) echo "engine.sh: unknown server '$s'" >&2; exit 2 ;; esac
+done
+
+log() { printf '[engine %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+need() { command -v "$1" >/dev/null 2>&1 || { echo "engine.sh: needs $1" >&2; exit 1; }; }
+need jq
+
+RUN_START=$(date +%s)
+STAMP=$(date +%Y%m%d-%H%M%S)
+WORK=$(mktemp -d /tmp/throng-engine.XXXXXX)
+RESULTS_DIR=$BENCH_DIR/results
+mkdir -p "$RESULTS_DIR"
+SERVER_PID=
+cleanup() {
+  if [ -n "${SERVER_PID:-}" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- build
+WSLOAD=$BENCH_DIR/clients/wsload/wsload
+GORILLA=$BENCH_DIR/peers/gorilla-echo/gorilla-echo
+TUNG_DIR=$BENCH_DIR/peers/tungstenite-echo
+TUNGSTENITE=$TUNG_DIR/target/release/tungstenite-echo
+NODE_DIR=$BENCH_DIR/peers/node-ws-echo
+
+go_build() { # dir out
+  if [ ! -x "$1/$2" ] || [ -n "$(find "$1" -maxdepth 1 \( -name '*.go' -o -name go.mod -o -name go.sum \) -newer "$1/$2")" ]; then
+    need go
+    log "go build $1"
+    (cd "$1" && go build -o "$2" .)
+  fi
+}
+go_build "$BENCH_DIR/clients/wsload" wsload
+
+want() { case ",$SERVERS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+SKIPPED=()
+if want gorilla; then go_build "$BENCH_DIR/peers/gorilla-echo" gorilla-echo; fi
+if want tungstenite; then
+  need cargo
+  log "cargo build --release (tungstenite-echo)"
+  cargo build --release --quiet --manifest-path "$TUNG_DIR/Cargo.toml" --target-dir "$TUNG_DIR/target"
+fi
+if want node; then
+  if ! command -v node >/dev/null 2>&1; then
+    SKIPPED+=("node: node not installed")
+  elif [ ! -f "$NODE_DIR/node_modules/ws/package.json" ]; then
+    log "npm install (node-ws-echo)"
+    (cd "$NODE_DIR" && npm install --no-audit --no-fund --silent) || SKIPPED+=("node: npm install failed")
+  fi
+fi
+if want throng && [ ! -x "$THRONG_BIN" ]; then
+  SKIPPED+=("throng: $THRONG_BIN not found")
+fi
+
+# ---------------------------------------------------------------- machine
+NPROC=$(nproc)
+MODEL=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+KERNEL=$(uname -r)
+DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+MEM=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
+CLK_TCK=$(getconf CLK_TCK)
+NOFILE=$(ulimit -n)
+
+# ---------------------------------------------------------------- servers
+free_port() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$(( 20000 + RANDOM % 12000 ))   # below the ephemeral range (32768+)
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+
+server_cmd() { # name port -> prints nothing, sets CMD array
+  case "$1" in
+    throng) CMD=("$THRONG_BIN" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s) ;;
+    gorilla) CMD=("$GORILLA" -addr "127.0.0.1:$2") ;;
+    tungstenite) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2") ;;
+    node) CMD=(node "$NODE_DIR/server.js" --addr "127.0.0.1:$2") ;;
+  esac
+}
+
+start_server() { # name tag -> sets SERVER_PID, PORT; returns 1 if not ready
+  local name=$1 tag=$2
+  PORT=$(free_port) || { log "no free port"; return 1; }
+  server_cmd "$name" "$PORT"
+  "${CMD[@]}" >"$WORK/$name-$tag.log" 2>&1 &
+  SERVER_PID=$!
+  local i
+  for i in $(seq 1 100); do   # up to 10 s
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      log "$name exited during start-up; log:"; tail -5 "$WORK/$name-$tag.log" >&2; SERVER_PID=; return 1
+    fi
+    if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  log "$name not ready on :$PORT after 10 s"; stop_server; return 1
+}
+
+stop_server() {
+  [ -n "${SERVER_PID:-}" ] || return 0
+  kill -TERM "$SERVER_PID" 2>/dev/null || true
+  local i
+  for i in $(seq 1 50); do   # up to 5 s, then SIGKILL
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$SERVER_PID" 2>/dev/null; then kill -KILL "$SERVER_PID" 2>/dev/null || true; fi
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+}
+
+run_client() { # outfile args...
+  local out=$1; shift
+  if ! "$WSLOAD" -source-ips "$SOURCE_IPS" -clk-tck "$CLK_TCK" -server-pid "$SERVER_PID" "$@" >"$out" 2>>"$WORK/wsload.log"; then
+    echo '{"error":"wsload failed"}' >"$out"
+  fi
+  jq -e . "$out" >/dev/null 2>&1 || echo '{"error":"wsload printed no JSON"}' >"$out"
+}
+
+server_version() {
+  case "$1" in
+    throng) echo "binary mtime $(date -u -r "$THRONG_BIN" +%Y-%m-%dT%H:%M:%SZ) sha256 $(sha256sum "$THRONG_BIN" | cut -c1-12)" ;;
+    gorilla) echo "gorilla/websocket $(awk '/gorilla\/websocket/ {print $2; exit}' "$BENCH_DIR/peers/gorilla-echo/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
+    tungstenite) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
+    node) echo "ws $(jq -r .version "$NODE_DIR/node_modules/ws/package.json" 2>/dev/null), node $(node --version 2>/dev/null)" ;;
+  esac
+}
+
+RAN=()
+for name in ${SERVERS//,/ }; do
+  skip=
+  for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do case "$s" in "$name:"*) skip=1 ;; esac; done
+  if [ -n "$skip" ]; then log "skipping $name"; continue; fi
+  RAN+=("$name")
+
+  # (a) idle RSS
+  log "$name: idle $CONNS_IDLE conns @ ${RATE}/s"
+  if start_server "$name" idle; then
+    sleep "$START_SETTLE"
+    run_client "$WORK/$name-idle.json" -mode idle -url "ws://127.0.0.1:$PORT/echo" -conns "$CONNS_IDLE" -rate "$RATE" \
+      -duration "$IDLE_HOLD" -settle "$IDLE_SETTLE"
+    stop_server
+  else
+    echo '{"error":"server did not start"}' >"$WORK/$name-idle.json"
+  fi
+  log "$name: idle -> $(jq -c '{opened,failed,server_rss_before_kb,server_rss_after_kb,server_rss_bytes_per_conn,pings_seen,closed_by_peer_during_hold,error}' "$WORK/$name-idle.json")"
+
+  # (b) echo throughput + server CPU, fresh server per connection count
+  for n in ${ECHO_CONNS//,/ }; do
+    log "$name: echo $n conns, 32 B, $ECHO_DURATION"
+    if start_server "$name" "echo$n"; then
+      sleep 1
+      run_client "$WORK/$name-echo$n.json" -mode echo -url "ws://127.0.0.1:$PORT/echo" -conns "$n" -rate "$RATE" \
+        -size 32 -warmup 1s -duration "$ECHO_DURATION"
+      stop_server
+    else
+      echo '{"error":"server did not start"}' >"$WORK/$name-echo$n.json"
+    fi
+    log "$name: echo$n -> $(jq -c '{opened,failed,msgs_per_sec,server_cpu_us_per_msg,client_cpu_us_per_msg,errors,mismatches,error}' "$WORK/$name-echo$n.json")"
+  done
+  jq -n --arg name "$name" --arg version "$(server_version "$name")" --arg cmd "$(server_cmd "$name" PORT; echo "${CMD[*]}")" \
+    --slurpfile idle "$WORK/$name-idle.json" \
+    '{name:$name, version:$version, command:$cmd, idle:$idle[0], echo:{}}' >"$WORK/$name.json"
+  for n in ${ECHO_CONNS//,/ }; do
+    jq --arg n "$n" --slurpfile e "$WORK/$name-echo$n.json" '.echo[$n] = $e[0]' "$WORK/$name.json" >"$WORK/$name.tmp" && mv "$WORK/$name.tmp" "$WORK/$name.json"
+  done
+done
+
+# ---------------------------------------------------------------- report
+RUN_SECONDS=$(( $(date +%s) - RUN_START ))
+OUT_JSON=$RESULTS_DIR/engine-$STAMP.json
+OUT_MD=$RESULTS_DIR/engine-$STAMP.md
+{
+  jq -n --arg nproc "$NPROC" --arg model "$MODEL" --arg kernel "$KERNEL" --arg date "$DATE" --arg mem "$MEM" \
+    --arg nofile "$NOFILE" --arg clk "$CLK_TCK" --argjson conns_idle "$CONNS_IDLE" --arg rate "$RATE" \
+    --arg echo_duration "$ECHO_DURATION" --arg echo_conns "$ECHO_CONNS" --arg src "$SOURCE_IPS" \
+    --argjson run_seconds "$RUN_SECONDS" --arg skipped "$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}")" \
+    '{machine:{nproc:($nproc|tonumber), model:$model, kernel:$kernel, memory:$mem, nofile:$nofile, clk_tck:($clk|tonumber), date:$date},
+      params:{conns_idle:$conns_idle, rate:$rate, echo_duration:$echo_duration, echo_conns:$echo_conns, source_ips:$src,
+              idle_hold:"'"$IDLE_HOLD"'", idle_settle:"'"$IDLE_SETTLE"'", start_settle_s:'"$START_SETTLE"', message_size:32, warmup:"1s"},
+      skipped:($skipped|split("\n")|map(select(length>0))), run_seconds:$run_seconds, servers:[]}'
+} >"$WORK/all.json"
+for name in "${RAN[@]+"${RAN[@]}"}"; do
+  jq --slurpfile s "$WORK/$name.json" '.servers += $s' "$WORK/all.json" >"$WORK/all.tmp" && mv "$WORK/all.tmp" "$WORK/all.json"
+done
+cp "$WORK/all.json" "$OUT_JSON"
+
+E1=${ECHO_CONNS%%,*}; E2=${ECHO_CONNS##*,}
+render() {
+  echo "# throng engine benchmark"
+  echo
+  echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL, open files $NOFILE"
+  echo "- date: $DATE; run took ${RUN_SECONDS}s"
+  echo "- load: client \`wsload\` (Go, gorilla/websocket) on the same 2 cores, sources $SOURCE_IPS -> 127.0.0.1;"
+  echo "  idle: $CONNS_IDLE conns @ ${RATE}/s, RSS = median of 5 VmRSS samples before / ${IDLE_SETTLE} after all open;"
+  echo "  echo: 32 B text, 1 in flight per conn, 1 s warmup + $ECHO_DURATION window; fresh server process per measurement."
+  for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do echo "- skipped: $s"; done
+  echo
+  jq -r --arg e1 "$E1" --arg e2 "$E2" '
+    def f0: if . == null then "n/a" else (. + 0.5 | floor | tostring) end;
+    def f1: if . == null then "n/a" else ((. * 10 + 0.5 | floor) / 10 | tostring) end;
+    def f2: if . == null then "n/a" else ((. * 100 + 0.5 | floor) / 100 | tostring) end;
+    def ok(e): if e == null or e.error != null then null else e end;
+    "| server | idle B/conn @\(.params.conns_idle) | msgs/s @\($e1) | msgs/s @\($e2) | server CPU µs/msg @\($e1) | server CPU µs/msg @\($e2) |",
+    "|---|---:|---:|---:|---:|---:|",
+    (.servers[] |
+      "| \(.name) | \(ok(.idle).server_rss_bytes_per_conn | f0) | \(ok(.echo[$e1]).msgs_per_sec | f0) | \(ok(.echo[$e2]).msgs_per_sec | f0) | \(ok(.echo[$e1]).server_cpu_us_per_msg | f2) | \(ok(.echo[$e2]).server_cpu_us_per_msg | f2) |"),
+    "",
+    ( (.servers | map(select(.name == "throng")) | .[0]) as $t |
+      if $t == null then "(throng not measured: no ratios)" else
+      "| throng ÷ peer | RSS/conn ratio | msgs/s ratio @\($e1) | msgs/s ratio @\($e2) | CPU/msg ratio @\($e1) | CPU/msg ratio @\($e2) |",
+      "|---|---:|---:|---:|---:|---:|",
+      (.servers[] | select(.name != "throng") as $p |
+        def r(a; b): if a == null or b == null or b == 0 then null else a / b end;
+        "| ÷ \($p.name) | \(r(ok($t.idle).server_rss_bytes_per_conn; ok($p.idle).server_rss_bytes_per_conn) | f2) | \(r(ok($t.echo[$e1]).msgs_per_sec; ok($p.echo[$e1]).msgs_per_sec) | f2) | \(r(ok($t.echo[$e2]).msgs_per_sec; ok($p.echo[$e2]).msgs_per_sec) | f2) | \(r(ok($t.echo[$e1]).server_cpu_us_per_msg; ok($p.echo[$e1]).server_cpu_us_per_msg) | f2) | \(r(ok($t.echo[$e2]).server_cpu_us_per_msg; ok($p.echo[$e2]).server_cpu_us_per_msg) | f2) |")
+      end ),
+    "",
+    "Details (validity checks):",
+    "",
+    "| server | idle opened/failed | RSS before→after KiB | pings seen / dropped | echo @\($e1) p50/p99 µs | echo @\($e2) p50/p99 µs | echo errors/mismatches | client CPU µs/msg @\($e1)/@\($e2) |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|",
+    (.servers[] |
+      "| \(.name) | \(.idle.opened // "n/a")/\(.idle.failed // "n/a") | \(.idle.server_rss_before_kb // "n/a")→\(.idle.server_rss_after_kb // "n/a") | \(.idle.pings_seen // "n/a") / \(.idle.closed_by_peer_during_hold // "n/a") | \(.echo[$e1].latency_us.p50 | f0)/\(.echo[$e1].latency_us.p99 | f0) | \(.echo[$e2].latency_us.p50 | f0)/\(.echo[$e2].latency_us.p99 | f0) | \((.echo[$e1].errors // 0) + (.echo[$e2].errors // 0))/\((.echo[$e1].mismatches // 0) + (.echo[$e2].mismatches // 0)) | \(.echo[$e1].client_cpu_us_per_msg | f2)/\(.echo[$e2].client_cpu_us_per_msg | f2) |")
+  ' "$OUT_JSON"
+  echo
+  echo "Ratios: RSS and CPU/msg below 1 favour throng; msgs/s above 1 favours throng. RSS is userspace only (kernel socket buffers excluded)."
+  echo "Raw: ${OUT_JSON#"$REPO_DIR"/}"
+}
+render | tee "$OUT_MD"
+rm -rf "$WORK"

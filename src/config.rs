@@ -1,0 +1,398 @@
+//! Server configuration: the `serve` flags, their `THRONG_<NAME>` environment
+//! variables and `--config FILE.toml` keys, one name for all three.
+//!
+//! It owns parsing and validating settings (durations, sizes, listen specs) and the
+//! precedence command line > environment > config file > built-in default. It must
+//! not start anything: [`ServeConfig`] is plain data the server is built from.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{ArgMatches, Args, Command, FromArgMatches};
+
+/// Where to listen: one address, or one address per port of a range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenSpec {
+    pub ip: IpAddr,
+    pub first_port: u16,
+    pub last_port: u16,
+}
+
+impl ListenSpec {
+    pub fn addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        (self.first_port..=self.last_port).map(|port| SocketAddr::new(self.ip, port))
+    }
+}
+
+impl std::str::FromStr for ListenSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (host, ports) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("'{s}' is not host:port or host:first-last"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let ip: IpAddr = match host {
+            "localhost" => IpAddr::from([127, 0, 0, 1]),
+            "" => IpAddr::from([0, 0, 0, 0]),
+            h => h
+                .parse()
+                .map_err(|_| format!("'{h}' is not an IP address (in '{s}')"))?,
+        };
+        let port = |p: &str| {
+            p.parse::<u16>()
+                .map_err(|_| format!("'{p}' is not a port number (in '{s}')"))
+        };
+        let (first_port, last_port) = match ports.split_once('-') {
+            Some((a, b)) => (port(a)?, port(b)?),
+            None => {
+                let p = port(ports)?;
+                (p, p)
+            }
+        };
+        if first_port > last_port {
+            return Err(format!("port range {first_port}-{last_port} is empty"));
+        }
+        if first_port == 0 && last_port != 0 {
+            return Err("a port range cannot start at 0".into());
+        }
+        Ok(ListenSpec {
+            ip,
+            first_port,
+            last_port,
+        })
+    }
+}
+
+/// Parses `25s`, `500ms`, `5m`; a bare `0` means zero (off).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("'{s}' is not a duration like 500ms, 25s or 5m: {e}"))
+}
+
+/// Parses a byte size: `65536`, `64KiB`, `1MiB`, `2GB`, `64k`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size like 65536, 64KiB or 1MiB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "kb" => 1000,
+        "m" | "mib" => 1 << 20,
+        "mb" => 1_000_000,
+        "g" | "gib" => 1 << 30,
+        "gb" => 1_000_000_000,
+        other => return Err(format!("unknown size unit '{other}' in '{s}'")),
+    };
+    n.checked_mul(mult)
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `throng serve` flags. Each doc line is its `--help` text; each flag is also
+/// `THRONG_<NAME>` in the environment and `<name>` in the config file.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// TOML file whose keys are these flags' names (e.g. `echo-prefix = "hi"`)
+    #[arg(long, env = "THRONG_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// host:port, or host:first-last for one listener per port (repeatable)
+    #[arg(
+        long,
+        env = "THRONG_LISTEN",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8080",
+        value_delimiter = ','
+    )]
+    pub listen: Vec<ListenSpec>,
+
+    /// I/O threads [default: the number of cores]
+    #[arg(long, env = "THRONG_THREADS", value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Server pings, spread evenly over this interval; 0 = no pings
+    #[arg(long, env = "THRONG_PING_INTERVAL", value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    pub ping_interval: Duration,
+
+    /// Close a client that sent no frame or pong for this long; 0 = never
+    #[arg(long, env = "THRONG_IDLE_TIMEOUT", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Drop a connection whose HTTP request has not completed in this time (slowloris)
+    #[arg(long, env = "THRONG_HANDSHAKE_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// Largest message a client may send (all fragments together); larger: close 1009
+    #[arg(long, env = "THRONG_MAX_MESSAGE_SIZE", value_name = "BYTES", default_value = "64KiB", value_parser = parse_size)]
+    pub max_message_size: usize,
+
+    /// Outbound bytes queued for one connection; past it: close 1008 "slow consumer"
+    #[arg(long, env = "THRONG_MAX_QUEUE", value_name = "BYTES", default_value = "1MiB", value_parser = parse_size)]
+    pub max_queue: usize,
+
+    /// Most concurrent WebSocket connections; more handshakes get 503
+    #[arg(long, env = "THRONG_MAX_CONNS", value_name = "N")]
+    pub max_conns: Option<usize>,
+
+    /// Most concurrent WebSocket connections from one IP address; more get 429
+    #[arg(long, env = "THRONG_MAX_CONNS_PER_IP", value_name = "N")]
+    pub max_conns_per_ip: Option<u32>,
+
+    /// Text prepended to every echoed text message
+    #[arg(
+        long,
+        env = "THRONG_ECHO_PREFIX",
+        value_name = "TEXT",
+        default_value = ""
+    )]
+    pub echo_prefix: String,
+
+    /// On SIGTERM/SIGINT: close clients with 1001 and exit within this time
+    #[arg(long, env = "THRONG_DRAIN_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Print the stats block this often; 0 = never
+    #[arg(long, env = "THRONG_STATS_INTERVAL", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub stats_interval: Duration,
+}
+
+/// Validated settings the server runs on.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Every listener address, port ranges expanded.
+    pub listen: Vec<SocketAddr>,
+    pub threads: usize,
+    pub ping_interval: Duration,
+    pub idle_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub max_message_size: usize,
+    pub max_queue: usize,
+    pub max_conns: Option<usize>,
+    pub max_conns_per_ip: Option<u32>,
+    pub echo_prefix: String,
+    pub drain_timeout: Duration,
+    pub stats_interval: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 8080))],
+            threads: default_threads(),
+            ping_interval: Duration::from_secs(25),
+            idle_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
+            max_message_size: 64 << 10,
+            max_queue: 1 << 20,
+            max_conns: None,
+            max_conns_per_ip: None,
+            echo_prefix: String::new(),
+            drain_timeout: Duration::from_secs(10),
+            stats_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A setting that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {source}")]
+    Toml {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error(
+        "config file {path}: unknown key '{key}' (keys are the serve flags' names, e.g. echo-prefix)"
+    )]
+    UnknownKey { path: PathBuf, key: String },
+    #[error(
+        "config file {path}: key '{key}' must be a string, number or boolean (or an array of them for listen)"
+    )]
+    BadValue { path: PathBuf, key: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ServeArgs {
+    pub fn into_config(self) -> Result<ServeConfig, ConfigError> {
+        let threads = self.threads.unwrap_or_else(default_threads);
+        if threads == 0 || threads > 1024 {
+            return Err(ConfigError::Invalid(format!(
+                "--threads must be 1..=1024, not {threads}"
+            )));
+        }
+        let listen: Vec<SocketAddr> = self.listen.iter().flat_map(|s| s.addrs()).collect();
+        if listen.is_empty() {
+            return Err(ConfigError::Invalid("--listen names no address".into()));
+        }
+        if self.max_message_size == 0 {
+            return Err(ConfigError::Invalid(
+                "--max-message-size must be above 0".into(),
+            ));
+        }
+        if self.max_queue == 0 {
+            return Err(ConfigError::Invalid("--max-queue must be above 0".into()));
+        }
+        if self.handshake_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "--handshake-timeout must be above 0".into(),
+            ));
+        }
+        Ok(ServeConfig {
+            listen,
+            threads,
+            ping_interval: self.ping_interval,
+            idle_timeout: self.idle_timeout,
+            handshake_timeout: self.handshake_timeout,
+            max_message_size: self.max_message_size,
+            max_queue: self.max_queue,
+            max_conns: self.max_conns,
+            max_conns_per_ip: self.max_conns_per_ip,
+            echo_prefix: self.echo_prefix,
+            drain_timeout: self.drain_timeout,
+            stats_interval: self.stats_interval,
+        })
+    }
+}
+
+/// Finds `--config FILE` (or `THRONG_CONFIG`) before the real parse, so the file's
+/// values can become the flags' defaults.
+pub fn config_path_from(args: &[String]) -> Option<PathBuf> {
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        if arg == "--" {
+            break;
+        }
+        if arg == "--config" {
+            return iter.next().map(PathBuf::from);
+        }
+        if let Some(path) = arg.strip_prefix("--config=") {
+            return Some(PathBuf::from(path));
+        }
+    }
+    std::env::var_os("THRONG_CONFIG").map(PathBuf::from)
+}
+
+/// Makes the config file's keys the defaults of `serve`'s flags; the command line
+/// and the environment still win over them.
+pub fn apply_config_file(cmd: Command, path: &Path) -> Result<Command, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let table: toml::Table = text.parse().map_err(|source| ConfigError::Toml {
+        path: path.to_path_buf(),
+        source: Box::new(source),
+    })?;
+    let mut cmd = cmd;
+    for (key, value) in table {
+        let id = key.replace('-', "_");
+        let known = cmd
+            .find_subcommand("serve")
+            .is_some_and(|serve| serve.get_arguments().any(|a| a.get_id() == id.as_str()));
+        if !known || id == "config" {
+            return Err(ConfigError::UnknownKey {
+                path: path.to_path_buf(),
+                key,
+            });
+        }
+        let scalar = |v: &toml::Value| -> Option<String> {
+            match v {
+                toml::Value::String(s) => Some(s.clone()),
+                toml::Value::Integer(i) => Some(i.to_string()),
+                toml::Value::Float(f) => Some(f.to_string()),
+                toml::Value::Boolean(b) => Some(b.to_string()),
+                _ => None,
+            }
+        };
+        let values: Vec<String> = match &value {
+            toml::Value::Array(items) => items.iter().map(scalar).collect::<Option<_>>(),
+            v => scalar(v).map(|s| vec![s]),
+        }
+        .ok_or_else(|| ConfigError::BadValue {
+            path: path.to_path_buf(),
+            key: key.clone(),
+        })?;
+        cmd = cmd.mut_subcommand("serve", |serve| {
+            serve.mut_arg(id.as_str(), |arg| arg.default_values(values))
+        });
+    }
+    Ok(cmd)
+}
+
+/// Reads `ServeArgs` back out of matches parsed with a file-adjusted command.
+pub fn serve_args_from(matches: &ArgMatches) -> Result<ServeArgs, clap::Error> {
+    ServeArgs::from_arg_matches(matches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_specs() {
+        let one: ListenSpec = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(one.addrs().count(), 1);
+        let range: ListenSpec = "127.0.0.1:8000-8499".parse().unwrap();
+        assert_eq!(range.addrs().count(), 500);
+        let v6: ListenSpec = "[::1]:9000".parse().unwrap();
+        assert!(v6.ip.is_ipv6());
+        for bad in [
+            "8080",
+            "x:80",
+            "1.2.3.4:99999",
+            "1.2.3.4:90-80",
+            "1.2.3.4:0-5",
+        ] {
+            assert!(bad.parse::<ListenSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_size("2kb"), Ok(2000));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn config_path_is_found_before_parsing() {
+        let args: Vec<String> = ["throng", "serve", "--config", "a.toml"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(config_path_from(&args), Some(PathBuf::from("a.toml")));
+        let args: Vec<String> = ["throng", "serve", "--config=b.toml"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(config_path_from(&args), Some(PathBuf::from("b.toml")));
+    }
+}

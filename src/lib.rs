@@ -1,0 +1,20 @@
+//! throng: one binary that holds huge numbers of concurrent real-time connections.
+//!
+//! # Layout
+//! - [`protocol`]: RFC 6455 framing and the HTTP upgrade, as pure functions and a
+//!   per-connection decoder (no I/O), so they can be unit-tested and fuzzed.
+//! - [`server`]: listeners, one mio event loop per I/O thread, per-connection state
+//!   ([`server::conn`]), the timer wheel, routes, admission limits, shutdown.
+//! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file.
+//! - [`stats`]: per-loop counters and the seeds' stats block.
+//! - [`os`]: the open-files limit and the connection ceiling it gives.
+//!
+//! Later capabilities slot in beside these: a channel hub and broker seam next to
+//! `server`, SSE and long-poll transports as further routes, `bench` and `tune` as
+//! commands in `main`.
+
+pub mod config;
+pub mod os;
+pub mod protocol;
+pub mod server;
+pub mod stats;

@@ -1,0 +1,186 @@
+//! The `throng` command line: parses flags, sets up logging, and maps errors to
+//! exit codes. Everything it runs lives in the library.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use throng::config::{self, ServeArgs, ServeConfig};
+use throng::os;
+use throng::server;
+use throng::stats;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "throng",
+    version,
+    about = "Hold huge numbers of real-time connections (WebSocket), and prove it",
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server (echo at ws://HOST/echo, health at /healthz)
+    Serve(ServeArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let mut cmd = Cli::command();
+    if let Some(path) = config::config_path_from(&args) {
+        cmd = config::apply_config_file(cmd, &path)?;
+    }
+    let matches = cmd.get_matches_from(&args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match cli.command {
+        Command::Serve(serve_args) => {
+            let config = serve_args.into_config()?;
+            serve(config)
+        }
+    }
+}
+
+fn serve(config: ServeConfig) -> Result<()> {
+    let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
+    let listeners = config.listen.len() * config.threads;
+    let stats_interval = config.stats_interval;
+    let summary = limits_summary(&config);
+    let threads = config.threads;
+    let handle = server::start(config.clone()).context("cannot start the server")?;
+
+    for range in listen_ranges(handle.local_addrs()) {
+        tracing::info!("listening on {range}");
+    }
+    tracing::info!(threads, "I/O threads: {threads}; broker: memory");
+    tracing::info!("limits: {summary}");
+    tracing::info!(
+        "open-files limit {}: at most ~{} connections in this process",
+        limit.soft,
+        os::thousands(limit.connection_ceiling(listeners))
+    );
+    if limit.soft < limit.hard {
+        tracing::warn!(
+            "could not raise the open-files soft limit to the hard limit {}",
+            limit.hard
+        );
+    }
+
+    let stopper = handle.stopper();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("cannot install signal handlers")?;
+    let drain = config.drain_timeout;
+    std::thread::Builder::new()
+        .name("throng-signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for signal in signals.forever() {
+                seen += 1;
+                if seen == 1 {
+                    tracing::info!(
+                        signal,
+                        "shutting down: closing clients with 1001, draining for up to {drain:?}"
+                    );
+                    stopper.stop();
+                } else {
+                    tracing::warn!("second signal: exiting now");
+                    std::process::exit(1);
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+
+    if !stats_interval.is_zero() {
+        print_stats_until_shutdown(&handle, stats_interval);
+    }
+    handle.join().context("server stopped with an error")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn print_stats_until_shutdown(handle: &server::ServerHandle, interval: Duration) {
+    let mut before = handle.stats().snapshot();
+    let mut since = Instant::now();
+    let mut next = since + interval;
+    while !handle.is_shutting_down() {
+        std::thread::sleep(Duration::from_millis(100).min(interval));
+        if Instant::now() < next {
+            continue;
+        }
+        let now = handle.stats().snapshot();
+        let block = stats::format_block(&now, &before, since.elapsed().as_secs_f64());
+        println!("{block}");
+        before = now;
+        since = Instant::now();
+        next = since + interval;
+    }
+}
+
+fn limits_summary(c: &ServeConfig) -> String {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "none".into());
+    format!(
+        "max-message-size {} B, max-queue {} B, max-conns {}, max-conns-per-ip {}, ping-interval {:?}, idle-timeout {:?}, handshake-timeout {:?}",
+        c.max_message_size,
+        c.max_queue,
+        opt(c.max_conns.map(|v| v.to_string())),
+        opt(c.max_conns_per_ip.map(|v| v.to_string())),
+        c.ping_interval,
+        c.idle_timeout,
+        c.handshake_timeout
+    )
+}
+
+/// Collapses consecutive ports on one IP into `ip:first-last (N listeners)`.
+fn listen_ranges(addrs: &[std::net::SocketAddr]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < addrs.len() {
+        let start = addrs[i];
+        let mut j = i;
+        while j + 1 < addrs.len()
+            && addrs[j + 1].ip() == start.ip()
+            && addrs[j + 1].port() == addrs[j].port().wrapping_add(1)
+        {
+            j += 1;
+        }
+        if j == i {
+            out.push(start.to_string());
+        } else {
+            out.push(format!(
+                "{}-{} ({} listeners)",
+                start,
+                addrs[j].port(),
+                j - i + 1
+            ));
+        }
+        i = j + 1;
+    }
+    out
+}

@@ -1,0 +1,90 @@
+//! Operating-system limits that decide how many connections one process can hold.
+//!
+//! It owns reading and raising the open-files limit and turning it into the
+//! connection ceiling the server announces. It must not change anything but this
+//! process's own soft limit (system-wide tuning belongs to `throng tune`).
+
+use std::io;
+
+/// Descriptors kept back for listeners, epoll, wakers, logs and the like.
+const RESERVED_FDS: u64 = 100;
+
+/// The open-files limits after raising the soft limit to the hard limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimit {
+    pub soft: u64,
+    pub hard: u64,
+}
+
+impl FileLimit {
+    /// Connections this process can hold: the soft limit less what the server
+    /// itself keeps open (`listeners` listening sockets, plus a reserve).
+    pub fn connection_ceiling(&self, listeners: usize) -> u64 {
+        self.soft
+            .saturating_sub(RESERVED_FDS)
+            .saturating_sub(listeners as u64)
+    }
+}
+
+/// Raises RLIMIT_NOFILE's soft limit to its hard limit and returns both.
+pub fn raise_open_files_limit() -> io::Result<FileLimit> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own; the pointer is valid.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct we pass.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = lim.rlim_max;
+        }
+    }
+    Ok(FileLimit {
+        soft: lim.rlim_cur,
+        hard: lim.rlim_max,
+    })
+}
+
+/// Groups digits in thousands, for log lines people read (19,900).
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceiling_leaves_room_for_the_server_itself() {
+        let lim = FileLimit {
+            soft: 20_000,
+            hard: 20_000,
+        };
+        assert_eq!(lim.connection_ceiling(0), 19_900);
+        assert_eq!(lim.connection_ceiling(500), 19_400);
+    }
+
+    #[test]
+    fn raising_never_lowers_the_limit() {
+        let lim = raise_open_files_limit().unwrap();
+        assert!(lim.soft <= lim.hard);
+        assert_eq!(thousands(19_900), "19,900");
+        assert_eq!(thousands(1_000_000), "1,000,000");
+        assert_eq!(thousands(999), "999");
+    }
+}

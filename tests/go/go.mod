@@ -1,0 +1,5 @@
+module throng/tests/go
+
+go 1.22
+
+require github.com/gorilla/websocket v1.5.3

@@ -1,0 +1,77 @@
+"""Plain HTTP endpoints: /healthz, 404/405/426, JSON error bodies."""
+
+from __future__ import annotations
+
+import pytest
+
+from rawws import http_exchange
+
+
+def get(port, path, method="GET", extra=""):
+    req = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode()
+    return http_exchange(port, req)
+
+
+def assert_json_error(resp, status):
+    assert resp.status == status, resp
+    ctype = (resp.header("content-type") or "").lower()
+    assert ctype.startswith("application/json"), f"error Content-Type must be application/json: {resp!r}"
+    body = resp.json()
+    assert isinstance(body.get("error"), str) and body["error"], f"missing human reason: {resp!r}"
+    assert body.get("status") == status, f"JSON status must equal HTTP status: {resp!r}"
+    return body
+
+
+def test_healthz_returns_200_ok(shared_server):
+    resp = get(shared_server.port, "/healthz")
+    assert resp.status == 200, resp
+    assert resp.body.strip() == b"ok", resp
+
+
+def test_healthz_post_is_405_json(shared_server):
+    resp = get(shared_server.port, "/healthz", method="POST", extra="Content-Length: 0\r\n")
+    assert_json_error(resp, 405)
+
+
+def test_echo_post_is_405_json(shared_server):
+    resp = get(shared_server.port, "/echo", method="POST", extra="Content-Length: 0\r\n")
+    assert_json_error(resp, 405)
+
+
+@pytest.mark.parametrize("path", ["/nope", "/echo/extra", "/healthzz"])
+def test_unknown_path_is_404_json(shared_server, path):
+    resp = get(shared_server.port, path)
+    assert_json_error(resp, 404)
+
+
+def test_unknown_path_with_upgrade_is_404(shared_server):
+    port = shared_server.port
+    req = (
+        f"GET /nope HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+    resp = http_exchange(port, req)
+    assert_json_error(resp, 404)
+
+
+def test_get_echo_without_upgrade_is_426_with_upgrade_header(shared_server):
+    resp = get(shared_server.port, "/echo")
+    assert_json_error(resp, 426)
+    assert (resp.header("upgrade") or "").lower() == "websocket", resp
+
+
+def test_get_root_without_upgrade_is_200_info_page(shared_server):
+    resp = get(shared_server.port, "/")
+    assert resp.status == 200, resp
+    assert resp.body, "info page should not be empty"
+
+
+def test_error_response_closes_connection(shared_server):
+    from rawws import RawConn
+
+    with RawConn(shared_server.port) as c:
+        c.send(b"GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        resp = c.read_http_response()
+        assert resp.status == 404
+        rest = c.wait_closed(timeout=5)
+        assert rest == b"", f"unexpected bytes after error response: {rest!r}"

@@ -1,0 +1,77 @@
+"""--listen: port ranges and repeated listeners."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from conftest import free_port, free_port_range
+from rawws import http_exchange
+from wsutil import run, ws_connect
+
+
+def test_port_range_echo_on_every_port(start_server):
+    first = free_port_range(5)
+    ports = list(range(first, first + 5))
+    srv = start_server("--listen", f"127.0.0.1:{first}-{first + 4}", ports=ports)
+
+    async def main():
+        for p in ports:
+            async with ws_connect(srv.url(port=p)) as ws:
+                await ws.send(f"port {p}")
+                assert await ws.recv() == f"port {p}"
+                await ws.send(f"bin {p}".encode())
+                assert await ws.recv() == f"bin {p}".encode()
+
+    run(main())
+    for p in ports:
+        resp = http_exchange(p, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert resp.status == 200, (p, resp)
+
+
+def test_port_range_logs_one_listening_line_per_port(start_server):
+    first = free_port_range(5)
+    ports = list(range(first, first + 5))
+    srv = start_server("--listen", f"127.0.0.1:{first}-{first + 4}", ports=ports)
+    deadline = time.monotonic() + 3
+    while True:
+        err = srv.stderr()
+        if all(f"127.0.0.1:{p}" in err for p in ports) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for p in ports:
+        assert re.search(rf"listening on 127\.0\.0\.1:{p}\b", err), f"no 'listening on 127.0.0.1:{p}' in stderr"
+
+
+def test_listen_flag_is_repeatable(start_server):
+    a, b = free_port(), free_port()
+    while b == a:
+        b = free_port()
+    srv = start_server("--listen", f"127.0.0.1:{a}", "--listen", f"127.0.0.1:{b}", ports=[a, b])
+
+    async def main():
+        for p in (a, b):
+            async with ws_connect(srv.url(port=p)) as ws:
+                await ws.send(str(p))
+                assert await ws.recv() == str(p)
+
+    run(main())
+
+
+def test_clients_on_different_ports_are_independent(start_server):
+    first = free_port_range(3)
+    ports = list(range(first, first + 3))
+    srv = start_server("--listen", f"127.0.0.1:{first}-{first + 2}", ports=ports)
+
+    async def main():
+        conns = [await ws_connect(srv.url(port=p)) for p in ports]
+        try:
+            for i, ws in enumerate(conns):
+                await ws.send(f"x{i}")
+            for i, ws in enumerate(conns):
+                assert await ws.recv() == f"x{i}"
+        finally:
+            for ws in conns:
+                await ws.close()
+
+    run(main())
