@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Runs every test of throng on a fresh machine: installs what is missing, builds,
+# then runs formatting and lint checks, the Rust unit tests, the Python
+# (`websockets`) and Go (`gorilla/websocket`) integration suites against the real
+# binary, and the Autobahn TestSuite cases 1-10 against a server it starts on a
+# free port and stops by pid.
+#
+# Usage: scripts/test.sh [--quick]     (--quick skips Autobahn)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+QUICK=0
+[[ ${1:-} == --quick ]] && QUICK=1
+
+step() { printf '\n==> %s\n' "$*"; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+apt_updated=0
+apt_install() {
+    if [[ $apt_updated == 0 ]]; then
+        apt-get update -qq
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+step "tools"
+[[ -d $HOME/.cargo/bin ]] && export PATH="$HOME/.cargo/bin:$PATH"
+[[ -d /usr/local/go/bin ]] && export PATH="/usr/local/go/bin:$PATH"
+have cargo || apt_install cargo rustc
+have rustfmt || { have rustup && rustup component add rustfmt; } || apt_install rustfmt
+have cargo-clippy || { have rustup && rustup component add clippy; } || apt_install rust-clippy
+have go || apt_install golang-go
+have python3 || apt_install python3
+python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+have curl || apt_install curl
+cargo --version; go version; python3 --version
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --release --all-targets -- -D warnings
+
+step "cargo build --release"
+cargo build --release
+export THRONG_BIN="$ROOT/target/release/throng"
+
+step "cargo test (unit tests)"
+cargo test --release
+
+step "python integration tests (websockets)"
+PYVENV="$ROOT/tests/python/.venv"
+if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets' 2>/dev/null; then
+    python3 -m venv "$PYVENV"
+    "$PYVENV/bin/pip" install -q --upgrade pip
+    "$PYVENV/bin/pip" install -q -r tests/python/requirements.txt
+fi
+"$PYVENV/bin/pytest" -q tests/python
+
+step "go integration tests (gorilla/websocket)"
+(cd tests/go && go test -count=1 ./...)
+
+if [[ $QUICK == 0 ]]; then
+    step "Autobahn TestSuite cases 1-10 against throng"
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    log=$(mktemp)
+    "$THRONG_BIN" serve --listen "127.0.0.1:$port" --threads 2 --stats-interval 0 \
+        --max-message-size 16MiB >"$log" 2>&1 &
+    server_pid=$!
+    trap 'kill "$server_pid" 2>/dev/null || true' EXIT
+    for _ in $(seq 50); do
+        curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    status=0
+    scripts/autobahn.sh "$port" "$ROOT/target/autobahn" || status=$?
+    kill "$server_pid"
+    wait "$server_pid" || true
+    trap - EXIT
+    if [[ $status != 0 ]]; then
+        echo "Autobahn failed (status $status); server log:"
+        tail -n 50 "$log"
+        exit "$status"
+    fi
+fi
+
+step "all tests passed"
