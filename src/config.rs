@@ -98,6 +98,9 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
+/// Largest server frame header: 2 bytes plus an 8-byte length.
+const MAX_FRAME_HEADER: usize = 10;
+
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -141,6 +144,7 @@ pub struct ServeArgs {
     pub max_message_size: usize,
 
     /// Outbound bytes queued for one connection; past it: close 1008 "slow consumer"
+    /// (never below one largest message)
     #[arg(long, env = "THRONG_MAX_QUEUE", value_name = "BYTES", default_value = "1MiB", value_parser = parse_size)]
     pub max_queue: usize,
 
@@ -210,12 +214,12 @@ impl Default for ServeConfig {
 /// A setting that cannot work.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config file {path} is not valid TOML: {source}")]
+    #[error("config file {path} is not valid TOML")]
     Toml {
         path: PathBuf,
         source: Box<toml::de::Error>,
@@ -257,6 +261,10 @@ impl ServeArgs {
                 "--handshake-timeout must be above 0".into(),
             ));
         }
+        // One echoed message of the largest size must fit in the queue, or every
+        // large echo would look like a slow consumer.
+        let largest_reply = self.max_message_size + self.echo_prefix.len() + MAX_FRAME_HEADER;
+        let max_queue = self.max_queue.max(largest_reply);
         Ok(ServeConfig {
             listen,
             threads,
@@ -264,7 +272,7 @@ impl ServeArgs {
             idle_timeout: self.idle_timeout,
             handshake_timeout: self.handshake_timeout,
             max_message_size: self.max_message_size,
-            max_queue: self.max_queue,
+            max_queue,
             max_conns: self.max_conns,
             max_conns_per_ip: self.max_conns_per_ip,
             echo_prefix: self.echo_prefix,

@@ -311,6 +311,11 @@ impl EventLoop {
                 // the peer's remaining bytes are of no use.
                 Phase::Closing | Phase::Lingering => {}
             }
+            if n < self.read_buf.len() {
+                // A short read drained the socket; new data raises a new edge, so
+                // the extra read that would only say EAGAIN is skipped.
+                return;
+            }
         }
         // The socket may still hold input: come back after others had their turn.
         self.unfinished.push(key);

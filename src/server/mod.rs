@@ -30,7 +30,7 @@ const LISTEN_BACKLOG: i32 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind { addr: SocketAddr, source: io::Error },
     #[error("cannot create the event loop: {0}")]
     Poll(io::Error),
