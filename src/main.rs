@@ -71,6 +71,13 @@ fn serve(config: ServeConfig) -> Result<()> {
     let stats_interval = config.stats_interval;
     let summary = limits_summary(&config);
     let threads = config.threads;
+    // Handlers go in before the listeners exist, so a signal that arrives as soon
+    // as the port answers still drains instead of killing the process.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("cannot install signal handlers")?;
     let handle = server::start(config.clone()).context("cannot start the server")?;
 
     for range in listen_ranges(handle.local_addrs()) {
@@ -91,11 +98,6 @@ fn serve(config: ServeConfig) -> Result<()> {
     }
 
     let stopper = handle.stopper();
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("cannot install signal handlers")?;
     let drain = config.drain_timeout;
     std::thread::Builder::new()
         .name("throng-signals".into())

@@ -147,14 +147,15 @@ impl EventLoop {
                         if event.is_writable() {
                             self.on_writable(key);
                         }
-                        if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.on_readable(key);
+                        let closed = event.is_read_closed() || event.is_error();
+                        if event.is_readable() || closed {
+                            self.on_readable(key, closed);
                         }
                     }
                 }
             }
             for key in std::mem::take(&mut self.unfinished) {
-                self.on_readable(key);
+                self.on_readable(key, false);
             }
             self.run_timers();
             self.resume_accepting();
@@ -272,7 +273,9 @@ impl EventLoop {
         }
     }
 
-    fn on_readable(&mut self, key: usize) {
+    /// Reads until the socket is drained. `peer_closed`: the event also reported
+    /// the peer's FIN, which a short read must not hide (no further edge comes).
+    fn on_readable(&mut self, key: usize, peer_closed: bool) {
         for _ in 0..READS_PER_TURN {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
@@ -311,7 +314,7 @@ impl EventLoop {
                 // the peer's remaining bytes are of no use.
                 Phase::Closing | Phase::Lingering => {}
             }
-            if n < self.read_buf.len() {
+            if n < self.read_buf.len() && !peer_closed {
                 // A short read drained the socket; new data raises a new edge, so
                 // the extra read that would only say EAGAIN is skipped.
                 return;
