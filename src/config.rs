@@ -156,6 +156,10 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_MAX_CONNS_PER_IP", value_name = "N")]
     pub max_conns_per_ip: Option<u32>,
 
+    /// The publish API needs `Authorization: Bearer KEY`; unset: loopback peers only
+    #[arg(long, env = "THRONG_API_KEY", value_name = "KEY")]
+    pub api_key: Option<String>,
+
     /// Text prepended to every echoed text message
     #[arg(
         long,
@@ -187,6 +191,8 @@ pub struct ServeConfig {
     pub max_queue: usize,
     pub max_conns: Option<usize>,
     pub max_conns_per_ip: Option<u32>,
+    /// Bearer key for the publish API; `None`: loopback peers only.
+    pub api_key: Option<String>,
     pub echo_prefix: String,
     pub drain_timeout: Duration,
     pub stats_interval: Duration,
@@ -204,6 +210,7 @@ impl Default for ServeConfig {
             max_queue: 1 << 20,
             max_conns: None,
             max_conns_per_ip: None,
+            api_key: None,
             echo_prefix: String::new(),
             drain_timeout: Duration::from_secs(10),
             stats_interval: Duration::from_secs(10),
@@ -275,6 +282,7 @@ impl ServeArgs {
             max_queue,
             max_conns: self.max_conns,
             max_conns_per_ip: self.max_conns_per_ip,
+            api_key: self.api_key.filter(|k| !k.is_empty()),
             echo_prefix: self.echo_prefix,
             drain_timeout: self.drain_timeout,
             stats_interval: self.stats_interval,

@@ -33,6 +33,7 @@ pub mod close_code {
     pub const POLICY_VIOLATION: u16 = 1008;
     pub const MESSAGE_TOO_BIG: u16 = 1009;
     pub const INTERNAL_ERROR: u16 = 1011;
+    pub const TRY_AGAIN_LATER: u16 = 1013;
 }
 
 /// Largest frame header a client can send: 2 bytes, 8 bytes of length, 4 of mask.

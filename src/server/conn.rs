@@ -8,11 +8,13 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use mio::net::TcpStream;
 
 use super::timer::Tick;
+use crate::hub::Channel;
 use crate::protocol::Decoder;
 
 /// A tick value meaning "no deadline" / "no wheel entry".
@@ -53,6 +55,19 @@ pub struct Conn {
     pub timer_slot: Tick,
     pub read: Option<Box<ReadState>>,
     pub out: Option<Box<OutQueue>>,
+    /// The channel this connection subscribes to (`/ws/{channel}`), if any.
+    pub sub: Option<Subscription>,
+}
+
+/// A subscriber's place in its channel.
+#[derive(Debug)]
+pub struct Subscription {
+    pub channel: Arc<Channel>,
+    /// Position in the loop's subscriber list of the channel, for O(1) removal.
+    pub index: u32,
+    pub json: bool,
+    /// The client's id, its name in chat (`c<id>`).
+    pub client: u64,
 }
 
 impl Conn {
@@ -68,6 +83,7 @@ impl Conn {
             timer_slot: NEVER,
             read: None,
             out: None,
+            sub: None,
         }
     }
 
@@ -152,6 +168,55 @@ impl OutQueue {
     }
 }
 
+/// Writes shared frames (a broadcast) to the connection: straight to the socket,
+/// gathered into one `writev`, when nothing is queued; whatever the socket does not
+/// take is queued by reference, so fan-out copies no payload per subscriber.
+pub fn send_shared(conn: &mut Conn, frames: &[&Bytes]) -> io::Result<()> {
+    if let Some(queue) = conn.out.as_mut() {
+        for frame in frames {
+            queue.push(Bytes::clone(frame));
+        }
+        return Ok(());
+    }
+    let mut first = 0;
+    let mut offset = 0;
+    while first < frames.len() {
+        let mut slices = [IoSlice::new(&[]); MAX_IOVECS];
+        let mut count = 0;
+        for (i, (slot, frame)) in slices.iter_mut().zip(&frames[first..]).enumerate() {
+            *slot = IoSlice::new(if i == 0 { &frame[offset..] } else { frame });
+            count += 1;
+        }
+        match conn.socket.write_vectored(&slices[..count]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(mut written) => {
+                while written > 0 && first < frames.len() {
+                    let rest = frames[first].len() - offset;
+                    if written >= rest {
+                        written -= rest;
+                        first += 1;
+                        offset = 0;
+                    } else {
+                        offset += written;
+                        written = 0;
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if first < frames.len() {
+        let mut queue = OutQueue::with_partial(frames[first].slice(offset..), offset > 0);
+        for frame in &frames[first + 1..] {
+            queue.push(Bytes::clone(frame));
+        }
+        conn.out = Some(Box::new(queue));
+    }
+    Ok(())
+}
+
 /// Writes `bytes` straight to the socket; returns how many it took before it
 /// would block.
 pub fn write_direct(socket: &mut TcpStream, bytes: &[u8]) -> io::Result<usize> {
@@ -176,7 +241,7 @@ mod tests {
     fn connection_state_stays_small() {
         // The slab holds one of these per socket: keep an eye on its size.
         assert!(
-            std::mem::size_of::<Conn>() <= 64,
+            std::mem::size_of::<Conn>() <= 80,
             "Conn is {} bytes",
             std::mem::size_of::<Conn>()
         );

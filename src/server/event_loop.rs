@@ -7,6 +7,7 @@
 //! or keep a buffer for a connection that has nothing pending. Routing lives in
 //! `routes`, framing in `protocol`; this file only moves bytes and keeps time.
 
+use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,13 +16,17 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::Shared;
-use super::conn::{Conn, NEVER, OutQueue, Phase, ReadState, write_direct};
-use super::routes::{self, RouteContext, WsRoute};
+use super::conn::{
+    Conn, NEVER, OutQueue, Phase, ReadState, Subscription, send_shared, write_direct,
+};
+use super::routes::{self, Outcome, RouteContext, WsRoute};
 use super::timer::{Tick, TimerWheel, ticks};
+use crate::broker::Outgoing;
+use crate::hub::{self, Channel, ConnRef, Delivery};
 use crate::protocol::handshake::{self, ParseError};
 use crate::protocol::{
     Decoder, Event, Flow, close_code, encode_close, encode_frame, encode_header, opcode,
@@ -38,6 +43,12 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause before retrying accept when out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How often loop 0 forgets channels nobody uses.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How long an unused channel (no subscribers, no publishes) keeps its `seq`.
+const CHANNEL_RETENTION: Duration = Duration::from_secs(300);
+/// Deliveries of one channel gathered into one write per subscriber.
+const MAX_FRAMES_PER_WRITE: usize = 64;
 
 pub const WAKER: Token = Token(usize::MAX);
 const LISTENER_BASE: usize = usize::MAX / 2;
@@ -48,6 +59,18 @@ enum After {
     Nothing,
     /// A close frame or final response is in the output: flush, then shut down.
     Close,
+}
+
+/// A loop's subscribers of one channel.
+struct LocalChannel {
+    /// Keeps the channel alive while this loop has subscribers.
+    _channel: Arc<Channel>,
+    conns: Vec<u32>,
+}
+
+/// Channels are keyed by the address of their shared state: unique while alive.
+fn channel_key(channel: &Arc<Channel>) -> usize {
+    Arc::as_ptr(channel) as usize
 }
 
 /// Counts gathered during one loop turn, published with one atomic add each.
@@ -72,6 +95,15 @@ pub struct EventLoop {
     shared: Arc<Shared>,
     counters: Arc<LoopCounters>,
     turn: TurnCounts,
+    /// This loop's position among the server's loops (its hub inbox).
+    index: usize,
+    /// This loop's subscribers, by channel.
+    local: HashMap<usize, LocalChannel>,
+    /// Reused buffer for inbox batches.
+    batch: Vec<Delivery>,
+    /// Subscribers found dead or too slow during a fan-out, dealt with after it.
+    doomed: Vec<(usize, bool)>,
+    next_sweep: Tick,
     ping_ticks: Tick,
     idle_ticks: Tick,
     handshake_ticks: Tick,
@@ -86,8 +118,9 @@ impl EventLoop {
         poll: Poll,
         mut listeners: Vec<TcpListener>,
         shared: Arc<Shared>,
-        counters: Arc<LoopCounters>,
+        index: usize,
     ) -> io::Result<Self> {
+        let counters = shared.stats.loop_counters(index);
         for (i, listener) in listeners.iter_mut().enumerate() {
             poll.registry()
                 .register(listener, Token(LISTENER_BASE + i), Interest::READABLE)?;
@@ -108,15 +141,16 @@ impl EventLoop {
             shared,
             counters,
             turn: TurnCounts::default(),
+            index,
+            local: HashMap::new(),
+            batch: Vec::new(),
+            doomed: Vec::new(),
+            next_sweep: ticks(SWEEP_EVERY),
             ping_seq: 0,
             accept_paused_until: None,
             drain_deadline: None,
             now: 0,
         })
-    }
-
-    pub fn waker(&self) -> io::Result<Waker> {
-        Waker::new(self.poll.registry(), WAKER)
     }
 
     /// Runs until shutdown has been requested and every connection is gone (or the
@@ -137,7 +171,7 @@ impl EventLoop {
             self.now = self.wheel.now();
             for event in events.iter() {
                 match event.token() {
-                    WAKER => {}
+                    WAKER => self.drain_inbox(),
                     Token(t) if t >= LISTENER_BASE => {
                         if self.accept_paused_until.is_none() && self.drain_deadline.is_none() {
                             self.accept(t - LISTENER_BASE);
@@ -159,6 +193,10 @@ impl EventLoop {
             }
             self.run_timers();
             self.resume_accepting();
+            if self.index == 0 && self.now >= self.next_sweep {
+                self.next_sweep = self.now + ticks(SWEEP_EVERY);
+                self.shared.hub.sweep(CHANNEL_RETENTION);
+            }
             self.publish_counts();
 
             if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
@@ -245,6 +283,7 @@ impl EventLoop {
     }
 
     fn drop_conn(&mut self, key: usize) {
+        self.unsubscribe(key);
         if let Some(conn) = self.conns.try_remove(key)
             && conn.websocket
         {
@@ -335,24 +374,21 @@ impl EventLoop {
         let Some(conn) = conns.get_mut(key) else {
             return;
         };
-        let mut head = match conn.read.take().map(|b| *b) {
+        let mut pending = match conn.read.take().map(|b| *b) {
             Some(ReadState::Http(mut pending)) => {
                 pending.extend_from_slice(&read_buf[..n]);
                 Some(pending)
             }
             _ => None,
         };
-        let data: &[u8] = match &head {
+        let data: &[u8] = match &pending {
             Some(pending) => pending,
             None => &read_buf[..n],
         };
         out.clear();
-        let ctx = RouteContext {
-            draining: shared.shutdown.load(Ordering::Relaxed),
-        };
         let (upgrade, leftover) = match handshake::parse_request(data) {
             Ok(None) => {
-                let pending = head.take().unwrap_or_else(|| read_buf[..n].to_vec());
+                let pending = pending.take().unwrap_or_else(|| read_buf[..n].to_vec());
                 conn.read = Some(Box::new(ReadState::Http(pending)));
                 return;
             }
@@ -365,16 +401,23 @@ impl EventLoop {
                 (None, Vec::new())
             }
             Ok(Some((request, head_len))) => {
-                let upgrade = routes::route(&request, ctx, out);
-                let leftover = if upgrade.is_some() && head_len < data.len() {
-                    data[head_len..].to_vec()
-                } else {
-                    Vec::new()
+                let ctx = RouteContext {
+                    shared,
+                    peer: conn.peer,
+                    body: &data[head_len..],
                 };
-                (upgrade, leftover)
+                match routes::route(&request, ctx, out) {
+                    Outcome::NeedBody => {
+                        let pending = pending.take().unwrap_or_else(|| read_buf[..n].to_vec());
+                        conn.read = Some(Box::new(ReadState::Http(pending)));
+                        return;
+                    }
+                    Outcome::Responded => (None, Vec::new()),
+                    Outcome::Upgrade(upgrade) => (Some(upgrade), data[head_len..].to_vec()),
+                }
             }
         };
-        drop(head);
+        drop(pending);
         let Some(upgrade) = upgrade else {
             self.after_feed(key, After::Close);
             return;
@@ -387,10 +430,13 @@ impl EventLoop {
         conn.websocket = true;
         self.counters.sockets.fetch_add(1, Ordering::Relaxed);
         conn.phase = Phase::Open;
-        match upgrade.route {
-            WsRoute::Echo => {}
-        }
         handshake::write_switching_protocols(out, &upgrade.accept);
+        if let WsRoute::Subscribe { channel, json } = upgrade.route {
+            self.subscribe(key, &channel, json);
+        }
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
         conn.last_seen = self.now;
         self.ping_seq = self.ping_seq.wrapping_add(1);
         if self.ping_ticks > 0 {
@@ -403,12 +449,10 @@ impl EventLoop {
         }
         let due = next_due(conn, self.idle_ticks);
         set_deadline(&mut self.wheel, key, conn, due);
-        let after = if leftover.is_empty() {
-            After::Nothing
-        } else {
+        let mut after = After::Nothing;
+        if !leftover.is_empty() {
+            // Frames pipelined behind the request: their answers follow the 101.
             let mut leftover = leftover;
-            let mut after = After::Nothing;
-            // The 101 must precede anything the pipelined frames produce.
             let EventLoop {
                 conns,
                 out,
@@ -419,9 +463,151 @@ impl EventLoop {
             if let Some(conn) = conns.get_mut(key) {
                 after = feed_websocket_appending(conn, &mut leftover, out, shared, turn);
             }
-            after
-        };
+        }
         self.after_feed(key, after);
+    }
+
+    /// Joins a channel: the hub counts the subscriber, this loop lists it, and a
+    /// json chat member gets its welcome (after the 101 already in `out`).
+    fn subscribe(&mut self, key: usize, channel: &str, json: bool) {
+        let hub = &self.shared.hub;
+        let client = hub.next_client_id();
+        let name = hub::client_name(client);
+        let me = ConnRef {
+            loop_index: self.index,
+            key,
+        };
+        let joined = hub.subscribe(channel, self.index, json, Some((me, &name)));
+        let list = self
+            .local
+            .entry(channel_key(&joined.channel))
+            .or_insert_with(|| LocalChannel {
+                _channel: Arc::clone(&joined.channel),
+                conns: Vec::new(),
+            });
+        let index = list.conns.len() as u32;
+        list.conns.push(key as u32);
+        if json && joined.channel.kind().join_leave {
+            let welcome = hub::json_event_frame(channel, "welcome", &name, joined.count);
+            self.out.extend_from_slice(&welcome);
+        }
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.sub = Some(Subscription {
+                channel: joined.channel,
+                index,
+                json,
+                client,
+            });
+        }
+    }
+
+    /// Leaves the connection's channel, if any: O(1) by swapping the last
+    /// subscriber into its place.
+    fn unsubscribe(&mut self, key: usize) {
+        let Some(sub) = self.conns.get_mut(key).and_then(|c| c.sub.take()) else {
+            return;
+        };
+        let ckey = channel_key(&sub.channel);
+        if let Some(list) = self.local.get_mut(&ckey) {
+            let index = sub.index as usize;
+            if index < list.conns.len() && list.conns[index] as usize == key {
+                list.conns.swap_remove(index);
+                if let Some(&moved) = list.conns.get(index)
+                    && let Some(other) = self.conns.get_mut(moved as usize)
+                    && let Some(other_sub) = other.sub.as_mut()
+                {
+                    other_sub.index = index as u32;
+                }
+            }
+            if list.conns.is_empty() {
+                self.local.remove(&ckey);
+            }
+        }
+        let name = sub
+            .channel
+            .kind()
+            .join_leave
+            .then(|| hub::client_name(sub.client));
+        self.shared
+            .hub
+            .unsubscribe(&sub.channel, self.index, sub.json, name.as_deref());
+    }
+
+    /// Writes every delivery waiting in this loop's inbox to its subscribers.
+    fn drain_inbox(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        self.shared.hub.inbox(self.index).take(&mut batch);
+        let mut start = 0;
+        while start < batch.len() {
+            let ckey = channel_key(&batch[start].channel);
+            let mut end = start + 1;
+            while end < batch.len()
+                && end - start < MAX_FRAMES_PER_WRITE
+                && channel_key(&batch[end].channel) == ckey
+                && batch[end].exclude.is_none()
+                && batch[start].exclude.is_none()
+            {
+                end += 1;
+            }
+            self.fan_out(ckey, &batch[start..end]);
+            start = end;
+        }
+        batch.clear();
+        self.batch = batch;
+        for (key, slow) in std::mem::take(&mut self.doomed) {
+            if slow {
+                self.slow_consumer(key);
+            } else {
+                self.drop_conn(key);
+            }
+        }
+    }
+
+    /// Sends a run of deliveries of one channel to this loop's subscribers: each
+    /// subscriber gets all of them in one write, by reference to the shared frames.
+    fn fan_out(&mut self, ckey: usize, group: &[Delivery]) {
+        let EventLoop {
+            local,
+            conns,
+            turn,
+            doomed,
+            shared,
+            index,
+            ..
+        } = self;
+        let Some(list) = local.get(&ckey) else {
+            return;
+        };
+        let raw: Vec<&Bytes> = group.iter().filter_map(|d| d.raw.as_ref()).collect();
+        let json: Vec<&Bytes> = group.iter().filter_map(|d| d.json.as_ref()).collect();
+        let exclude = group
+            .first()
+            .and_then(|d| d.exclude)
+            .filter(|e| e.loop_index == *index)
+            .map(|e| e.key);
+        let max_queue = shared.config.max_queue;
+        for &key in &list.conns {
+            let key = key as usize;
+            if Some(key) == exclude {
+                continue;
+            }
+            let Some(conn) = conns.get_mut(key) else {
+                continue;
+            };
+            let frames = match &conn.sub {
+                Some(sub) if sub.json => &json,
+                _ => &raw,
+            };
+            if frames.is_empty() || conn.phase != Phase::Open {
+                continue;
+            }
+            turn.messages_out += frames.len() as u64;
+            if send_shared(conn, frames).is_err() {
+                doomed.push((key, false));
+            } else if conn.queued_bytes() > max_queue {
+                doomed.push((key, true));
+            }
+        }
     }
 
     /// Sends what the feed left in `out`, then acts on what it asked for.
@@ -444,6 +630,11 @@ impl EventLoop {
         };
         if after == After::Close {
             conn.phase = Phase::Closing;
+            // No delivery may follow our close frame.
+            self.unsubscribe(key);
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
             let due = self.now + ticks(CLOSE_TIMEOUT);
             set_deadline(&mut self.wheel, key, conn, due);
             if conn.out.is_none() {
@@ -620,21 +811,52 @@ fn feed_websocket_appending(
         _ => Decoder::default(),
     };
     let prefix = config.echo_prefix.as_bytes();
+    let subscription = conn
+        .sub
+        .as_ref()
+        .map(|s| (Arc::clone(&s.channel), s.client));
     let mut after = After::Nothing;
     let mut echoed = 0u64;
     let result = decoder.feed(data, config.max_message_size, |event| match event {
-        Event::Message { kind, payload } => {
-            let op = kind.opcode();
-            if op == opcode::TEXT && !prefix.is_empty() {
-                encode_header(out, op, prefix.len() + payload.len());
-                out.extend_from_slice(prefix);
-                out.extend_from_slice(payload);
-            } else {
-                encode_frame(out, op, payload);
+        Event::Message { kind, payload } => match &subscription {
+            None => {
+                let op = kind.opcode();
+                if op == opcode::TEXT && !prefix.is_empty() {
+                    encode_header(out, op, prefix.len() + payload.len());
+                    out.extend_from_slice(prefix);
+                    out.extend_from_slice(payload);
+                } else {
+                    encode_frame(out, op, payload);
+                }
+                echoed += 1;
+                Flow::Continue
             }
-            echoed += 1;
-            Flow::Continue
-        }
+            Some((channel, client)) if channel.kind().client_publish => {
+                let from = hub::client_name(*client);
+                let message = Outgoing {
+                    payload,
+                    kind,
+                    from: Some(&from),
+                };
+                match shared.broker.publish(channel, message) {
+                    Ok(_) => Flow::Continue,
+                    Err(e) => {
+                        encode_close(out, close_code::TRY_AGAIN_LATER, &e.to_string());
+                        after = After::Close;
+                        Flow::Stop
+                    }
+                }
+            }
+            Some(_) => {
+                encode_close(
+                    out,
+                    close_code::POLICY_VIOLATION,
+                    "push-only channel: clients cannot publish",
+                );
+                after = After::Close;
+                Flow::Stop
+            }
+        },
         Event::Ping(payload) => {
             encode_frame(out, opcode::PONG, payload);
             Flow::Continue

@@ -22,7 +22,9 @@ use std::thread::JoinHandle;
 use mio::{Poll, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::broker::{Broker, MemoryBroker};
 use crate::config::ServeConfig;
+use crate::hub::Hub;
 use crate::stats::ServerStats;
 
 /// Pending connections the kernel may queue per listener (capped by somaxconn).
@@ -124,6 +126,8 @@ pub struct Shared {
     /// Set once on SIGINT/SIGTERM or [`ServerHandle::shutdown`]; loops then drain.
     pub shutdown: AtomicBool,
     pub stats: ServerStats,
+    pub hub: Arc<Hub>,
+    pub broker: Arc<dyn Broker>,
 }
 
 /// A running server.
@@ -228,24 +232,28 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
             listeners.push(l);
         }
     }
+    let mut polls = Vec::with_capacity(threads);
+    let mut wakers = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let poll = Poll::new().map_err(ServerError::Poll)?;
+        let waker = Waker::new(poll.registry(), event_loop::WAKER).map_err(ServerError::Poll)?;
+        polls.push(poll);
+        wakers.push(Arc::new(waker));
+    }
+    let hub = Arc::new(Hub::new(wakers.clone()));
+    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new(Arc::clone(&hub)));
     let shared = Arc::new(Shared {
         admission: Admission::new(config.max_conns, config.max_conns_per_ip),
         shutdown: AtomicBool::new(false),
         stats: ServerStats::new(threads),
         config,
+        hub,
+        broker,
     });
-    let mut wakers = Vec::with_capacity(threads);
     let mut handles = Vec::with_capacity(threads);
-    for (index, listeners) in per_thread.into_iter().enumerate() {
-        let poll = Poll::new().map_err(ServerError::Poll)?;
-        let event_loop = event_loop::EventLoop::new(
-            poll,
-            listeners,
-            Arc::clone(&shared),
-            shared.stats.loop_counters(index),
-        )
-        .map_err(ServerError::Poll)?;
-        wakers.push(Arc::new(event_loop.waker().map_err(ServerError::Poll)?));
+    for (index, (listeners, poll)) in per_thread.into_iter().zip(polls).enumerate() {
+        let event_loop = event_loop::EventLoop::new(poll, listeners, Arc::clone(&shared), index)
+            .map_err(ServerError::Poll)?;
         let handle = std::thread::Builder::new()
             .name(format!("throng-io-{index}"))
             .spawn(move || event_loop.run())
@@ -258,6 +266,34 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         threads: handles,
         local_addrs,
     })
+}
+
+/// Builds the shared state without threads or listeners, for unit tests.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    pub fn test_shared(api_key: Option<&str>) -> (Shared, Vec<Poll>) {
+        let polls: Vec<Poll> = (0..2).map(|_| Poll::new().unwrap()).collect();
+        let wakers = polls
+            .iter()
+            .map(|p| Arc::new(Waker::new(p.registry(), event_loop::WAKER).unwrap()))
+            .collect();
+        let hub = Arc::new(Hub::new(wakers));
+        let config = ServeConfig {
+            api_key: api_key.map(String::from),
+            ..ServeConfig::default()
+        };
+        let shared = Shared {
+            admission: Admission::new(None, None),
+            shutdown: AtomicBool::new(false),
+            stats: ServerStats::new(2),
+            config,
+            broker: Arc::new(MemoryBroker::new(Arc::clone(&hub))),
+            hub,
+        };
+        (shared, polls)
+    }
 }
 
 #[cfg(test)]

@@ -1,16 +1,31 @@
-//! What each request path does: which requests become WebSockets (and of what
-//! kind), and the plain-HTTP answers (health, info, JSON errors).
+//! What each request path does: which requests become WebSockets (echo or a
+//! channel subscription), the HTTP API (publish, channel info, stats, health) and
+//! the JSON errors for everything else.
 //!
-//! It owns the URL space. It must not do I/O or hold connection state: it reads a
-//! parsed request and either writes a complete response into `out` or says which
-//! WebSocket to open; the event loop applies admission limits and writes.
+//! It owns the URL space and the API's access rules. It must not do socket I/O or
+//! hold connection state: it reads a parsed request (and its body, once complete)
+//! and either writes a whole response into `out` or says which WebSocket to open;
+//! the event loop applies admission limits and does the writing.
 
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::Shared;
+use crate::broker::{BrokerError, Outgoing};
+use crate::hub::validate_channel_name;
+use crate::protocol::DataKind;
 use crate::protocol::handshake::{self, HandshakeError, Request};
 
 /// What an upgraded connection does with its messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WsRoute {
     Echo,
+    /// `/ws/{channel}`: receive the channel's messages (as json envelopes or raw).
+    Subscribe {
+        channel: String,
+        json: bool,
+    },
 }
 
 /// A request the loop should upgrade.
@@ -20,45 +35,96 @@ pub struct Upgrade {
     pub route: WsRoute,
 }
 
-/// What the router needs to know about the server.
-#[derive(Debug, Clone, Copy)]
-pub struct RouteContext {
-    pub draining: bool,
+/// What the router decided.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A complete response is in `out`; close after sending it.
+    Responded,
+    Upgrade(Upgrade),
+    /// The request announced a body that has not fully arrived: read more.
+    NeedBody,
+}
+
+/// What the router needs to know about the request's connection and the server.
+#[derive(Clone, Copy)]
+pub struct RouteContext<'a> {
+    pub shared: &'a Shared,
+    pub peer: IpAddr,
+    /// Bytes received after the request head (the body, possibly incomplete).
+    pub body: &'a [u8],
 }
 
 const INFO_PAGE: &str = "throng: a real-time connection server\n\n\
-WebSocket echo:  ws://HOST/echo  (or ws://HOST/)\n\
-Health:          GET /healthz\n";
+WebSocket echo:       ws://HOST/echo  (or ws://HOST/)\n\
+Subscribe:            ws://HOST/ws/CHANNEL[?format=json]  (chat:ROOM channels are chat rooms)\n\
+Publish:              POST /api/publish/CHANNEL  (body = message)\n\
+Channel info:         GET /api/channels/CHANNEL\n\
+Stats:                GET /api/stats\n\
+Health:               GET /healthz\n";
 
-/// Routes one request: `Some` to upgrade, `None` when a response was written to `out`.
-pub fn route(req: &Request<'_>, ctx: RouteContext, out: &mut Vec<u8>) -> Option<Upgrade> {
+/// Routes one request.
+pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
     let path = req.path();
+    if path == "/" || path == "/echo" {
+        return websocket_endpoint(req, WsRoute::Echo, out);
+    }
+    if let Some(channel) = path.strip_prefix("/ws/") {
+        return subscribe_endpoint(req, channel, out);
+    }
+    if let Some(channel) = path.strip_prefix("/api/publish/") {
+        return publish(req, channel, ctx, out);
+    }
+    if let Some(channel) = path.strip_prefix("/api/channels/") {
+        if only_get(req, out) {
+            channel_info(channel, ctx, out);
+        }
+        return Outcome::Responded;
+    }
     match path {
-        "/" | "/echo" => websocket_endpoint(req, WsRoute::Echo, out),
-        "/healthz" => {
-            if req.method != "GET" {
-                handshake::write_error(
-                    out,
-                    405,
-                    "method not allowed: use GET",
-                    &[("Allow", "GET")],
-                );
-            } else if ctx.draining {
-                handshake::write_error(out, 503, "draining: the server is shutting down", &[]);
-            } else {
-                handshake::write_response(out, 200, "text/plain", &[], b"ok");
+        "/api/stats" => {
+            if only_get(req, out) {
+                stats(ctx, out);
             }
-            None
+        }
+        "/healthz" => {
+            if only_get(req, out) {
+                if ctx.shared.shutdown.load(Ordering::Relaxed) {
+                    handshake::write_error(out, 503, "draining: the server is shutting down", &[]);
+                } else if !ctx.shared.broker.healthy() {
+                    handshake::write_error(out, 503, "broker unreachable", &[]);
+                } else {
+                    handshake::write_response(out, 200, "text/plain", &[], b"ok");
+                }
+            }
         }
         _ => {
             let reason = format!("no route for {}", truncate(path, 200));
             handshake::write_error(out, 404, &reason, &[]);
-            None
         }
     }
+    Outcome::Responded
 }
 
-fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> Option<Upgrade> {
+/// Answers 405 unless the method is GET; true when the caller should answer.
+fn only_get(req: &Request<'_>, out: &mut Vec<u8>) -> bool {
+    if req.method == "GET" {
+        return true;
+    }
+    handshake::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
+    false
+}
+
+fn write_json(out: &mut Vec<u8>, status: u16, value: &serde_json::Value) {
+    handshake::write_response(
+        out,
+        status,
+        "application/json",
+        &[],
+        value.to_string().as_bytes(),
+    );
+}
+
+fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> Outcome {
     if !req.wants_upgrade() {
         if req.method != "GET" {
             handshake::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
@@ -78,10 +144,10 @@ fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> O
                 &[("Upgrade", "websocket")],
             );
         }
-        return None;
+        return Outcome::Responded;
     }
     match handshake::validate_upgrade(req) {
-        Ok(accept) => Some(Upgrade { accept, route }),
+        Ok(accept) => Outcome::Upgrade(Upgrade { accept, route }),
         Err(err) => {
             let extra: &[(&str, &str)] = match err {
                 HandshakeError::UnsupportedVersion => &[("Sec-WebSocket-Version", "13")],
@@ -89,9 +155,200 @@ fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> O
                 _ => &[],
             };
             handshake::write_error(out, err.status(), &err.to_string(), extra);
-            None
+            Outcome::Responded
         }
     }
+}
+
+/// The value of one `key=value` pair of a query string.
+fn query_param<'a>(req: &Request<'a>, key: &str) -> Option<&'a str> {
+    req.query()?
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+fn subscribe_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome {
+    if let Err(e) = validate_channel_name(channel) {
+        handshake::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    let json = match query_param(req, "format") {
+        None | Some("raw") => false,
+        Some("json") => true,
+        Some(other) => {
+            let reason = format!("format must be raw or json, not '{}'", truncate(other, 40));
+            handshake::write_error(out, 400, &reason, &[]);
+            return Outcome::Responded;
+        }
+    };
+    if query_param(req, "since").is_some() {
+        handshake::write_error(
+            out,
+            400,
+            "since= replays channel history, which this server does not keep yet",
+            &[],
+        );
+        return Outcome::Responded;
+    }
+    let route = WsRoute::Subscribe {
+        channel: channel.to_string(),
+        json,
+    };
+    websocket_endpoint(req, route, out)
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Checks the publish API's access rule; writes the refusal if there is one.
+fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bool {
+    match &ctx.shared.config.api_key {
+        Some(key) => {
+            let given = req
+                .header("authorization")
+                .and_then(|v| v.strip_prefix(b"Bearer "))
+                .map(<[u8]>::trim_ascii);
+            match given {
+                Some(given) if constant_time_eq(given, key.as_bytes()) => true,
+                _ => {
+                    handshake::write_error(
+                        out,
+                        401,
+                        "missing or wrong API key: send Authorization: Bearer KEY",
+                        &[("WWW-Authenticate", "Bearer")],
+                    );
+                    false
+                }
+            }
+        }
+        None if ctx.peer.is_loopback() => true,
+        None => {
+            handshake::write_error(
+                out,
+                403,
+                "publishing without --api-key is allowed from loopback peers only",
+                &[],
+            );
+            false
+        }
+    }
+}
+
+fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
+    if req.method != "POST" {
+        handshake::write_error(
+            out,
+            405,
+            "method not allowed: use POST",
+            &[("Allow", "POST")],
+        );
+        return Outcome::Responded;
+    }
+    if !authorized(req, ctx, out) {
+        return Outcome::Responded;
+    }
+    if let Err(e) = validate_channel_name(channel) {
+        handshake::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    if req.header("transfer-encoding").is_some() {
+        handshake::write_error(out, 411, "send the body with Content-Length", &[]);
+        return Outcome::Responded;
+    }
+    let length = match req.header("content-length") {
+        None => 0,
+        Some(v) => match std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+        {
+            Some(n) => n,
+            None => {
+                handshake::write_error(out, 400, "Content-Length is not a number", &[]);
+                return Outcome::Responded;
+            }
+        },
+    };
+    let max = ctx.shared.config.max_message_size;
+    if length > max {
+        let reason = format!("message is {length} bytes; --max-message-size is {max}");
+        handshake::write_error(out, 413, &reason, &[]);
+        return Outcome::Responded;
+    }
+    if ctx.body.len() < length {
+        return Outcome::NeedBody;
+    }
+    let body = &ctx.body[..length];
+    let is_text = req
+        .header("content-type")
+        .is_some_and(|v| v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"text/"));
+    let kind = if is_text {
+        if std::str::from_utf8(body).is_err() {
+            handshake::write_error(out, 400, "text/* body is not valid UTF-8", &[]);
+            return Outcome::Responded;
+        }
+        DataKind::Text
+    } else {
+        DataKind::Binary
+    };
+    let channel = ctx.shared.hub.channel(channel);
+    let message = Outgoing {
+        payload: body,
+        kind,
+        from: None,
+    };
+    match ctx.shared.broker.publish(&channel, message) {
+        Ok(seq) => write_json(out, 200, &serde_json::json!({ "seq": seq })),
+        Err(e @ BrokerError::Publish(_)) | Err(e @ BrokerError::Unavailable(_)) => {
+            handshake::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);
+        }
+    }
+    Outcome::Responded
+}
+
+fn channel_info(channel: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) {
+    if let Err(e) = validate_channel_name(channel) {
+        handshake::write_error(out, 400, &e.to_string(), &[]);
+        return;
+    }
+    let found = ctx.shared.hub.find(channel);
+    let (subscribers, last_seq) = found.map_or((0, 0), |c| (c.subscribers(), c.last_seq()));
+    write_json(
+        out,
+        200,
+        &serde_json::json!({
+            "channel": channel,
+            "subscribers": subscribers,
+            "last_seq": last_seq,
+        }),
+    );
+}
+
+fn stats(ctx: RouteContext<'_>, out: &mut Vec<u8>) {
+    let shared: &Arc<_> = &ctx.shared.hub;
+    let snap = ctx.shared.stats.snapshot();
+    let uptime = ctx.shared.stats.started.elapsed().as_secs_f64();
+    write_json(
+        out,
+        200,
+        &serde_json::json!({
+            "connections": { "websocket": snap.sockets },
+            "channels": shared.channel_count(),
+            "frames_in": snap.frames_in,
+            "messages_in": snap.messages_in,
+            "messages_out": snap.messages_out,
+            "accepted": snap.accepted,
+            "uptime_seconds": uptime,
+            "broker": ctx.shared.broker.describe(),
+            "broker_healthy": ctx.shared.broker.healthy(),
+        }),
+    );
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -106,38 +363,152 @@ fn truncate(s: &str, max: usize) -> &str {
 mod tests {
     use super::*;
     use crate::protocol::handshake::parse_request;
+    use crate::server::tests_support::test_shared;
 
-    fn answer(raw: &str, draining: bool) -> (Option<Upgrade>, String) {
-        let (req, _) = parse_request(raw.as_bytes()).unwrap().unwrap();
+    fn answer_from(raw: &str, peer: IpAddr, shared: &Shared) -> (Outcome, String) {
+        let bytes = raw.as_bytes();
+        let (req, head) = parse_request(bytes).unwrap().unwrap();
         let mut out = Vec::new();
-        let up = route(&req, RouteContext { draining }, &mut out);
-        (up, String::from_utf8(out).unwrap())
+        let ctx = RouteContext {
+            shared,
+            peer,
+            body: &bytes[head..],
+        };
+        let outcome = route(&req, ctx, &mut out);
+        (outcome, String::from_utf8(out).unwrap())
+    }
+
+    fn answer(raw: &str) -> (Outcome, String) {
+        let (shared, _polls) = test_shared(None);
+        answer_from(raw, [127, 0, 0, 1].into(), &shared)
     }
 
     #[test]
     fn plain_requests_get_the_documented_statuses() {
-        let (_, r) = answer("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false);
+        let (_, r) = answer("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok"));
-        let (_, r) = answer("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", true);
-        assert!(r.starts_with("HTTP/1.1 503"));
-        let (_, r) = answer("POST /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false);
+        let (_, r) = answer("POST /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 405"));
-        let (_, r) = answer("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", false);
+        let (_, r) = answer("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 404") && r.contains("no route for /nope"));
-        let (_, r) = answer("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n", false);
+        let (_, r) = answer("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 426") && r.contains("Upgrade: websocket"));
-        let (_, r) = answer("GET / HTTP/1.1\r\nHost: x\r\n\r\n", false);
+        let (_, r) = answer("GET /ws/news HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 426"));
+        let (_, r) = answer("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 200") && r.contains("ws://HOST/echo"));
     }
 
+    const UPGRADE: &str = "HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
     #[test]
-    fn upgrades_route_to_echo() {
-        let raw = "GET /echo?x=1 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
-        let (up, out) = answer(raw, false);
-        assert_eq!(up.map(|u| u.route), Some(WsRoute::Echo));
+    fn upgrades_route_to_echo_and_channels() {
+        let (outcome, out) = answer(&format!("GET /echo?x=1 {UPGRADE}"));
+        assert!(matches!(
+            outcome,
+            Outcome::Upgrade(Upgrade {
+                route: WsRoute::Echo,
+                ..
+            })
+        ));
         assert!(out.is_empty());
-        let (up, out) = answer(&raw.replace("Version: 13", "Version: 7"), false);
-        assert!(up.is_none());
+        let (outcome, _) = answer(&format!("GET /ws/chat:lobby?format=json {UPGRADE}"));
+        match outcome {
+            Outcome::Upgrade(Upgrade {
+                route: WsRoute::Subscribe { channel, json },
+                ..
+            }) => {
+                assert_eq!(channel, "chat:lobby");
+                assert!(json);
+            }
+            other => panic!("{other:?}"),
+        }
+        let (_, out) = answer(&format!(
+            "GET /echo {}",
+            UPGRADE.replace("Version: 13", "Version: 7")
+        ));
         assert!(out.starts_with("HTTP/1.1 426") && out.contains("Sec-WebSocket-Version: 13"));
+    }
+
+    #[test]
+    fn bad_channel_names_and_formats_get_400_with_the_reason() {
+        let (_, out) = answer(&format!("GET /ws/a%20b {UPGRADE}"));
+        assert!(out.starts_with("HTTP/1.1 400") && out.contains("channel name has '%'"));
+        let long = "a".repeat(129);
+        let (_, out) = answer(&format!("GET /ws/{long} {UPGRADE}"));
+        assert!(out.starts_with("HTTP/1.1 400") && out.contains("longer than 128"));
+        let (_, out) = answer(&format!("GET /ws/ {UPGRADE}"));
+        assert!(out.starts_with("HTTP/1.1 400") && out.contains("empty"));
+        let (_, out) = answer(&format!("GET /ws/x?format=xml {UPGRADE}"));
+        assert!(out.starts_with("HTTP/1.1 400") && out.contains("format must be raw or json"));
+        let (_, out) = answer("POST /api/publish/a*b HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 400"));
+    }
+
+    #[test]
+    fn publish_assigns_seq_and_waits_for_the_whole_body() {
+        let (shared, _polls) = test_shared(None);
+        let local: IpAddr = [127, 0, 0, 1].into();
+        let partial = "POST /api/publish/news HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhel";
+        let (outcome, _) = answer_from(partial, local, &shared);
+        assert!(matches!(outcome, Outcome::NeedBody));
+        let whole = "POST /api/publish/news HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello";
+        let (_, out) = answer_from(whole, local, &shared);
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.ends_with(r#"{"seq":1}"#),
+            "{out}"
+        );
+        let (_, out) = answer_from(whole, local, &shared);
+        assert!(out.ends_with(r#"{"seq":2}"#));
+        let (_, out) = answer_from(
+            "GET /api/channels/news HTTP/1.1\r\nHost: x\r\n\r\n",
+            local,
+            &shared,
+        );
+        assert!(out.contains(r#""last_seq":2"#) && out.contains(r#""subscribers":0"#));
+    }
+
+    #[test]
+    fn publish_limits_and_access_rules() {
+        let (shared, _polls) = test_shared(None);
+        let remote: IpAddr = [192, 0, 2, 7].into();
+        let local: IpAddr = [127, 0, 0, 1].into();
+        let req = "POST /api/publish/news HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi";
+        let (_, out) = answer_from(req, remote, &shared);
+        assert!(
+            out.starts_with("HTTP/1.1 403") && out.contains("loopback"),
+            "{out}"
+        );
+        let (_, out) = answer_from(req, local, &shared);
+        assert!(out.starts_with("HTTP/1.1 200"));
+        let big = format!(
+            "POST /api/publish/news HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            shared.config.max_message_size + 1
+        );
+        let (_, out) = answer_from(&big, local, &shared);
+        assert!(out.starts_with("HTTP/1.1 413"));
+
+        let (keyed, _polls) = test_shared(Some("s3cret"));
+        let (_, out) = answer_from(req, remote, &keyed);
+        assert!(out.starts_with("HTTP/1.1 401"));
+        let wrong = req.replace("Host: x", "Host: x\r\nAuthorization: Bearer nope");
+        let (_, out) = answer_from(&wrong, local, &keyed);
+        assert!(out.starts_with("HTTP/1.1 401"));
+        let right = req.replace("Host: x", "Host: x\r\nAuthorization: Bearer s3cret");
+        let (_, out) = answer_from(&right, remote, &keyed);
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        let (_, out) = answer_from(
+            "GET /api/publish/news HTTP/1.1\r\nHost: x\r\n\r\n",
+            local,
+            &shared,
+        );
+        assert!(out.starts_with("HTTP/1.1 405"));
+    }
+
+    #[test]
+    fn constant_time_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
     }
 }
