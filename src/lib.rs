@@ -10,6 +10,7 @@
 //!   Redis later).
 //! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file.
 //! - [`stats`]: per-loop counters and the seeds' stats block.
+//! - [`client`]: a minimal HTTP/1.1 client for the API (`throng pub`).
 //! - [`os`]: the open-files limit and the connection ceiling it gives.
 //!
 //! Later capabilities slot in beside these: history in the hub, a Redis broker behind
@@ -17,6 +18,7 @@
 //! `tune` as commands in `main`.
 
 pub mod broker;
+pub mod client;
 pub mod config;
 pub mod hub;
 pub mod os;

@@ -28,8 +28,30 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the server (echo at ws://HOST/echo, health at /healthz)
+    /// Run the server (echo at ws://HOST/echo, channels at ws://HOST/ws/CHANNEL)
     Serve(ServeArgs),
+    /// Publish one message through the HTTP API and print its seq
+    Pub(PubArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct PubArgs {
+    /// Channel to publish to
+    channel: String,
+    /// The message; `-` or nothing reads it from standard input
+    message: Option<String>,
+    /// The server's HTTP address
+    #[arg(long, env = "THRONG_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// Bearer key, when the server runs with --api-key
+    #[arg(long, env = "THRONG_API_KEY", value_name = "KEY")]
+    api_key: Option<String>,
+    /// Send as a binary message (default: text)
+    #[arg(long)]
+    binary: bool,
+    /// Seconds to wait for the server
+    #[arg(long, default_value = "10", value_name = "SECONDS")]
+    timeout: u64,
 }
 
 fn main() -> ExitCode {
@@ -62,7 +84,60 @@ fn run() -> Result<()> {
             let config = serve_args.into_config()?;
             serve(config)
         }
+        Command::Pub(args) => publish(args),
     }
+}
+
+fn publish(args: PubArgs) -> Result<()> {
+    use std::io::Read;
+    throng::hub::validate_channel_name(&args.channel)
+        .with_context(|| format!("bad channel name '{}'", args.channel))?;
+    let body = match args.message.as_deref() {
+        None | Some("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("cannot read the message from standard input")?;
+            buf
+        }
+        Some(text) => text.as_bytes().to_vec(),
+    };
+    let url = throng::client::HttpUrl::parse(&args.url)?;
+    let content_type = if args.binary {
+        "application/octet-stream"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    let auth = args.api_key.as_ref().map(|k| format!("Bearer {k}"));
+    let mut headers = vec![("Content-Type", content_type)];
+    if let Some(auth) = &auth {
+        headers.push(("Authorization", auth.as_str()));
+    }
+    let response = throng::client::request(
+        &url,
+        "POST",
+        &format!("/api/publish/{}", args.channel),
+        &headers,
+        &body,
+        Duration::from_secs(args.timeout),
+    )?;
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(&response.body).ok();
+    if response.status != 200 {
+        let reason = parsed
+            .as_ref()
+            .and_then(|v| v.get("error"))
+            .and_then(|e| e.as_str())
+            .map(String::from)
+            .unwrap_or_else(|| String::from_utf8_lossy(&response.body).into_owned());
+        anyhow::bail!("server answered {}: {reason}", response.status);
+    }
+    let seq = parsed
+        .as_ref()
+        .and_then(|v| v.get("seq"))
+        .and_then(|s| s.as_u64())
+        .context("server's answer has no seq")?;
+    println!("{seq}");
+    Ok(())
 }
 
 fn serve(config: ServeConfig) -> Result<()> {
@@ -85,6 +160,9 @@ fn serve(config: ServeConfig) -> Result<()> {
     }
     tracing::info!(threads, "I/O threads: {threads}; broker: memory");
     tracing::info!("limits: {summary}");
+    if config.api_key.is_none() {
+        tracing::info!("publish API: no --api-key set, accepting loopback peers only");
+    }
     tracing::info!(
         "open-files limit {}: at most ~{} connections in this process",
         limit.soft,

@@ -1,0 +1,190 @@
+//! A small blocking HTTP/1.1 client for throng's own API (`throng pub`, and the
+//! load generator's publisher): one request per connection, `Connection: close`.
+//!
+//! It owns URL parsing for `http://host:port` and reading one response. It must not
+//! grow into a general HTTP client: no TLS, redirects, chunked bodies or cookies.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("'{0}' is not an http://host:port URL")]
+    BadUrl(String),
+    #[error("cannot connect to {addr}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("request to {addr} failed")]
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("malformed response from {addr}: {reason}")]
+    BadResponse { addr: String, reason: String },
+}
+
+/// `http://host:port[/prefix]`, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing slash (usually empty).
+    pub prefix: String,
+}
+
+impl HttpUrl {
+    pub fn parse(url: &str) -> Result<Self, ClientError> {
+        let bad = || ClientError::BadUrl(url.to_string());
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("ws://"))
+            .ok_or_else(bad)?;
+        let (authority, prefix) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+                (h, p.parse::<u16>().map_err(|_| bad())?)
+            }
+            _ => (authority, 80),
+        };
+        if host.is_empty() {
+            return Err(bad());
+        }
+        Ok(HttpUrl {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port,
+            prefix: prefix.to_string(),
+        })
+    }
+
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// Sends one request and reads the whole response.
+pub fn request(
+    url: &HttpUrl,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Response, ClientError> {
+    let addr = url.authority();
+    let io = |source| ClientError::Io {
+        addr: addr.clone(),
+        source,
+    };
+    let target = (url.host.as_str(), url.port)
+        .to_socket_addrs()
+        .map_err(|source| ClientError::Connect {
+            addr: addr.clone(),
+            source,
+        })?
+        .next()
+        .ok_or_else(|| ClientError::BadUrl(addr.clone()))?;
+    let mut stream =
+        TcpStream::connect_timeout(&target, timeout).map_err(|source| ClientError::Connect {
+            addr: addr.clone(),
+            source,
+        })?;
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    stream.set_nodelay(true).map_err(io)?;
+    let mut head = format!(
+        "{method} {}{path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        url.prefix,
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut message = head.into_bytes();
+    message.extend_from_slice(body);
+    stream.write_all(&message).map_err(io)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).map_err(io)?;
+    parse_response(&raw).map_err(|reason| ClientError::BadResponse { addr, reason })
+}
+
+fn parse_response(raw: &[u8]) -> Result<Response, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    let head_len = match resp.parse(raw) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Err("response ended early".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let status = resp.code.ok_or("no status code")?;
+    let length = resp
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        });
+    let rest = &raw[head_len..];
+    let body = match length {
+        Some(n) if n <= rest.len() => rest[..n].to_vec(),
+        Some(_) => return Err("body shorter than Content-Length".into()),
+        None => rest.to_vec(),
+    };
+    Ok(Response { status, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = HttpUrl::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.prefix.as_str()),
+            ("127.0.0.1", 8080, "")
+        );
+        let u = HttpUrl::parse("http://example:9/base/").unwrap();
+        assert_eq!((u.port, u.prefix.as_str()), (9, "/base"));
+        let u = HttpUrl::parse("http://[::1]:7").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.authority()),
+            ("::1", "[::1]:7".to_string())
+        );
+        assert!(HttpUrl::parse("ftp://x").is_err());
+        assert!(HttpUrl::parse("http://:80").is_err());
+        assert!(HttpUrl::parse("http://x:port").is_err());
+    }
+
+    #[test]
+    fn responses() {
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{\"seq\":1}").unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, b"{\"seq\":1}");
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{").is_err());
+        assert!(parse_response(b"garbage").is_err());
+    }
+}
