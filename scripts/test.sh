@@ -67,7 +67,7 @@ if [[ $QUICK == 0 ]]; then
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     log=$(mktemp)
     "$THRONG_BIN" serve --listen "127.0.0.1:$port" --threads 2 --stats-interval 0 \
-        --max-message-size 16MiB >"$log" 2>&1 &
+        --max-message-size 16MiB --ping-interval 0 >"$log" 2>&1 &
     server_pid=$!
     trap 'kill "$server_pid" 2>/dev/null || true' EXIT
     for _ in $(seq 50); do

@@ -84,6 +84,8 @@ pub enum ProtocolError {
     ReservedOpcode(u8),
     #[error("client frame is not masked")]
     Unmasked,
+    #[error("server frame is masked")]
+    MaskedFromServer,
     #[error("control frame is fragmented")]
     FragmentedControl,
     #[error("control frame payload is over 125 bytes")]
@@ -152,9 +154,19 @@ struct FrameInProgress {
     mask_offset: u8,
 }
 
+/// Which end of the connection a decoder reads for: a server reads masked client
+/// frames, a client (the load generator) reads unmasked server frames.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    #[default]
+    Server,
+    Client,
+}
+
 /// Per-connection receive state: only what a partially received frame or message needs.
 #[derive(Debug, Default)]
 pub struct Decoder {
+    role: Role,
     /// Header bytes of a frame whose header has not fully arrived.
     header: [u8; MAX_HEADER_LEN],
     header_len: u8,
@@ -175,8 +187,8 @@ struct Header {
     mask: [u8; 4],
 }
 
-/// Parses one client frame header; `Ok(None)` when more bytes are needed.
-fn parse_header(buf: &[u8]) -> Result<Option<(Header, usize)>, ProtocolError> {
+/// Parses one frame header; `Ok(None)` when more bytes are needed.
+fn parse_header(buf: &[u8], role: Role) -> Result<Option<(Header, usize)>, ProtocolError> {
     if buf.len() < 2 {
         return Ok(None);
     }
@@ -196,8 +208,11 @@ fn parse_header(buf: &[u8]) -> Result<Option<(Header, usize)>, ProtocolError> {
         }
         other => return Err(ProtocolError::ReservedOpcode(other)),
     }
-    if b1 & 0x80 == 0 {
-        return Err(ProtocolError::Unmasked);
+    let masked = b1 & 0x80 != 0;
+    match role {
+        Role::Server if !masked => return Err(ProtocolError::Unmasked),
+        Role::Client if masked => return Err(ProtocolError::MaskedFromServer),
+        _ => {}
     }
     let len7 = b1 & 0x7F;
     let (len, mut pos) = match len7 {
@@ -224,12 +239,14 @@ fn parse_header(buf: &[u8]) -> Result<Option<(Header, usize)>, ProtocolError> {
     if op >= opcode::CLOSE && len > MAX_CONTROL_PAYLOAD {
         return Err(ProtocolError::ControlTooLong);
     }
-    if buf.len() < pos + 4 {
-        return Ok(None);
-    }
     let mut mask = [0u8; 4];
-    mask.copy_from_slice(&buf[pos..pos + 4]);
-    pos += 4;
+    if masked {
+        if buf.len() < pos + 4 {
+            return Ok(None);
+        }
+        mask.copy_from_slice(&buf[pos..pos + 4]);
+        pos += 4;
+    }
     Ok(Some((
         Header {
             fin,
@@ -300,6 +317,14 @@ fn control_event(op: u8, payload: &[u8]) -> Result<Event<'_>, ProtocolError> {
 }
 
 impl Decoder {
+    /// A decoder for the client end: reads unmasked server frames.
+    pub fn client() -> Self {
+        Decoder {
+            role: Role::Client,
+            ..Decoder::default()
+        }
+    }
+
     /// True when no partial frame or message is pending: the state can be dropped.
     pub fn is_idle(&self) -> bool {
         self.header_len == 0 && self.frame.is_none() && self.message_kind.is_none()
@@ -368,7 +393,7 @@ impl Decoder {
         max_message: usize,
     ) -> Result<Option<usize>, ProtocolError> {
         let (header, consumed) = if self.header_len == 0 {
-            match parse_header(input)? {
+            match parse_header(input, self.role)? {
                 Some(parsed) => parsed,
                 None => {
                     self.header[..input.len()].copy_from_slice(input);
@@ -380,7 +405,7 @@ impl Decoder {
             let have = usize::from(self.header_len);
             let copy = (MAX_HEADER_LEN - have).min(input.len());
             self.header[have..have + copy].copy_from_slice(&input[..copy]);
-            match parse_header(&self.header[..have + copy])? {
+            match parse_header(&self.header[..have + copy], self.role)? {
                 Some((header, used)) => {
                     self.header_len = 0;
                     (header, used - have)

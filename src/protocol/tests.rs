@@ -388,3 +388,41 @@ fn arbitrary_bytes_never_panic() {
         let _ = feed_in_steps(&bytes, 1 + (state % 7) as usize);
     }
 }
+
+#[test]
+fn client_role_reads_unmasked_server_frames_and_refuses_masked_ones() {
+    let mut server_frame = Vec::new();
+    encode_frame(&mut server_frame, opcode::TEXT, b"from server");
+    let mut decoder = Decoder::client();
+    let mut got = Vec::new();
+    decoder
+        .feed(&mut server_frame, LIMIT, |e| {
+            got.push(own(e));
+            Flow::Continue
+        })
+        .unwrap();
+    assert_eq!(
+        got,
+        vec![Owned::Message(DataKind::Text, b"from server".to_vec())]
+    );
+    // Split at every byte too.
+    let mut whole = Vec::new();
+    encode_frame(&mut whole, opcode::BINARY, &[7; 300]);
+    let mut decoder = Decoder::client();
+    let mut count = 0;
+    for byte in whole.chunks(1) {
+        let mut b = byte.to_vec();
+        decoder
+            .feed(&mut b, LIMIT, |_| {
+                count += 1;
+                Flow::Continue
+            })
+            .unwrap();
+    }
+    assert_eq!(count, 1);
+    let mut masked = frame(opcode::TEXT, true, b"x");
+    assert_eq!(
+        Decoder::client().feed(&mut masked, LIMIT, |_| Flow::Continue),
+        Err(ProtocolError::MaskedFromServer)
+    );
+}
