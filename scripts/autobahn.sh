@@ -27,6 +27,9 @@
 #   AUTOBAHN_PARALLEL      cases run at once (default 1)
 #   AUTOBAHN_KEEP=all      keep every per-case JSON and the HTML report in OUTDIR
 #                          (~6 MB) instead of only the failing cases' JSON
+#   AUTOBAHN_VERBOSE=1     print every case as it finishes (default: only failures)
+#   AUTOBAHN_SERVER_NOTE   free text (e.g. the server's command line), recorded in
+#                          run.json and SUMMARY.md
 #
 # The venv lives at .venv-autobahn at the repo root (not in .gitignore by this
 # script). kosoku is pinned because the report writer uses its internals.
@@ -38,7 +41,7 @@ VENV="$ROOT/.venv-autobahn"
 DEFAULT_OUTDIR="$ROOT/docs/autobahn/report"
 
 if [[ $# -lt 1 || $# -gt 2 || $1 == -h || $1 == --help ]]; then
-    sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 
@@ -88,6 +91,7 @@ case_timeout_9 = float(os.environ.get("AUTOBAHN_CASE_TIMEOUT_9", "30"))
 budget = float(os.environ.get("AUTOBAHN_BUDGET", "600"))
 parallel = max(1, int(os.environ.get("AUTOBAHN_PARALLEL", "1")))
 keep_all = os.environ.get("AUTOBAHN_KEEP", "") == "all"
+verbose = os.environ.get("AUTOBAHN_VERBOSE", "") not in ("", "0")
 
 u = urlsplit(url)
 host, port = u.hostname or "127.0.0.1", u.port or 80
@@ -159,7 +163,9 @@ async def run_all():
                     cid, f"NOT RUN: the run's time budget ({budget:.0f}s, AUTOBAHN_BUDGET) was used up before this case started.",
                     "not run")
                 return
-            limit = min(case_timeout_9 if cid.startswith("9.") else case_timeout, remaining)
+            own = case_timeout_9 if cid.startswith("9.") else case_timeout
+            limit = min(own, remaining)
+            why = "" if limit == own else " (cut short: the run's time budget AUTOBAHN_BUDGET was nearly used up)"
             t = time.monotonic()
             try:
                 res = await asyncio.wait_for(run_fuzzingclient(url, [cid]), limit)
@@ -167,8 +173,9 @@ async def run_all():
                 res = e.results
             except asyncio.TimeoutError:
                 timeouts.append(cid)
+                print(f"  {cid:8s} TIMEOUT after {limit:.1f}s{why}", file=sys.stderr, flush=True)
                 results[cid] = synthetic(
-                    cid, f"TIMEOUT: kosoku did not finish this case within {limit:.0f}s. kosoku has no close-handshake "
+                    cid, f"TIMEOUT: kosoku did not finish this case within {limit:.1f}s{why}. kosoku has no close-handshake "
                          "or open-handshake timeout of its own, so the server most likely never answered kosoku's "
                          "close frame (or the handshake, or stopped reading/echoing).",
                     "kosoku abandoned the case after the per-case timeout")
@@ -179,8 +186,10 @@ async def run_all():
             d = R.case_to_dict(res[0])
             d["agent"] = agent
             results[cid] = d
-            print(f"  {cid:8s} {d['behavior']:13s} {d['behaviorClose']:16s} {time.monotonic() - t:6.2f}s",
-                  file=sys.stderr, flush=True)
+            if verbose or d["behavior"] not in ("OK", "NON-STRICT", "INFORMATIONAL") \
+                    or d["behaviorClose"] not in ("OK", "INFORMATIONAL"):
+                print(f"  {cid:8s} {d['behavior']:13s} {d['behaviorClose']:16s} {time.monotonic() - t:6.2f}s",
+                      file=sys.stderr, flush=True)
 
     await asyncio.gather(*(one(c) for c in ids))
     return results, timeouts, time.monotonic() - t0
@@ -273,7 +282,12 @@ with open(os.path.join(work, "run.json"), "w") as f:
     json.dump({"url": url, "agent": agent, "kosoku": importlib.metadata.version("kosoku"),
                "started": started, "wall_seconds": round(wall, 1), "cases": len(ids),
                "case_timeout": case_timeout, "case_timeout_9": case_timeout_9, "budget": budget,
-               "parallel": parallel, "timed_out_cases": timeouts}, f, indent=2, sort_keys=True)
+               "parallel": parallel, "timed_out_cases": timeouts,
+               "server": os.environ.get("AUTOBAHN_SERVER_NOTE", ""),
+               "selection": os.environ.get("AUTOBAHN_CASES", "1.*,...,10.*"),
+               "exclude": os.environ.get("AUTOBAHN_EXCLUDE", ""),
+               "selection_custom": bool(os.environ.get("AUTOBAHN_CASES") or os.environ.get("AUTOBAHN_EXCLUDE"))},
+              f, indent=2, sort_keys=True)
 print(f"autobahn.sh: {len(ids)} cases in {wall:.1f}s", file=sys.stderr)
 PYEOF
 rc=$?

@@ -329,3 +329,87 @@ def ws_connect(port: int, path: str = "/echo", timeout: float = 5.0, **kw) -> Ra
     assert resp.header("sec-websocket-accept") == accept_key(key), resp
     c.handshake_response = resp
     return c
+
+
+# -- HTTP API helpers (channels / publish) --------------------------------------
+
+
+def http_request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: list[tuple[str, str]] | None = None,
+    timeout: float = 5.0,
+    source: str | None = None,
+) -> HTTPResponse:
+    """One HTTP/1.1 request on a new connection. Content-Length is added when a
+    body is given (pass body=None to send no body and no Content-Length).
+    `source` binds the client socket to that local address (e.g. "127.0.0.2")."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    for k, v in headers or []:
+        lines.append(f"{k}: {v}")
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    req = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + (body or b"")
+    if source is None:
+        return http_exchange(port, req, timeout=timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    c = RawConn.__new__(RawConn)
+    c.sock, c.buf, c.timeout = sock, b"", timeout
+    with c:
+        c.send(req)
+        return c.read_http_response(timeout=timeout)
+
+
+def publish(
+    port: int,
+    channel: str,
+    data: bytes | str,
+    content_type: str | None = "AUTO",
+    api_key: str | None = None,
+    headers: list[tuple[str, str]] | None = None,
+    timeout: float = 5.0,
+) -> HTTPResponse:
+    """POST /api/publish/{channel}. A str is sent as text/plain; charset=utf-8,
+    bytes as application/octet-stream (content_type=None: no Content-Type)."""
+    if content_type == "AUTO":
+        content_type = "text/plain; charset=utf-8" if isinstance(data, str) else "application/octet-stream"
+    body = data.encode("utf-8") if isinstance(data, str) else data
+    hs = list(headers or [])
+    if content_type is not None:
+        hs.append(("Content-Type", content_type))
+    if api_key is not None:
+        hs.append(("Authorization", f"Bearer {api_key}"))
+    return http_request(port, "POST", f"/api/publish/{channel}", body, hs, timeout=timeout)
+
+
+def publish_ok(port: int, channel: str, data: bytes | str, **kw) -> int:
+    """Publish and assert 200 {"seq": N}; returns N."""
+    resp = publish(port, channel, data, **kw)
+    assert resp.status == 200, f"publish to {channel!r} failed: {resp!r}"
+    seq = resp.json().get("seq")
+    assert isinstance(seq, int), f"publish answer has no integer seq: {resp!r}"
+    return seq
+
+
+def channel_info(port: int, channel: str, timeout: float = 5.0) -> dict:
+    """GET /api/channels/{channel} => dict (asserts 200)."""
+    resp = http_request(port, "GET", f"/api/channels/{channel}", timeout=timeout)
+    assert resp.status == 200, resp
+    return resp.json()
+
+
+def wait_subscribers(port: int, channel: str, n: int, timeout: float = 10.0) -> dict:
+    """Poll /api/channels/{channel} until it reports exactly n subscribers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = channel_info(port, channel)
+        if info.get("subscribers") == n:
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"channel {channel!r}: expected {n} subscribers within {timeout}s, got {info}")
+        time.sleep(0.02)

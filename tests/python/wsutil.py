@@ -53,3 +53,23 @@ class PingCountingConnection(ClientConnection):
         if getattr(event, "opcode", None) is Opcode.PING:
             self.pings_received += 1
         super().process_event(event)
+
+
+async def recv_json(ws, timeout: float = 5.0) -> dict:
+    """Receive one frame, assert it is a text frame holding a JSON object, parse it."""
+    import json
+
+    msg = await asyncio.wait_for(ws.recv(), timeout)
+    assert isinstance(msg, str), f"expected a JSON text frame, got binary {msg[:100]!r}"
+    obj = json.loads(msg)
+    assert isinstance(obj, dict), f"expected a JSON object, got {msg!r}"
+    return obj
+
+
+async def expect_silence(ws, seconds: float = 0.3) -> None:
+    """Assert nothing arrives on ws for `seconds`."""
+    try:
+        msg = await asyncio.wait_for(ws.recv(), seconds)
+    except asyncio.TimeoutError:
+        return
+    raise AssertionError(f"expected no frame, got {msg!r}")

@@ -24,10 +24,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -119,19 +121,85 @@ func sampleRSS(pid, n int, gap time.Duration) ([]int64, int64) {
 	return out, s[len(s)/2]
 }
 
-// machineSteal returns the machine-wide steal time (all CPUs) from /proc/stat.
-func machineSteal() time.Duration {
+// machineStat returns machine-wide idle(+iowait), irq+softirq and steal time
+// (all CPUs) from the first line of /proc/stat.
+func machineStat() (idle, irq, steal time.Duration) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0
+		return 0, 0, 0
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line)
 	if len(f) < 9 || f[0] != "cpu" {
-		return 0
+		return 0, 0, 0
 	}
-	v, _ := strconv.ParseInt(f[8], 10, 64)
-	return time.Duration(v) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	n := func(i int) time.Duration {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		return time.Duration(v) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	}
+	return n(4) + n(5), n(6) + n(7), n(8)
+}
+
+// othersCPU returns, per pid, utime+stime+cutime+cstime (ticks) of every
+// user-space process except the excluded pids. Children that exit and are
+// reaped show up in their parent's cutime/cstime. Kernel threads are skipped
+// (ksoftirqd etc. do the loopback work of the benchmark itself).
+func othersCPU(exclude ...int) map[int]int64 {
+	out := map[int]int64{}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+next:
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		for _, x := range exclude {
+			if pid == x {
+				continue next
+			}
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		st := string(b)
+		i := strings.LastIndexByte(st, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(st[i+1:])
+		if len(f) < 15 {
+			continue
+		}
+		flags, _ := strconv.ParseUint(f[6], 10, 64)
+		if flags&0x00200000 != 0 { // PF_KTHREAD
+			continue
+		}
+		var sum int64
+		for _, k := range []int{11, 12, 13, 14} {
+			v, _ := strconv.ParseInt(f[k], 10, 64)
+			sum += v
+		}
+		out[pid] = sum
+	}
+	return out
+}
+
+func othersDelta(a, b map[int]int64) int64 {
+	var d int64
+	for pid, v := range b {
+		if v0, ok := a[pid]; ok {
+			if v > v0 {
+				d += v - v0
+			}
+		} else {
+			d += v // started during the window
+		}
+	}
+	return d
 }
 
 func selfCPU() time.Duration {
@@ -467,34 +535,39 @@ type latency struct {
 }
 
 type echoResult struct {
-	Mode             string         `json:"mode"`
-	URL              string         `json:"url"`
-	Conns            int            `json:"conns_requested"`
-	Rate             float64        `json:"rate"`
-	SourceIPs        int            `json:"source_ips"`
-	Opened           int64          `json:"opened"`
-	Failed           int64          `json:"failed"`
-	DialErrors       map[string]int `json:"dial_errors,omitempty"`
-	OpenSeconds      float64        `json:"open_seconds"`
-	Size             int            `json:"size"`
-	WarmupSeconds    float64        `json:"warmup_seconds"`
-	WindowSeconds    float64        `json:"window_seconds"`
-	Messages         int64          `json:"messages"`
-	MsgsPerSec       float64        `json:"msgs_per_sec"`
-	LatencyUS        latency        `json:"latency_us"`
-	Errors           int64          `json:"errors"`
-	Mismatches       int64          `json:"mismatches"`
-	ErrorSamples     map[string]int `json:"error_samples,omitempty"`
-	ServerPID        int            `json:"server_pid,omitempty"`
-	ClkTck           int            `json:"clk_tck,omitempty"`
-	ServerCPUTicks   int64          `json:"server_cpu_ticks,omitempty"`
-	ServerCPUSeconds float64        `json:"server_cpu_seconds,omitempty"`
-	ServerCPUUSPer   float64        `json:"server_cpu_us_per_msg,omitempty"`
-	ServerRSSKB      int64          `json:"server_rss_kb_end,omitempty"`
-	PerSecond        []int64        `json:"msgs_per_second_timeline"`
-	StealSeconds     float64        `json:"machine_steal_seconds"`
-	ClientCPUSeconds float64        `json:"client_cpu_seconds"`
-	ClientCPUUSPer   float64        `json:"client_cpu_us_per_msg"`
+	Mode                 string         `json:"mode"`
+	URL                  string         `json:"url"`
+	Conns                int            `json:"conns_requested"`
+	Rate                 float64        `json:"rate"`
+	SourceIPs            int            `json:"source_ips"`
+	Opened               int64          `json:"opened"`
+	Failed               int64          `json:"failed"`
+	DialErrors           map[string]int `json:"dial_errors,omitempty"`
+	OpenSeconds          float64        `json:"open_seconds"`
+	Size                 int            `json:"size"`
+	WarmupSeconds        float64        `json:"warmup_seconds"`
+	WindowSeconds        float64        `json:"window_seconds"`
+	Messages             int64          `json:"messages"`
+	MsgsPerSec           float64        `json:"msgs_per_sec"`
+	LatencyUS            latency        `json:"latency_us"`
+	Errors               int64          `json:"errors"`
+	Mismatches           int64          `json:"mismatches"`
+	ErrorSamples         map[string]int `json:"error_samples,omitempty"`
+	ServerPID            int            `json:"server_pid,omitempty"`
+	ClkTck               int            `json:"clk_tck,omitempty"`
+	ServerCPUTicks       int64          `json:"server_cpu_ticks,omitempty"`
+	ServerCPUSeconds     float64        `json:"server_cpu_seconds,omitempty"`
+	ServerCPUUSPer       float64        `json:"server_cpu_us_per_msg,omitempty"`
+	ServerRSSKB          int64          `json:"server_rss_kb_end,omitempty"`
+	PerSecond            []int64        `json:"msgs_per_second_timeline"`
+	StealSeconds         float64        `json:"machine_steal_seconds"`
+	IdleSeconds          float64        `json:"machine_idle_seconds"`
+	IRQSeconds           float64        `json:"machine_irq_softirq_seconds"`
+	OtherCPUSeconds      float64        `json:"machine_other_cpu_seconds"`
+	OtherProcsCPUSeconds float64        `json:"machine_other_procs_cpu_seconds"`
+	ResidualCPUSeconds   float64        `json:"machine_residual_cpu_seconds,omitempty"`
+	ClientCPUSeconds     float64        `json:"client_cpu_seconds"`
+	ClientCPUUSPer       float64        `json:"client_cpu_us_per_msg"`
 }
 
 func runEcho(cfg *config, ips []net.IP) any {
@@ -590,7 +663,8 @@ func runEcho(cfg *config, ips []net.IP) any {
 		srvT0, srvErr = procCPUTicks(cfg.serverPID)
 	}
 	cli0 := selfCPU()
-	steal0 := machineSteal()
+	idle0, irq0, steal0 := machineStat()
+	others0 := othersCPU(os.Getpid(), cfg.serverPID)
 	wallStart := time.Now()
 	// per-second timeline of completed echoes, to spot stalls or drift
 	var last int64
@@ -605,7 +679,15 @@ func runEcho(cfg *config, ips []net.IP) any {
 		last = v
 	}
 	time.Sleep(time.Until(tEnd))
-	res.StealSeconds = (machineSteal() - steal0).Seconds()
+	others1 := othersCPU(os.Getpid(), cfg.serverPID)
+	idle1, irq1, steal1 := machineStat()
+	res.StealSeconds = (steal1 - steal0).Seconds()
+	res.IdleSeconds = (idle1 - idle0).Seconds()
+	res.IRQSeconds = (irq1 - irq0).Seconds()
+	// CPU of other user-space processes during the window: a gauge of
+	// disturbance by other sessions on a shared machine.
+	res.OtherProcsCPUSeconds = float64(othersDelta(others0, others1)) / float64(cfg.clkTck)
+	res.OtherCPUSeconds = res.OtherProcsCPUSeconds
 	if cfg.serverPID > 0 && srvErr == nil {
 		srvT1, srvErr = procCPUTicks(cfg.serverPID)
 	}
@@ -636,6 +718,15 @@ func runEcho(cfg *config, ips []net.IP) any {
 		res.ServerCPUSeconds = float64(res.ServerCPUTicks) / float64(cfg.clkTck)
 		if res.Messages > 0 {
 			res.ServerCPUUSPer = res.ServerCPUSeconds * 1e6 / float64(res.Messages)
+		}
+		// Residual machine CPU not charged to server or client (other
+		// processes plus kernel threads/softirq): informational.
+		res.ResidualCPUSeconds = float64(runtime.NumCPU())*res.WindowSeconds - res.IdleSeconds - res.StealSeconds -
+			res.ServerCPUSeconds - res.ClientCPUSeconds
+		// Reaped children are charged to their parent whole (cutime), so the
+		// per-process sum can overshoot; the machine residual bounds it.
+		if res.ResidualCPUSeconds < res.OtherCPUSeconds {
+			res.OtherCPUSeconds = math.Max(res.ResidualCPUSeconds, 0)
 		}
 	}
 	return res
