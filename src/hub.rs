@@ -2,17 +2,19 @@
 //! per-channel sequence numbers, and fan-out of each message as frames encoded once.
 //!
 //! Channels live in 64 shards keyed by a hash of the name, so threads rarely meet
-//! on one lock. A channel records only how many raw and json subscribers each event
-//! loop has; the loops keep their own subscriber lists. Publishing assigns `seq`,
-//! encodes the raw frame and the json frame once (each only if someone wants it),
-//! and hands one [`Delivery`] per interested loop to that loop's [`Inbox`]; the loop
-//! writes the shared bytes to its sockets. This module must not touch sockets or
-//! connection state, and holds no lock while anything is written to a client.
+//! on one lock. A channel records only how many subscribers each event loop has, by
+//! format; the loops keep their own subscriber lists. Publishing assigns `seq`, wraps
+//! the payload in one shared [`Message`] and hands it to the [`Inbox`] of every loop
+//! with subscribers; each [`Format`] (the transport seam: WebSocket raw or json now,
+//! SSE and long-poll later) is encoded once, by the first loop that needs it, and
+//! every subscriber's queue holds a handle to those bytes. This module must not touch
+//! sockets or connection state, and holds no lock while anything is written to a
+//! client.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -88,11 +90,39 @@ pub enum PublishError {
     Overloaded,
 }
 
-/// Subscribers of one channel on one event loop.
+/// How a subscriber receives messages: the transport seam. Each format is one
+/// encoding of a [`Message`], made once and shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// WebSocket, the payload alone (text or binary as published).
+    WsRaw = 0,
+    /// WebSocket, `{"channel","seq","data"}` envelopes and chat events.
+    WsJson = 1,
+}
+
+const FORMATS: usize = 2;
+
+impl Format {
+    /// Whether this format shows chat events (welcome/join/leave).
+    pub fn shows_events(self) -> bool {
+        self == Format::WsJson
+    }
+}
+
+/// Subscribers of one channel on one event loop, by format.
 #[derive(Debug, Default, Clone, Copy)]
 struct LoopShare {
-    raw: u32,
-    json: u32,
+    by_format: [u32; FORMATS],
+}
+
+impl LoopShare {
+    fn total(&self) -> u32 {
+        self.by_format.iter().sum()
+    }
+
+    fn events(&self) -> u32 {
+        self.by_format[Format::WsJson as usize]
+    }
 }
 
 #[derive(Debug)]
@@ -142,17 +172,89 @@ pub struct ConnRef {
     pub key: usize,
 }
 
-/// One message (or chat event) for every subscriber of a channel on one loop.
-/// The frames are complete WebSocket frames shared by all those subscribers.
+/// What a [`Message`] carries.
 #[derive(Debug)]
-pub struct Delivery {
-    pub channel: Arc<Channel>,
-    /// For `format=raw` subscribers; `None` for events raw clients do not see.
-    pub raw: Option<Bytes>,
-    /// For `format=json` subscribers.
-    pub json: Option<Bytes>,
-    pub exclude: Option<ConnRef>,
+pub enum Body {
+    /// A published message.
+    Data {
+        seq: u64,
+        payload: Bytes,
+        kind: DataKind,
+        /// The chat client that sent it.
+        from: Option<Box<str>>,
+    },
+    /// A chat room event (`join`, `leave`), shown only in formats with events.
+    Event {
+        event: &'static str,
+        client: Box<str>,
+        count: u64,
+    },
 }
+
+/// One published message or chat event, shared by every loop that delivers it.
+#[derive(Debug)]
+pub struct Message {
+    pub channel: Arc<Channel>,
+    pub body: Body,
+    /// A connection that must not get this (the joiner of its own join event).
+    pub exclude: Option<ConnRef>,
+    encoded: [OnceLock<Option<Bytes>>; FORMATS],
+}
+
+impl Message {
+    fn new(channel: Arc<Channel>, body: Body, exclude: Option<ConnRef>) -> Self {
+        Message {
+            channel,
+            body,
+            exclude,
+            encoded: Default::default(),
+        }
+    }
+
+    /// The complete frame for `format`, encoded on first use and then shared;
+    /// `None` when the format does not show this message (events in raw).
+    pub fn encoded(&self, format: Format) -> Option<&Bytes> {
+        self.encoded[format as usize]
+            .get_or_init(|| self.encode(format))
+            .as_ref()
+    }
+
+    fn encode(&self, format: Format) -> Option<Bytes> {
+        let name = self.channel.name();
+        match (&self.body, format) {
+            (Body::Data { payload, kind, .. }, Format::WsRaw) => {
+                Some(frame_bytes(kind.opcode(), payload))
+            }
+            (
+                Body::Data {
+                    seq,
+                    payload,
+                    kind,
+                    from,
+                },
+                Format::WsJson,
+            ) => Some(json_message_frame(
+                name,
+                *seq,
+                payload,
+                *kind,
+                from.as_deref(),
+            )),
+            (Body::Event { .. }, Format::WsRaw) => None,
+            (
+                Body::Event {
+                    event,
+                    client,
+                    count,
+                },
+                Format::WsJson,
+            ) => Some(json_event_frame(name, event, client, *count)),
+        }
+    }
+}
+
+/// What a loop's inbox holds: a handle to a shared message.
+pub type Delivery = Arc<Message>;
 
 /// A loop's incoming deliveries. Publishers push; the loop swaps the batch out.
 #[derive(Debug)]
@@ -350,7 +452,7 @@ impl Hub {
         &self,
         name: &str,
         loop_index: usize,
-        json: bool,
+        format: Format,
         joiner: Option<(ConnRef, &str)>,
     ) -> Joined {
         // The shard lock is held while counting in, so a concurrent sweep cannot
@@ -359,12 +461,7 @@ impl Hub {
             let mut shard = self.shard(name);
             let channel = self.get_or_create(&mut shard, name);
             let mut st = channel.lock();
-            let share = &mut st.loops[loop_index];
-            if json {
-                share.json += 1;
-            } else {
-                share.raw += 1;
-            }
+            st.loops[loop_index].by_format[format as usize] += 1;
             st.last_used = Instant::now();
             channel.subscribers.fetch_add(1, Ordering::Relaxed);
             drop(st);
@@ -374,8 +471,12 @@ impl Hub {
         if let Some((conn, client)) = joiner
             && channel.kind.join_leave
         {
-            let frame = json_event_frame(name, "join", client, count);
-            self.broadcast_event(&channel, frame, Some(conn));
+            let body = Body::Event {
+                event: "join",
+                client: client.into(),
+                count,
+            };
+            self.broadcast_event(&channel, body, Some(conn));
         }
         Joined { channel, count }
     }
@@ -385,17 +486,13 @@ impl Hub {
         &self,
         channel: &Arc<Channel>,
         loop_index: usize,
-        json: bool,
+        format: Format,
         client: Option<&str>,
     ) {
         {
             let mut st = channel.lock();
-            let share = &mut st.loops[loop_index];
-            if json {
-                share.json = share.json.saturating_sub(1);
-            } else {
-                share.raw = share.raw.saturating_sub(1);
-            }
+            let count = &mut st.loops[loop_index].by_format[format as usize];
+            *count = count.saturating_sub(1);
             st.last_used = Instant::now();
             channel.subscribers.fetch_sub(1, Ordering::Relaxed);
         }
@@ -403,27 +500,28 @@ impl Hub {
             && channel.kind.join_leave
         {
             let count = channel.subscribers();
-            let frame = json_event_frame(channel.name(), "leave", client, count);
-            self.broadcast_event(channel, frame, None);
+            let body = Body::Event {
+                event: "leave",
+                client: client.into(),
+                count,
+            };
+            self.broadcast_event(channel, body, None);
         }
     }
 
-    fn broadcast_event(&self, channel: &Arc<Channel>, frame: Bytes, exclude: Option<ConnRef>) {
+    fn broadcast_event(&self, channel: &Arc<Channel>, body: Body, exclude: Option<ConnRef>) {
         let st = channel.lock();
+        let message = Arc::new(Message::new(Arc::clone(channel), body, exclude));
         for (index, share) in st.loops.iter().enumerate() {
-            if share.json > 0 {
-                self.inboxes[index].push(Delivery {
-                    channel: Arc::clone(channel),
-                    raw: None,
-                    json: Some(frame.clone()),
-                    exclude,
-                });
+            if share.events() > 0 {
+                self.inboxes[index].push(Arc::clone(&message));
             }
         }
     }
 
     /// Gives the message the channel's next `seq` and hands it to every loop with
-    /// subscribers. Encodes each format once, only if some subscriber uses it.
+    /// subscribers. The payload is copied once; formats are encoded by the loops,
+    /// once each.
     pub fn publish(
         &self,
         channel: &Arc<Channel>,
@@ -436,7 +534,7 @@ impl Hub {
             .loops
             .iter()
             .enumerate()
-            .any(|(i, s)| s.raw + s.json > 0 && self.inboxes[i].len() >= MAX_INBOX);
+            .any(|(i, s)| s.total() > 0 && self.inboxes[i].len() >= MAX_INBOX);
         if busy {
             return Err(PublishError::Overloaded);
         }
@@ -444,20 +542,20 @@ impl Hub {
         let seq = st.seq;
         st.last_used = Instant::now();
         channel.last_seq.store(seq, Ordering::Relaxed);
-        let any_raw = st.loops.iter().any(|s| s.raw > 0);
-        let any_json = st.loops.iter().any(|s| s.json > 0);
-        let raw = any_raw.then(|| frame_bytes(kind.opcode(), payload));
-        let json = any_json.then(|| json_message_frame(channel.name(), seq, payload, kind, from));
+        if st.loops.iter().all(|s| s.total() == 0) {
+            return Ok(seq);
+        }
+        let body = Body::Data {
+            seq,
+            payload: Bytes::copy_from_slice(payload),
+            kind,
+            from: from.map(Box::from),
+        };
+        let message = Arc::new(Message::new(Arc::clone(channel), body, None));
         for (index, share) in st.loops.iter().enumerate() {
-            if share.raw + share.json == 0 {
-                continue;
+            if share.total() > 0 {
+                self.inboxes[index].push(Arc::clone(&message));
             }
-            self.inboxes[index].push(Delivery {
-                channel: Arc::clone(channel),
-                raw: if share.raw > 0 { raw.clone() } else { None },
-                json: if share.json > 0 { json.clone() } else { None },
-                exclude: None,
-            });
         }
         Ok(seq)
     }
@@ -517,9 +615,9 @@ mod tests {
     #[test]
     fn seq_counts_up_per_channel_and_fans_out_once_per_loop() {
         let (hub, _polls) = hub(2);
-        let a = hub.subscribe("a", 0, false, None).channel;
-        hub.subscribe("a", 0, true, None);
-        hub.subscribe("a", 1, false, None);
+        let a = hub.subscribe("a", 0, Format::WsRaw, None).channel;
+        hub.subscribe("a", 0, Format::WsJson, None);
+        hub.subscribe("a", 1, Format::WsRaw, None);
         let b = hub.channel("b");
         assert_eq!(hub.publish(&a, b"x", DataKind::Text, None), Ok(1));
         assert_eq!(hub.publish(&a, b"y", DataKind::Text, None), Ok(2));
@@ -527,15 +625,16 @@ mod tests {
         let mut batch = Vec::new();
         hub.inbox(0).take(&mut batch);
         assert_eq!(batch.len(), 2);
-        assert!(batch[0].raw.is_some() && batch[0].json.is_some());
-        // Both formats share the bytes encoded once.
+        let raw = batch[0].encoded(Format::WsRaw).unwrap();
+        assert_eq!(&raw[..], b"\x81\x01x");
+        // Every loop shares one message, and each format is encoded once.
         let mut other = Vec::new();
         hub.inbox(1).take(&mut other);
         assert_eq!(other.len(), 2);
-        assert!(other[0].json.is_none());
+        assert!(Arc::ptr_eq(&other[0], &batch[0]));
         assert_eq!(
-            other[0].raw.as_ref().map(|b| b.as_ptr()),
-            batch[0].raw.as_ref().map(|b| b.as_ptr())
+            other[0].encoded(Format::WsRaw).map(|b| b.as_ptr()),
+            Some(raw.as_ptr())
         );
         assert_eq!(a.subscribers(), 3);
         assert_eq!(a.last_seq(), 2);
@@ -562,35 +661,36 @@ mod tests {
             loop_index: 0,
             key: 1,
         };
-        let first = hub.subscribe("chat:r", 0, true, Some((me, "c1")));
+        let first = hub.subscribe("chat:r", 0, Format::WsJson, Some((me, "c1")));
         assert_eq!(first.count, 1);
         let other = ConnRef {
             loop_index: 0,
             key: 2,
         };
-        let second = hub.subscribe("chat:r", 0, true, Some((other, "c2")));
+        let second = hub.subscribe("chat:r", 0, Format::WsJson, Some((other, "c2")));
         assert_eq!(second.count, 2);
-        hub.unsubscribe(&second.channel, 0, true, Some("c2"));
+        hub.unsubscribe(&second.channel, 0, Format::WsJson, Some("c2"));
         let mut batch = Vec::new();
         hub.inbox(0).take(&mut batch);
         let texts: Vec<String> = batch
             .iter()
-            .map(|d| String::from_utf8_lossy(&d.json.as_ref().unwrap()[2..]).into_owned())
+            .map(|d| String::from_utf8_lossy(&d.encoded(Format::WsJson).unwrap()[2..]).into_owned())
             .collect();
         assert!(texts[0].contains("\"join\"") && texts[0].contains("\"c1\""));
         assert_eq!(batch[0].exclude, Some(me));
         assert!(texts[2].contains("\"leave\"") && texts[2].contains("\"count\":1"));
+        assert!(batch[0].encoded(Format::WsRaw).is_none());
     }
 
     #[test]
     fn sweep_keeps_channels_in_use() {
         let (hub, _polls) = hub(1);
-        let sub = hub.subscribe("kept", 0, false, None);
+        let sub = hub.subscribe("kept", 0, Format::WsRaw, None);
         hub.channel("idle");
         assert_eq!(hub.sweep(Duration::ZERO), 1);
         assert!(hub.find("kept").is_some());
         assert!(hub.find("idle").is_none());
-        hub.unsubscribe(&sub.channel, 0, false, None);
+        hub.unsubscribe(&sub.channel, 0, Format::WsRaw, None);
         assert_eq!(hub.sweep(Duration::from_secs(60)), 0);
     }
 
@@ -599,12 +699,12 @@ mod tests {
         let (hub, _polls) = hub(2);
         let mut last = None;
         for i in 0..100_000 {
-            last = Some(hub.subscribe("big", i % 2, false, None));
+            last = Some(hub.subscribe("big", i % 2, Format::WsRaw, None));
         }
         let ch = last.unwrap().channel;
         assert_eq!(ch.subscribers(), 100_000);
         for i in 0..100_000 {
-            hub.unsubscribe(&ch, i % 2, false, None);
+            hub.unsubscribe(&ch, i % 2, Format::WsRaw, None);
         }
         assert_eq!(ch.subscribers(), 0);
     }

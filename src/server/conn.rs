@@ -14,7 +14,7 @@ use bytes::{Buf, Bytes};
 use mio::net::TcpStream;
 
 use super::timer::Tick;
-use crate::hub::Channel;
+use crate::hub::{Channel, Format};
 use crate::protocol::Decoder;
 
 /// A tick value meaning "no deadline" / "no wheel entry".
@@ -65,7 +65,7 @@ pub struct Subscription {
     pub channel: Arc<Channel>,
     /// Position in the loop's subscriber list of the channel, for O(1) removal.
     pub index: u32,
-    pub json: bool,
+    pub format: Format,
     /// The client's id, its name in chat (`c<id>`).
     pub client: u64,
 }

@@ -26,7 +26,7 @@ use super::conn::{
 use super::routes::{self, Outcome, RouteContext, WsRoute};
 use super::timer::{Tick, TimerWheel, ticks};
 use crate::broker::Outgoing;
-use crate::hub::{self, Channel, ConnRef, Delivery};
+use crate::hub::{self, Channel, ConnRef, Delivery, Format};
 use crate::protocol::handshake::{self, ParseError};
 use crate::protocol::{
     Decoder, Event, Flow, close_code, encode_close, encode_frame, encode_header, opcode,
@@ -432,7 +432,8 @@ impl EventLoop {
         conn.phase = Phase::Open;
         handshake::write_switching_protocols(out, &upgrade.accept);
         if let WsRoute::Subscribe { channel, json } = upgrade.route {
-            self.subscribe(key, &channel, json);
+            let format = if json { Format::WsJson } else { Format::WsRaw };
+            self.subscribe(key, &channel, format);
         }
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -469,7 +470,7 @@ impl EventLoop {
 
     /// Joins a channel: the hub counts the subscriber, this loop lists it, and a
     /// json chat member gets its welcome (after the 101 already in `out`).
-    fn subscribe(&mut self, key: usize, channel: &str, json: bool) {
+    fn subscribe(&mut self, key: usize, channel: &str, format: Format) {
         let hub = &self.shared.hub;
         let client = hub.next_client_id();
         let name = hub::client_name(client);
@@ -477,7 +478,7 @@ impl EventLoop {
             loop_index: self.index,
             key,
         };
-        let joined = hub.subscribe(channel, self.index, json, Some((me, &name)));
+        let joined = hub.subscribe(channel, self.index, format, Some((me, &name)));
         let list = self
             .local
             .entry(channel_key(&joined.channel))
@@ -487,7 +488,7 @@ impl EventLoop {
             });
         let index = list.conns.len() as u32;
         list.conns.push(key as u32);
-        if json && joined.channel.kind().join_leave {
+        if format.shows_events() && joined.channel.kind().join_leave {
             let welcome = hub::json_event_frame(channel, "welcome", &name, joined.count);
             self.out.extend_from_slice(&welcome);
         }
@@ -495,7 +496,7 @@ impl EventLoop {
             conn.sub = Some(Subscription {
                 channel: joined.channel,
                 index,
-                json,
+                format,
                 client,
             });
         }
@@ -530,7 +531,7 @@ impl EventLoop {
             .then(|| hub::client_name(sub.client));
         self.shared
             .hub
-            .unsubscribe(&sub.channel, self.index, sub.json, name.as_deref());
+            .unsubscribe(&sub.channel, self.index, sub.format, name.as_deref());
     }
 
     /// Writes every delivery waiting in this loop's inbox to its subscribers.
@@ -578,8 +579,9 @@ impl EventLoop {
         let Some(list) = local.get(&ckey) else {
             return;
         };
-        let raw: Vec<&Bytes> = group.iter().filter_map(|d| d.raw.as_ref()).collect();
-        let json: Vec<&Bytes> = group.iter().filter_map(|d| d.json.as_ref()).collect();
+        // Each format's frames are gathered (and encoded) only if a subscriber here
+        // uses it.
+        let mut by_format: [Option<Vec<&Bytes>>; 2] = [None, None];
         let exclude = group
             .first()
             .and_then(|d| d.exclude)
@@ -594,10 +596,9 @@ impl EventLoop {
             let Some(conn) = conns.get_mut(key) else {
                 continue;
             };
-            let frames = match &conn.sub {
-                Some(sub) if sub.json => &json,
-                _ => &raw,
-            };
+            let format = conn.sub.as_ref().map_or(Format::WsRaw, |s| s.format);
+            let frames = by_format[format as usize]
+                .get_or_insert_with(|| group.iter().filter_map(|m| m.encoded(format)).collect());
             if frames.is_empty() || conn.phase != Phase::Open {
                 continue;
             }
