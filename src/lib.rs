@@ -17,6 +17,7 @@
 //! the broker seam, SSE and long-poll transports as further routes, `bench` and
 //! `tune` as commands in `main`.
 
+pub mod bench;
 pub mod broker;
 pub mod client;
 pub mod config;

@@ -32,6 +32,8 @@ enum Command {
     Serve(ServeArgs),
     /// Publish one message through the HTTP API and print its seq
     Pub(PubArgs),
+    /// Load-generate against any WebSocket server (echo, idle, push, chat)
+    Bench(throng::bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -85,6 +87,7 @@ fn run() -> Result<()> {
             serve(config)
         }
         Command::Pub(args) => publish(args),
+        Command::Bench(args) => Ok(throng::bench::run(args)?),
     }
 }
 

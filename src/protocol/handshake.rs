@@ -202,6 +202,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
+        411 => "Length Required",
         413 => "Payload Too Large",
         426 => "Upgrade Required",
         429 => "Too Many Requests",

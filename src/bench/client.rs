@@ -1,0 +1,1101 @@
+//! The bench's client event loop: one mio loop per thread driving many WebSocket
+//! client connections through connect, HTTP upgrade and the mode's load.
+//!
+//! It owns the per-connection state ([`Conn`], kept small: read state and unsent
+//! bytes are boxed and exist only while something is partial), pacing of connects,
+//! connect/handshake timeouts, failure reasons, and each mode's per-message logic
+//! (echo round trips, answering pings, push seq tracking, chat sends). It must not
+//! print, spawn processes or decide the run's timeline: the driver in `mod.rs` moves
+//! the shared [`Control`] phase, and reads the [`Live`] counters and the loop's
+//! final [`RawResult`].
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use hdrhistogram::Histogram;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token, Waker};
+use serde::Deserialize;
+use slab::Slab;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::Mode;
+use super::report::{self, ChannelAgg, Counters, RawResult, SeqCounts, SeqTrack};
+use crate::protocol::handshake::accept_key;
+use crate::protocol::{Decoder, Event, Flow, close_code, encode_client_frame, opcode};
+
+/// Phases of a run, moved forward by the driver only.
+pub mod phase {
+    /// Opening connections; no load yet.
+    pub const CONNECTING: u8 = 0;
+    /// All connections are open: send load.
+    pub const LOAD: u8 = 1;
+    /// Stop sending; keep receiving what is in flight.
+    pub const DRAIN: u8 = 2;
+    /// Close every connection and return the results.
+    pub const CLOSE: u8 = 3;
+}
+
+const WAKER: Token = Token(usize::MAX);
+/// One read buffer per loop, shared by all its connections.
+const READ_BUF: usize = 256 * 1024;
+/// Largest message the bench accepts from a server.
+const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+/// Largest HTTP response head accepted during the upgrade.
+const MAX_RESPONSE_HEAD: usize = 16 * 1024;
+/// How long the close phase waits for servers to answer our close frames.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+/// Connect attempts started per loop iteration at most (keeps the loop responsive).
+const CONNECT_BATCH: u64 = 256;
+
+/// What every loop of one process needs to know about the run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub mode: Mode,
+    pub ip: IpAddr,
+    pub first_port: u16,
+    pub last_port: u16,
+    /// The `Host` header value.
+    pub host_header: String,
+    /// Request path; `{channel}` is replaced in push and chat modes.
+    pub path: String,
+    /// Source addresses this process binds to, round-robin.
+    pub source_ips: Vec<IpAddr>,
+    pub size: usize,
+    pub connect_timeout: Duration,
+    pub send_interval: Duration,
+    pub room_size: u64,
+    pub senders: f64,
+    pub channels: u64,
+    pub channel_prefix: String,
+    pub room_prefix: String,
+    /// Global index of this process's first connection (children get a slice).
+    pub conn_offset: u64,
+    /// Connections this process opens.
+    pub conns: u64,
+    pub threads: usize,
+    /// Connects per second for this process (0: as fast as possible).
+    pub rate: f64,
+}
+
+impl Plan {
+    fn target(&self, global: u64) -> SocketAddr {
+        let span = u64::from(self.last_port - self.first_port) + 1;
+        let port = self.first_port + (global % span) as u16;
+        SocketAddr::new(self.ip, port)
+    }
+
+    fn source(&self, local: u64) -> Option<IpAddr> {
+        if self.source_ips.is_empty() {
+            return None;
+        }
+        Some(self.source_ips[(local % self.source_ips.len() as u64) as usize])
+    }
+
+    /// Push: the channel index a connection subscribes to.
+    pub fn channel_of(&self, global: u64) -> usize {
+        (global % self.channels.max(1)) as usize
+    }
+
+    /// Chat: whether this connection is one of the `--senders` fraction. Spreads
+    /// senders evenly so every room gets its share.
+    pub fn is_sender(&self, global: u64) -> bool {
+        let f = self.senders.clamp(0.0, 1.0);
+        ((global + 1) as f64 * f).floor() > (global as f64 * f).floor()
+    }
+
+    /// The request path for one connection.
+    pub fn path_for(&self, global: u64) -> Cow<'_, str> {
+        match self.mode {
+            Mode::Push => Cow::Owned(self.path.replace(
+                "{channel}",
+                &format!("{}{}", self.channel_prefix, self.channel_of(global)),
+            )),
+            Mode::Chat => Cow::Owned(self.path.replace(
+                "{channel}",
+                &format!(
+                    "chat:{}{}",
+                    self.room_prefix,
+                    global / self.room_size.max(1)
+                ),
+            )),
+            Mode::Echo | Mode::Idle => Cow::Borrowed(&self.path),
+        }
+    }
+}
+
+/// The phase the driver set, and how to wake the loops when it changes.
+#[derive(Debug, Default)]
+pub struct Control {
+    phase: AtomicU8,
+    wakers: Mutex<Vec<Arc<Waker>>>,
+}
+
+impl Control {
+    pub fn phase(&self) -> u8 {
+        self.phase.load(Ordering::Acquire)
+    }
+
+    pub fn set_phase(&self, p: u8) {
+        self.phase.store(p, Ordering::Release);
+        if let Ok(wakers) = self.wakers.lock() {
+            for w in wakers.iter() {
+                // A loop that already exited cannot be woken; nothing to do then.
+                let _ = w.wake();
+            }
+        }
+    }
+
+    fn add_waker(&self, w: Arc<Waker>) {
+        if let Ok(mut wakers) = self.wakers.lock() {
+            wakers.push(w);
+        }
+    }
+}
+
+/// A loop's counters as the driver sees them while the run goes on.
+#[derive(Debug, Default)]
+pub struct Live {
+    fields: [AtomicU64; 11],
+}
+
+impl Live {
+    fn store(&self, c: &Counters) {
+        let values = [
+            c.target,
+            c.attempted,
+            c.opened,
+            c.failed,
+            c.dropped,
+            c.open_now,
+            c.frames_in,
+            c.messages_in,
+            c.messages_out,
+            c.pings,
+            c.in_flight,
+        ];
+        for (f, v) in self.fields.iter().zip(values) {
+            f.store(v, Ordering::Relaxed);
+        }
+    }
+
+    pub fn load(&self) -> Counters {
+        let v = |i: usize| self.fields[i].load(Ordering::Relaxed);
+        Counters {
+            target: v(0),
+            attempted: v(1),
+            opened: v(2),
+            failed: v(3),
+            dropped: v(4),
+            open_now: v(5),
+            frames_in: v(6),
+            messages_in: v(7),
+            messages_out: v(8),
+            pings: v(9),
+            in_flight: v(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Connecting,
+    Handshake,
+    Open,
+    /// Our close frame is sent; waiting for the server's.
+    Closing,
+}
+
+enum ReadState {
+    Http { expect: [u8; 28], head: Vec<u8> },
+    Ws(Decoder),
+}
+
+/// One client connection. Idle, it is the socket, a few integers and two `None`s.
+struct Conn {
+    socket: TcpStream,
+    index: u32,
+    state: State,
+    /// Echo: loop-clock nanoseconds when the message in flight was sent (0: none).
+    sent_at: u64,
+    /// Push: which seqs arrived.
+    track: SeqTrack,
+    read: Option<Box<ReadState>>,
+    out: Option<Box<Pending>>,
+}
+
+/// Bytes the socket did not take yet (boxed so an idle [`Conn`] pays one pointer).
+struct Pending {
+    bytes: Vec<u8>,
+}
+
+/// Why a connection failed or dropped; the text is the report's key.
+fn io_reason(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::ConnectionRefused => "refused".into(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => "reset".into(),
+        io::ErrorKind::TimedOut => "timed out".into(),
+        kind => format!("i/o error: {kind}"),
+    }
+}
+
+/// Opens one non-blocking TCP connection (bound to `source` first, if given).
+fn start_connect(target: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpStream> {
+    let socket = Socket::new(
+        Domain::for_address(target),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    socket.set_nonblocking(true)?;
+    socket.set_tcp_nodelay(true)?;
+    if let Some(ip) = source {
+        if ip.is_ipv4() {
+            // Let connect() pick the port per destination, so many destinations
+            // share one source address's port space (IP_BIND_ADDRESS_NO_PORT).
+            let one: libc::c_int = 1;
+            // SAFETY: the fd is a valid socket we own; the option value is a c_int.
+            unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&socket),
+                    libc::IPPROTO_IP,
+                    libc::IP_BIND_ADDRESS_NO_PORT,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        socket.bind(&SocketAddr::new(ip, 0).into())?;
+    }
+    match socket.connect(&target.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from_std(std::net::TcpStream::from(socket)))
+}
+
+/// Writes what the socket takes now and queues the rest.
+fn send(conn: &mut Conn, bytes: &[u8]) -> io::Result<()> {
+    if let Some(out) = conn.out.as_mut() {
+        out.bytes.extend_from_slice(bytes);
+        return Ok(());
+    }
+    let mut written = 0;
+    while written < bytes.len() {
+        match (&conn.socket).write(&bytes[written..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if written < bytes.len() {
+        conn.out = Some(Box::new(Pending {
+            bytes: bytes[written..].to_vec(),
+        }));
+    }
+    Ok(())
+}
+
+/// Writes queued bytes; drops the queue once empty.
+fn flush(conn: &mut Conn) -> io::Result<()> {
+    let Some(out) = conn.out.as_mut() else {
+        return Ok(());
+    };
+    let out = &mut out.bytes;
+    let mut written = 0;
+    while written < out.len() {
+        match (&conn.socket).write(&out[written..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.drain(..written);
+    if out.is_empty() {
+        conn.out = None;
+    }
+    Ok(())
+}
+
+/// The envelope throng (and similar servers) wrap channel messages in.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    seq: Option<u64>,
+    #[serde(borrow)]
+    data: Option<Cow<'a, str>>,
+}
+
+/// Leading decimal digits of `s` as a number.
+fn leading_number(s: &str) -> Option<u64> {
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    s[..end].parse().ok()
+}
+
+pub fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// xorshift64*: masks need to be unpredictable to middleboxes, not secure.
+fn next_mask(state: &mut u64) -> [u8; 4] {
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    ((x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32).to_ne_bytes()
+}
+
+/// Builds a text payload: `prefix` padded with `x` to `size` bytes.
+fn padded(out: &mut Vec<u8>, prefix: &str, size: usize) {
+    out.clear();
+    out.extend_from_slice(prefix.as_bytes());
+    if out.len() < size {
+        out.resize(size, b'x');
+    }
+}
+
+/// Per-loop measurement state the message handlers write into.
+struct Tally {
+    c: Counters,
+    hist: Histogram<u64>,
+    seq: SeqCounts,
+    failures: BTreeMap<String, u64>,
+}
+
+pub struct ClientLoop {
+    id: usize,
+    plan: Arc<Plan>,
+    ctl: Arc<Control>,
+    live: Arc<Live>,
+    poll: Poll,
+    conns: Slab<Conn>,
+    buf: Vec<u8>,
+    scratch: Vec<u8>,
+    text: Vec<u8>,
+    tally: Tally,
+    epoch: Instant,
+    rng: u64,
+    /// Connections this loop opens, and how many it has started.
+    n_local: u64,
+    started: u64,
+    timeouts: VecDeque<(Instant, usize, u32)>,
+    chat_queue: VecDeque<(Instant, usize, u32)>,
+    seen_phase: u8,
+    sockets_open_end: u64,
+    channels: Vec<ChannelAgg>,
+}
+
+impl ClientLoop {
+    /// Sets up loop `id`; its waker is registered with `ctl` before it runs.
+    pub fn new(id: usize, plan: Arc<Plan>, ctl: Arc<Control>, live: Arc<Live>) -> io::Result<Self> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        ctl.add_waker(waker);
+        let threads = plan.threads.max(1) as u64;
+        let n_local = if (id as u64) < plan.conns {
+            (plan.conns - id as u64).div_ceil(threads)
+        } else {
+            0
+        };
+        let mut c = Counters {
+            target: n_local,
+            ..Counters::default()
+        };
+        c.target = n_local;
+        let channels = if plan.mode == Mode::Push {
+            vec![ChannelAgg::default(); plan.channels as usize]
+        } else {
+            Vec::new()
+        };
+        Ok(ClientLoop {
+            id,
+            plan,
+            ctl,
+            live,
+            poll,
+            conns: Slab::new(),
+            buf: vec![0; READ_BUF],
+            scratch: Vec::new(),
+            text: Vec::new(),
+            tally: Tally {
+                c,
+                hist: report::new_histogram(),
+                seq: SeqCounts::default(),
+                failures: BTreeMap::new(),
+            },
+            epoch: Instant::now(),
+            rng: rand::random::<u64>() | 1,
+            n_local,
+            started: 0,
+            timeouts: VecDeque::new(),
+            chat_queue: VecDeque::new(),
+            seen_phase: phase::CONNECTING,
+            sockets_open_end: 0,
+            channels,
+        })
+    }
+
+    /// Runs until the driver moves to [`phase::CLOSE`] and the connections are closed.
+    pub fn run(mut self) -> io::Result<RawResult> {
+        let mut events = Events::with_capacity(1024);
+        let per_loop_rate = self.plan.rate / self.plan.threads.max(1) as f64;
+        let connect_start = Instant::now();
+        let mut close_deadline: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            // Pacing: open what the rate allows by now.
+            if self.started < self.n_local {
+                let allowed = if per_loop_rate <= 0.0 {
+                    self.n_local
+                } else {
+                    ((now - connect_start).as_secs_f64() * per_loop_rate) as u64 + 1
+                };
+                let upto = allowed.min(self.n_local).min(self.started + CONNECT_BATCH);
+                while self.started < upto {
+                    self.open_next();
+                }
+            }
+            self.expire_timeouts(now);
+            let current = self.ctl.phase();
+            if current != self.seen_phase {
+                self.enter_phase(current);
+                if current >= phase::CLOSE && close_deadline.is_none() {
+                    close_deadline = Some(Instant::now() + CLOSE_WAIT);
+                }
+            }
+            if self.seen_phase == phase::LOAD {
+                self.send_chat_due(now);
+            }
+            self.live.store(&self.tally.c);
+            if let Some(deadline) = close_deadline
+                && (self.conns.is_empty() || now >= deadline)
+            {
+                break;
+            }
+
+            let mut wait = Duration::from_millis(100);
+            if self.started < self.n_local && per_loop_rate > 0.0 {
+                let next =
+                    connect_start + Duration::from_secs_f64(self.started as f64 / per_loop_rate);
+                wait = wait.min(next.saturating_duration_since(now));
+            } else if self.started < self.n_local {
+                wait = Duration::ZERO;
+            }
+            if let Some((at, _, _)) = self.chat_queue.front()
+                && self.seen_phase == phase::LOAD
+            {
+                wait = wait.min(at.saturating_duration_since(now));
+            }
+            if let Some((at, _, _)) = self.timeouts.front() {
+                wait = wait.min(at.saturating_duration_since(now));
+            }
+            if let Err(e) = self.poll.poll(&mut events, Some(wait))
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                return Err(e);
+            }
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                self.on_event(
+                    ev.token().0,
+                    ev.is_readable(),
+                    ev.is_writable(),
+                    ev.is_read_closed() || ev.is_error(),
+                );
+            }
+        }
+        Ok(self.finish())
+    }
+
+    fn finish(mut self) -> RawResult {
+        // Whatever is still here did not answer our close in time: just drop it.
+        let left: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in left {
+            self.remove(key, None);
+        }
+        self.live.store(&self.tally.c);
+        RawResult {
+            counters: self.tally.c,
+            sockets_open_end: self.sockets_open_end,
+            failures: self.tally.failures,
+            latency_us: report::histogram_pairs(&self.tally.hist),
+            seq: self.tally.seq,
+            channels: self.channels,
+            ..RawResult::default()
+        }
+    }
+
+    fn open_next(&mut self) {
+        let threads = self.plan.threads.max(1) as u64;
+        let local = self.id as u64 + self.started * threads;
+        let global = self.plan.conn_offset + local;
+        self.started += 1;
+        self.tally.c.attempted += 1;
+        let target = self.plan.target(global);
+        let stream = start_connect(target, self.plan.source(local));
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                self.tally.c.failed += 1;
+                *self.tally.failures.entry(io_reason(&e)).or_default() += 1;
+                return;
+            }
+        };
+        let entry = self.conns.vacant_entry();
+        let key = entry.key();
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            Token(key),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            self.tally.c.failed += 1;
+            *self.tally.failures.entry(io_reason(&e)).or_default() += 1;
+            return;
+        }
+        entry.insert(Conn {
+            socket: stream,
+            index: global as u32,
+            state: State::Connecting,
+            sent_at: 0,
+            track: SeqTrack::default(),
+            read: None,
+            out: None,
+        });
+        self.timeouts.push_back((
+            Instant::now() + self.plan.connect_timeout,
+            key,
+            global as u32,
+        ));
+    }
+
+    fn expire_timeouts(&mut self, now: Instant) {
+        while let Some(&(at, key, index)) = self.timeouts.front() {
+            if at > now {
+                break;
+            }
+            self.timeouts.pop_front();
+            let pending = self.conns.get(key).is_some_and(|c| {
+                c.index == index && matches!(c.state, State::Connecting | State::Handshake)
+            });
+            if pending {
+                self.remove(key, Some("timed out".into()));
+            }
+        }
+    }
+
+    /// Drops a connection; `reason` counts it as failed (not yet open) or dropped.
+    fn remove(&mut self, key: usize, reason: Option<String>) {
+        let Some(mut conn) = self.conns.try_remove(key) else {
+            return;
+        };
+        // Deregistering can only fail if the fd is gone; the drop closes it anyway.
+        let _ = self.poll.registry().deregister(&mut conn.socket);
+        let c = &mut self.tally.c;
+        let was_open = matches!(conn.state, State::Open | State::Closing);
+        if was_open {
+            c.open_now = c.open_now.saturating_sub(1);
+            if conn.sent_at != 0 {
+                c.in_flight = c.in_flight.saturating_sub(1);
+            }
+        }
+        // `None`: a quiet removal (end of run); an open connection closing during
+        // the close phase is the end of the run too, whatever the server said.
+        let Some(reason) = reason else {
+            return;
+        };
+        if was_open && self.seen_phase >= phase::CLOSE {
+            return;
+        }
+        if was_open {
+            c.dropped += 1;
+        } else {
+            c.failed += 1;
+        }
+        *self.tally.failures.entry(reason).or_default() += 1;
+    }
+
+    fn on_event(&mut self, key: usize, readable: bool, writable: bool, closed: bool) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if conn.state == State::Connecting {
+            if !(writable || closed) {
+                return;
+            }
+            match conn.socket.take_error() {
+                Ok(None) => {}
+                Ok(Some(e)) | Err(e) => return self.remove(key, Some(io_reason(&e))),
+            }
+            match conn.socket.peer_addr() {
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == io::ErrorKind::NotConnected
+                        || e.raw_os_error() == Some(libc::EINPROGRESS) =>
+                {
+                    if closed {
+                        return self.remove(key, Some("reset".into()));
+                    }
+                    return;
+                }
+                Err(e) => return self.remove(key, Some(io_reason(&e))),
+            }
+            if let Err(e) = self.send_upgrade(key) {
+                return self.remove(key, Some(io_reason(&e)));
+            }
+        }
+        if writable
+            && let Some(conn) = self.conns.get_mut(key)
+            && let Err(e) = flush(conn)
+        {
+            return self.remove(key, Some(io_reason(&e)));
+        }
+        if readable || closed {
+            self.on_readable(key, closed);
+        }
+    }
+
+    fn send_upgrade(&mut self, key: usize) -> io::Result<()> {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return Ok(());
+        };
+        let raw: [u8; 16] = rand::random();
+        let key_b64 = base64::engine::general_purpose::STANDARD.encode(raw);
+        let path = self.plan.path_for(u64::from(conn.index));
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key_b64}\r\nSec-WebSocket-Version: 13\r\nUser-Agent: throng-bench\r\n\r\n",
+            self.plan.host_header
+        );
+        conn.state = State::Handshake;
+        conn.read = Some(Box::new(ReadState::Http {
+            expect: accept_key(key_b64.as_bytes()),
+            head: Vec::new(),
+        }));
+        send(conn, request.as_bytes())
+    }
+
+    fn on_readable(&mut self, key: usize, closed: bool) {
+        loop {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            let n = match (&conn.socket).read(&mut self.buf) {
+                Ok(0) => {
+                    let reason = match conn.state {
+                        State::Open => "closed without a close frame",
+                        _ => "reset",
+                    };
+                    return self.remove(key, Some(reason.into()));
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return self.remove(key, Some(io_reason(&e))),
+            };
+            let alive = match conn.state {
+                State::Connecting => true,
+                State::Handshake => self.on_http(key, n),
+                State::Open | State::Closing => self.on_ws(key, 0, n),
+            };
+            if !alive || (n < self.buf.len() && !closed) {
+                return;
+            }
+        }
+    }
+
+    /// Handles response bytes `buf[..n]` during the upgrade.
+    fn on_http(&mut self, key: usize, n: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
+        let Some(state) = conn.read.as_mut() else {
+            return false;
+        };
+        let ReadState::Http { expect, head } = state.as_mut() else {
+            return false;
+        };
+        let expect = *expect;
+        head.extend_from_slice(&self.buf[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        let (used, status, accept_ok) = match resp.parse(head) {
+            Ok(httparse::Status::Complete(used)) => {
+                let accept_ok = resp.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("sec-websocket-accept")
+                        && h.value.trim_ascii() == expect
+                });
+                (used, resp.code.unwrap_or(0), accept_ok)
+            }
+            Ok(httparse::Status::Partial) => {
+                if head.len() > MAX_RESPONSE_HEAD {
+                    self.remove(key, Some("handshake: response head too large".into()));
+                    return false;
+                }
+                return true;
+            }
+            Err(e) => {
+                self.remove(key, Some(format!("handshake: malformed response ({e})")));
+                return false;
+            }
+        };
+        if status != 101 {
+            self.remove(
+                key,
+                Some(format!("handshake rejected with status {status}")),
+            );
+            return false;
+        }
+        if !accept_ok {
+            self.remove(key, Some("handshake: wrong Sec-WebSocket-Accept".into()));
+            return false;
+        }
+        // Bytes after the head are already WebSocket frames (a welcome, say).
+        let rest = head.len() - used;
+        let extra = if rest > 0 {
+            let tail = head[used..].to_vec();
+            self.buf[..rest].copy_from_slice(&tail);
+            rest
+        } else {
+            0
+        };
+        conn.read = None;
+        conn.state = State::Open;
+        self.tally.c.opened += 1;
+        self.tally.c.open_now += 1;
+        if extra > 0 {
+            return self.on_ws(key, 0, extra);
+        }
+        true
+    }
+
+    /// Feeds `buf[start..end]` to the connection's decoder and acts on the events.
+    fn on_ws(&mut self, key: usize, start: usize, end: usize) -> bool {
+        let ClientLoop {
+            conns,
+            buf,
+            scratch,
+            tally,
+            plan,
+            epoch,
+            rng,
+            seen_phase,
+            ..
+        } = self;
+        let Some(conn) = conns.get_mut(key) else {
+            return false;
+        };
+        let mut dec = match conn.read.take().map(|b| *b) {
+            Some(ReadState::Ws(d)) => d,
+            _ => Decoder::client(),
+        };
+        scratch.clear();
+        let mut close: Option<Option<u16>> = None;
+        let mut echoed = false;
+        let mode = plan.mode;
+        let now_mono = epoch.elapsed().as_nanos() as u64;
+        let mut now_unix = 0;
+        let result = dec.feed(&mut buf[start..end], MAX_MESSAGE, |ev| {
+            match ev {
+                Event::Message { payload, .. } => match mode {
+                    Mode::Echo => {
+                        if conn.sent_at != 0 {
+                            let us = now_mono.saturating_sub(conn.sent_at) / 1000;
+                            tally.hist.saturating_record(us.max(1));
+                            conn.sent_at = 0;
+                            tally.c.in_flight = tally.c.in_flight.saturating_sub(1);
+                            echoed = true;
+                        }
+                    }
+                    Mode::Push | Mode::Chat => {
+                        let Ok(env) = serde_json::from_slice::<Envelope<'_>>(payload) else {
+                            return Flow::Continue;
+                        };
+                        let Some(data) = env.data else {
+                            return Flow::Continue;
+                        };
+                        if now_unix == 0 {
+                            now_unix = unix_nanos();
+                        }
+                        let sent = if mode == Mode::Push {
+                            if let Some(seq) = env.seq {
+                                conn.track.observe(seq, &mut tally.seq);
+                            }
+                            leading_number(&data)
+                        } else {
+                            // Chat: only our own broadcasts ("b<index>:<nanos>:...").
+                            data.strip_prefix('b')
+                                .and_then(|r| r.split_once(':'))
+                                .filter(|(idx, _)| idx.parse::<u32>().ok() == Some(conn.index))
+                                .and_then(|(_, r)| leading_number(r))
+                        };
+                        if let Some(sent) = sent {
+                            let us = now_unix.saturating_sub(sent) / 1000;
+                            tally.hist.saturating_record(us.max(1));
+                        }
+                    }
+                    Mode::Idle => {}
+                },
+                Event::Ping(p) => {
+                    tally.c.pings += 1;
+                    encode_client_frame(scratch, opcode::PONG, true, p, next_mask(rng));
+                }
+                Event::Pong(_) => {}
+                Event::Close { code, .. } => {
+                    close = Some(code);
+                    return Flow::Stop;
+                }
+            }
+            Flow::Continue
+        });
+        let stats = match result {
+            Ok(stats) => stats,
+            Err(e) => {
+                self.remove(key, Some(format!("protocol error: {e}")));
+                return false;
+            }
+        };
+        tally.c.frames_in += stats.frames;
+        tally.c.messages_in += stats.messages;
+        if !dec.is_idle() {
+            conn.read = Some(Box::new(ReadState::Ws(dec)));
+        }
+        if let Some(code) = close {
+            if conn.state == State::Open {
+                // Answer the close handshake before letting go.
+                scratch.clear();
+                let payload = code.unwrap_or(close_code::NORMAL).to_be_bytes();
+                encode_client_frame(scratch, opcode::CLOSE, true, &payload, next_mask(rng));
+                let _ = send(conn, scratch);
+            }
+            let reason = match code {
+                Some(c) => format!("closed with code {c}"),
+                None => "closed with code (none)".into(),
+            };
+            self.remove(key, Some(reason));
+            return false;
+        }
+        if !scratch.is_empty()
+            && let Err(e) = send(conn, scratch)
+        {
+            self.remove(key, Some(io_reason(&e)));
+            return false;
+        }
+        if echoed && *seen_phase == phase::LOAD {
+            return self.send_echo(key);
+        }
+        true
+    }
+
+    fn send_echo(&mut self, key: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
+        if conn.state != State::Open {
+            return true;
+        }
+        if self.text.len() != self.plan.size {
+            padded(&mut self.text, "", self.plan.size);
+        }
+        self.scratch.clear();
+        encode_client_frame(
+            &mut self.scratch,
+            opcode::TEXT,
+            true,
+            &self.text,
+            next_mask(&mut self.rng),
+        );
+        conn.sent_at = (self.epoch.elapsed().as_nanos() as u64).max(1);
+        self.tally.c.messages_out += 1;
+        self.tally.c.in_flight += 1;
+        if let Err(e) = send(conn, &self.scratch) {
+            self.remove(key, Some(io_reason(&e)));
+            return false;
+        }
+        true
+    }
+
+    fn send_chat(&mut self, key: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
+        if conn.state != State::Open {
+            return false;
+        }
+        let prefix = format!("b{}:{}:", conn.index, unix_nanos());
+        padded(&mut self.text, &prefix, self.plan.size);
+        self.scratch.clear();
+        encode_client_frame(
+            &mut self.scratch,
+            opcode::TEXT,
+            true,
+            &self.text,
+            next_mask(&mut self.rng),
+        );
+        self.tally.c.messages_out += 1;
+        if let Err(e) = send(conn, &self.scratch) {
+            self.remove(key, Some(io_reason(&e)));
+            return false;
+        }
+        true
+    }
+
+    fn send_chat_due(&mut self, now: Instant) {
+        while let Some(&(at, key, index)) = self.chat_queue.front() {
+            if at > now {
+                break;
+            }
+            self.chat_queue.pop_front();
+            let same = self.conns.get(key).is_some_and(|c| c.index == index);
+            if same && self.send_chat(key) {
+                self.chat_queue
+                    .push_back((at + self.plan.send_interval, key, index));
+            }
+        }
+    }
+
+    fn enter_phase(&mut self, p: u8) {
+        let from = self.seen_phase;
+        self.seen_phase = p;
+        if from < phase::LOAD && p == phase::LOAD {
+            let open: Vec<(usize, u32)> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.state == State::Open)
+                .map(|(k, c)| (k, c.index))
+                .collect();
+            match self.plan.mode {
+                Mode::Echo => {
+                    for (key, _) in open {
+                        self.send_echo(key);
+                    }
+                }
+                Mode::Chat => {
+                    let senders: Vec<(usize, u32)> = open
+                        .into_iter()
+                        .filter(|(_, i)| self.plan.is_sender(u64::from(*i)))
+                        .collect();
+                    let n = senders.len().max(1) as u32;
+                    let start = Instant::now();
+                    for (i, (key, index)) in senders.into_iter().enumerate() {
+                        // Spread the first sends over one interval.
+                        let at = start + self.plan.send_interval * i as u32 / n;
+                        self.chat_queue.push_back((at, key, index));
+                    }
+                }
+                Mode::Idle | Mode::Push => {}
+            }
+        }
+        if p >= phase::CLOSE && from < phase::CLOSE {
+            self.begin_close();
+        }
+    }
+
+    fn begin_close(&mut self) {
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if conn.state != State::Open {
+                // Still connecting when the run ends.
+                self.remove(key, Some("not open when the run ended".into()));
+                continue;
+            }
+            self.sockets_open_end += 1;
+            if self.plan.mode == Mode::Push {
+                let ch = self.plan.channel_of(u64::from(conn.index));
+                if let Some(agg) = self.channels.get_mut(ch) {
+                    agg.add_track(&conn.track);
+                }
+            }
+            self.scratch.clear();
+            encode_client_frame(
+                &mut self.scratch,
+                opcode::CLOSE,
+                true,
+                &close_code::NORMAL.to_be_bytes(),
+                next_mask(&mut self.rng),
+            );
+            conn.state = State::Closing;
+            if send(conn, &self.scratch).is_err() {
+                self.remove(key, None);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(mode: Mode) -> Plan {
+        Plan {
+            mode,
+            ip: IpAddr::from([127, 0, 0, 1]),
+            first_port: 9000,
+            last_port: 9002,
+            host_header: "h".into(),
+            path: "/ws/{channel}?format=json".into(),
+            source_ips: vec![IpAddr::from([127, 0, 0, 2]), IpAddr::from([127, 0, 0, 3])],
+            size: 32,
+            connect_timeout: Duration::from_secs(1),
+            send_interval: Duration::from_secs(1),
+            room_size: 10,
+            senders: 0.8,
+            channels: 4,
+            channel_prefix: "bench-".into(),
+            room_prefix: "room-".into(),
+            conn_offset: 0,
+            conns: 100,
+            threads: 2,
+            rate: 0.0,
+        }
+    }
+
+    #[test]
+    fn connections_spread_over_ports_sources_and_channels() {
+        let p = plan(Mode::Push);
+        assert_eq!(p.target(0).port(), 9000);
+        assert_eq!(p.target(4).port(), 9001);
+        assert_eq!(p.source(3), Some(IpAddr::from([127, 0, 0, 3])));
+        assert_eq!(p.path_for(5), "/ws/bench-1?format=json");
+        let c = plan(Mode::Chat);
+        assert_eq!(c.path_for(25), "/ws/chat:room-2?format=json");
+    }
+
+    #[test]
+    fn sender_fraction_is_exact_per_room() {
+        let p = plan(Mode::Chat);
+        let senders = (0..100).filter(|&i| p.is_sender(i)).count();
+        assert_eq!(senders, 80);
+        let first_room = (0..10).filter(|&i| p.is_sender(i)).count();
+        assert_eq!(first_room, 8);
+    }
+
+    #[test]
+    fn payload_helpers() {
+        let mut v = Vec::new();
+        padded(&mut v, "b1:2:", 8);
+        assert_eq!(v, b"b1:2:xxx");
+        padded(&mut v, "longer than size", 4);
+        assert_eq!(v, b"longer than size");
+        assert_eq!(leading_number("123 abc"), Some(123));
+        assert_eq!(leading_number("abc"), None);
+        let mut s = 7;
+        assert_ne!(next_mask(&mut s), next_mask(&mut s));
+    }
+}

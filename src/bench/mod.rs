@@ -1,0 +1,817 @@
+//! `throng bench`: a load generator for any RFC 6455 WebSocket server.
+//!
+//! This module owns the command's flags ([`BenchArgs`]), their validation, and the
+//! run's timeline: open every connection at `--rate` (progress bar), start the
+//! load once all are open, print a status line every `--interval`, stop after
+//! `--duration`, let in-flight messages land, close, and report. The pieces:
+//! - [`client`]: the mio event loops that hold the connections and run each mode;
+//! - `fleet`: this process's loops, or `--procs` child processes and their protocol;
+//! - `publish`: push mode's HTTP publisher;
+//! - [`report`]: counters, seq tracking, histogram merging, the printed report.
+//!
+//! It must not touch the server's code or state; it talks to servers only over
+//! the network, so it works against throng and any other WebSocket server.
+
+pub mod client;
+mod fleet;
+mod publish;
+pub mod report;
+
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::client::HttpUrl;
+use crate::config::{parse_duration, parse_size};
+use client::{Plan, phase};
+use fleet::{ChildFleet, Fleet, LocalFleet};
+use publish::{PublishPlan, Publisher};
+use report::{Counters, PublishSummary, RawResult, Report, RunInfo};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A flag's value makes no sense; nothing was started.
+    #[error("{0}")]
+    BadArgs(String),
+    #[error("cannot start the bench")]
+    Io(#[from] std::io::Error),
+    #[error("bench child process {index}: {reason}")]
+    Child { index: usize, reason: String },
+    #[error("bench event loop failed: {0}")]
+    Loop(String),
+    /// The run completed, but connections failed or dropped (the report says why).
+    #[error(
+        "{0} connection(s) failed or dropped (reasons in the report); --allow-failures exits 0"
+    )]
+    Failures(u64),
+}
+
+/// What the connections do once open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Send a message, wait for its echo, send the next (one in flight per connection)
+    Echo,
+    /// Open, hold, answer pings; count pings and drops
+    Idle,
+    /// Subscribe over --channels; a publisher POSTs --publish-rate messages/s; check seqs
+    Push,
+    /// Rooms of --room-size; a --senders fraction sends every --send-interval
+    Chat,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Echo => "echo",
+            Mode::Idle => "idle",
+            Mode::Push => "push",
+            Mode::Chat => "chat",
+        }
+    }
+
+    fn default_size(self) -> usize {
+        match self {
+            Mode::Echo | Mode::Idle => 32,
+            Mode::Push => 64,
+            Mode::Chat => 1024,
+        }
+    }
+}
+
+/// A port range `A-B` (or one port).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange(pub u16, pub u16);
+
+fn parse_ports(s: &str) -> Result<PortRange, String> {
+    let bad = || format!("'{s}' is not a port or a port range like 9000-9099");
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let a: u16 = a.trim().parse().map_err(|_| bad())?;
+    let b: u16 = b.trim().parse().map_err(|_| bad())?;
+    if a == 0 || b < a {
+        return Err(bad());
+    }
+    Ok(PortRange(a, b))
+}
+
+/// Source addresses: `127.0.0.2-127.0.0.40`, `10.0.0.1,10.0.0.2`, or both mixed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceIps(pub Vec<IpAddr>);
+
+/// Most source addresses one range may expand to.
+const MAX_SOURCE_IPS: u32 = 65_536;
+
+fn parse_source_ips(s: &str) -> Result<SourceIps, String> {
+    let mut ips = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some((a, b)) = part.split_once('-') {
+            let bad = || format!("'{part}' is not an IPv4 range like 127.0.0.2-127.0.0.40");
+            let a: Ipv4Addr = a.trim().parse().map_err(|_| bad())?;
+            let b: Ipv4Addr = b.trim().parse().map_err(|_| bad())?;
+            let (a, b) = (u32::from(a), u32::from(b));
+            if b < a || b - a >= MAX_SOURCE_IPS {
+                return Err(format!(
+                    "'{part}': the range must go upwards and hold at most {MAX_SOURCE_IPS} addresses"
+                ));
+            }
+            ips.extend((a..=b).map(|v| IpAddr::V4(Ipv4Addr::from(v))));
+        } else {
+            ips.push(
+                part.parse::<IpAddr>()
+                    .map_err(|_| format!("'{part}' is not an IP address"))?,
+            );
+        }
+    }
+    if ips.is_empty() {
+        return Err("no source addresses given".into());
+    }
+    Ok(SourceIps(ips))
+}
+
+/// `ws://host[:port][/path]`, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WsUrl {
+    pub host: String,
+    pub port: u16,
+    /// `host:port` as written, for the Host header.
+    pub authority: String,
+    /// Path and query, at least `/`.
+    pub path: String,
+}
+
+impl WsUrl {
+    pub fn parse(url: &str) -> Result<WsUrl, String> {
+        if url.starts_with("wss://") {
+            return Err(format!("'{url}': wss:// (TLS) is not supported; use ws://"));
+        }
+        let rest = url
+            .strip_prefix("ws://")
+            .ok_or_else(|| format!("'{url}' is not a ws://host:port/path URL"))?;
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
+            Some(i) => (&rest[..i], rest[i..].to_string()),
+            None => (rest, "/".to_string()),
+        };
+        let http = HttpUrl::parse(&format!("http://{authority}")).map_err(|e| e.to_string())?;
+        Ok(WsUrl {
+            host: http.host.clone(),
+            port: http.port,
+            authority: authority.to_string(),
+            path,
+        })
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `throng bench` flags. Each doc line is its `--help` text.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// What each connection does
+    #[arg(value_enum)]
+    pub mode: Mode,
+
+    /// Server URL; in push and chat modes `{channel}` in the path is replaced by the
+    /// channel (default path then: /ws/{channel}?format=json)
+    #[arg(long, default_value = "ws://127.0.0.1:8080/")]
+    pub url: String,
+
+    /// Spread connections over this port range of the URL's host [default: the URL's port]
+    #[arg(long, value_name = "A-B", value_parser = parse_ports)]
+    pub ports: Option<PortRange>,
+
+    /// Connections to open (over all --procs)
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub conns: u64,
+
+    /// New connections per second; 0 = as fast as possible
+    #[arg(long, value_name = "PER_SEC", default_value_t = 1000.0)]
+    pub rate: f64,
+
+    /// How long the load runs once every connection is open
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+
+    /// Message size in bytes [default: echo 32, push 64, chat 1KiB]
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub size: Option<usize>,
+
+    /// Bind connections round-robin to these source addresses (127.0.0.2-127.0.0.40,
+    /// or a comma list), so one machine holds more than 64k client sockets
+    #[arg(long, value_name = "IPS", value_parser = parse_source_ips)]
+    pub source_ips: Option<SourceIps>,
+
+    /// Split the connections over this many child processes and merge their results
+    #[arg(long, value_name = "P", default_value_t = 1)]
+    pub procs: usize,
+
+    /// Event-loop threads per process [default: cores, divided among --procs]
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Print a status line this often (stderr); 0 = never
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub interval: Duration,
+
+    /// Print one JSON object with every figure instead of the text report
+    #[arg(long)]
+    pub json: bool,
+
+    /// Exit 0 even when connections failed or dropped
+    #[arg(long)]
+    pub allow_failures: bool,
+
+    /// A connection not open (TCP connect + upgrade) within this time counts as timed out
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// After the load: how long to wait for messages still in flight
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub grace: Duration,
+
+    /// push: number of channels; subscribers are spread round-robin over them
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub channels: u64,
+
+    /// push: channel names are this prefix plus 0..K
+    #[arg(long, value_name = "PREFIX", default_value = "bench-")]
+    pub channel_prefix: String,
+
+    /// push: messages per second published in total (over all channels)
+    #[arg(long, value_name = "PER_SEC", default_value_t = 100.0)]
+    pub publish_rate: f64,
+
+    /// push: the server's HTTP API [default: http://HOST:PORT of --url]
+    #[arg(long, value_name = "URL")]
+    pub publish_url: Option<String>,
+
+    /// push: bearer key for the publish API
+    #[arg(
+        long,
+        env = "THRONG_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+
+    /// push: publisher threads (each one request at a time) [default: rate / 500, 1..16]
+    #[arg(long, value_name = "N")]
+    pub publishers: Option<usize>,
+
+    /// chat: members per room (room i holds connections i*size ..)
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub room_size: u64,
+
+    /// chat: fraction of members that send
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.8)]
+    pub senders: f64,
+
+    /// chat: each sender sends one message this often
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub send_interval: Duration,
+
+    /// chat: room names are chat:PREFIX0, chat:PREFIX1, ...
+    #[arg(long, value_name = "PREFIX", default_value = "bench-room-")]
+    pub room_prefix: String,
+
+    /// Internal: this process is child I of a --procs run
+    #[arg(long, hide = true)]
+    pub child_index: Option<usize>,
+
+    /// Internal: global index of the first connection of this child
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub conn_offset: u64,
+}
+
+/// Descriptors a bench process keeps for itself (epoll, wakers, stdio, publisher).
+const RESERVED_FDS: u64 = 100;
+
+impl BenchArgs {
+    fn size(&self) -> usize {
+        self.size.unwrap_or(self.mode.default_size())
+    }
+
+    fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| (default_threads() / self.procs.max(1)).max(1))
+    }
+
+    fn validate(&self) -> Result<WsUrl, BenchError> {
+        let bad = |m: String| Err(BenchError::BadArgs(m));
+        let url = WsUrl::parse(&self.url).map_err(BenchError::BadArgs)?;
+        if self.conns == 0 {
+            return bad("--conns must be at least 1".into());
+        }
+        if !self.rate.is_finite() || self.rate < 0.0 {
+            return bad(format!(
+                "--rate {} must be 0 (unpaced) or a positive number",
+                self.rate
+            ));
+        }
+        if self.procs == 0 || self.procs as u64 > self.conns {
+            return bad(format!(
+                "--procs {} must be between 1 and --conns ({})",
+                self.procs, self.conns
+            ));
+        }
+        if self.threads == Some(0) {
+            return bad("--threads must be at least 1".into());
+        }
+        if self.duration.is_zero() {
+            return bad("--duration must be more than 0".into());
+        }
+        if self.connect_timeout.is_zero() {
+            return bad("--connect-timeout must be more than 0".into());
+        }
+        if self.size() > 16 * 1024 * 1024 {
+            return bad("--size is at most 16MiB".into());
+        }
+        match self.mode {
+            Mode::Push => {
+                if self.channels == 0 || self.channels > 1_000_000 {
+                    return bad("--channels must be between 1 and 1000000".into());
+                }
+                if !self.publish_rate.is_finite() || self.publish_rate <= 0.0 {
+                    return bad("--publish-rate must be a positive number".into());
+                }
+                if self.publishers == Some(0) {
+                    return bad("--publishers must be at least 1".into());
+                }
+                self.publish_url()?;
+            }
+            Mode::Chat => {
+                if self.room_size == 0 {
+                    return bad("--room-size must be at least 1".into());
+                }
+                if !(0.0..=1.0).contains(&self.senders) {
+                    return bad(format!(
+                        "--senders {} must be between 0 and 1",
+                        self.senders
+                    ));
+                }
+                if self.send_interval.is_zero() {
+                    return bad("--send-interval must be more than 0".into());
+                }
+            }
+            Mode::Echo | Mode::Idle => {}
+        }
+        let per_proc = self.conns.div_ceil(self.procs as u64);
+        if let Ok(limit) = crate::os::raise_open_files_limit() {
+            let ceiling = limit.soft.saturating_sub(RESERVED_FDS);
+            if per_proc > ceiling {
+                return bad(format!(
+                    "{per_proc} connections per process is over this process's open-files limit ({} -> at most {ceiling}); use --procs {} or raise `ulimit -n`",
+                    limit.soft,
+                    self.conns.div_ceil(ceiling.max(1))
+                ));
+            }
+        }
+        Ok(url)
+    }
+
+    fn publish_url(&self) -> Result<HttpUrl, BenchError> {
+        let text = match &self.publish_url {
+            Some(u) => u.clone(),
+            None => {
+                let url = WsUrl::parse(&self.url).map_err(BenchError::BadArgs)?;
+                format!("http://{}", url.authority)
+            }
+        };
+        HttpUrl::parse(&text).map_err(|e| BenchError::BadArgs(format!("--publish-url: {e}")))
+    }
+
+    /// The loops' plan for this process (`conns` of them from `conn_offset`).
+    fn plan(&self, url: &WsUrl) -> Result<Plan, BenchError> {
+        let ip = (url.host.as_str(), url.port)
+            .to_socket_addrs()
+            .map_err(|e| BenchError::BadArgs(format!("cannot resolve '{}': {e}", url.host)))?
+            .map(|a| a.ip())
+            .min_by_key(|ip| !ip.is_ipv4())
+            .ok_or_else(|| BenchError::BadArgs(format!("'{}' has no address", url.host)))?;
+        let PortRange(first_port, last_port) = self.ports.unwrap_or(PortRange(url.port, url.port));
+        let path = match self.mode {
+            Mode::Push | Mode::Chat if !url.path.contains("{channel}") => {
+                "/ws/{channel}?format=json".to_string()
+            }
+            _ => url.path.clone(),
+        };
+        let procs = self.procs.max(1) as f64;
+        Ok(Plan {
+            mode: self.mode,
+            ip,
+            first_port,
+            last_port,
+            host_header: url.authority.clone(),
+            path,
+            source_ips: self.source_ips.clone().map(|s| s.0).unwrap_or_default(),
+            size: self.size(),
+            connect_timeout: self.connect_timeout,
+            send_interval: self.send_interval,
+            room_size: self.room_size,
+            senders: self.senders,
+            channels: self.channels,
+            channel_prefix: self.channel_prefix.clone(),
+            room_prefix: self.room_prefix.clone(),
+            conn_offset: self.conn_offset,
+            conns: self.conns,
+            threads: self.threads(),
+            rate: if self.child_index.is_some() {
+                self.rate
+            } else {
+                self.rate / procs
+            },
+        })
+    }
+
+    /// Arguments (after `throng bench`) for child `index` of a `--procs` run.
+    fn child_args(
+        &self,
+        index: usize,
+        offset: u64,
+        conns: u64,
+        ips: Option<&[IpAddr]>,
+    ) -> Vec<String> {
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let mut a: Vec<String> = vec![
+            self.mode.name().into(),
+            "--url".into(),
+            self.url.clone(),
+            "--conns".into(),
+            conns.to_string(),
+            "--rate".into(),
+            (self.rate / self.procs as f64).to_string(),
+            "--duration".into(),
+            ms(self.duration),
+            "--size".into(),
+            self.size().to_string(),
+            "--threads".into(),
+            self.threads().to_string(),
+            "--connect-timeout".into(),
+            ms(self.connect_timeout),
+            "--channels".into(),
+            self.channels.to_string(),
+            "--channel-prefix".into(),
+            self.channel_prefix.clone(),
+            "--room-size".into(),
+            self.room_size.to_string(),
+            "--senders".into(),
+            self.senders.to_string(),
+            "--send-interval".into(),
+            ms(self.send_interval),
+            "--room-prefix".into(),
+            self.room_prefix.clone(),
+            "--child-index".into(),
+            index.to_string(),
+            "--conn-offset".into(),
+            offset.to_string(),
+            "--json".into(),
+            "--allow-failures".into(),
+        ];
+        if let Some(PortRange(x, y)) = self.ports {
+            a.push("--ports".into());
+            a.push(format!("{x}-{y}"));
+        }
+        if let Some(ips) = ips {
+            a.push("--source-ips".into());
+            a.push(
+                ips.iter()
+                    .map(IpAddr::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        a
+    }
+
+    fn publish_plan(&self) -> Result<PublishPlan, BenchError> {
+        Ok(PublishPlan {
+            url: self.publish_url()?,
+            api_key: self.api_key.clone(),
+            channel_prefix: self.channel_prefix.clone(),
+            channels: self.channels,
+            rate: self.publish_rate,
+            threads: self
+                .publishers
+                .unwrap_or_else(|| ((self.publish_rate / 500.0).ceil() as usize).clamp(1, 16)),
+            size: self.size(),
+        })
+    }
+}
+
+/// Splits `conns` over `procs`: (offset, count) per child.
+fn split_conns(conns: u64, procs: usize) -> Vec<(u64, u64)> {
+    let p = procs.max(1) as u64;
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for i in 0..p {
+        let n = conns / p + u64::from(i < conns % p);
+        out.push((offset, n));
+        offset += n;
+    }
+    out
+}
+
+/// Runs `throng bench`. Prints the report (or JSON) on stdout; returns
+/// [`BenchError::Failures`] after the report when connections failed or dropped.
+pub fn run(args: BenchArgs) -> Result<(), BenchError> {
+    let url = args.validate()?;
+    let plan = args.plan(&url)?;
+    if args.child_index.is_some() {
+        return fleet::run_child(plan);
+    }
+    let mut fleet: Box<dyn Fleet> = if args.procs > 1 {
+        let ips = args.source_ips.as_ref().map(|s| s.0.as_slice());
+        let lists = split_conns(args.conns, args.procs)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (offset, n))| {
+                let slice = ips.map(|ips| {
+                    if ips.len() >= args.procs {
+                        let per = ips.len() / args.procs;
+                        &ips[i * per..(i + 1) * per]
+                    } else {
+                        ips
+                    }
+                });
+                args.child_args(i, offset, n, slice)
+            })
+            .collect();
+        Box::new(ChildFleet::spawn(lists)?)
+    } else {
+        Box::new(LocalFleet::start(plan)?)
+    };
+    let publisher = if args.mode == Mode::Push {
+        Some(args.publish_plan()?)
+    } else {
+        None
+    };
+    let (mut raw, publish) = drive(&args, fleet.as_mut(), publisher)?;
+    raw = {
+        let timing = raw.clone();
+        let mut merged = fleet.finish()?;
+        merged.at_load_start = timing.at_load_start;
+        merged.at_load_end = timing.at_load_end;
+        merged.load_secs = timing.load_secs;
+        merged.connect_secs = timing.connect_secs;
+        if args.procs > 1 {
+            // The parent's own share: the publisher and the bookkeeping.
+            merged.cpu_secs += report::self_cpu_secs();
+            merged.max_rss_kb += report::proc_status_kb("VmHWM");
+        }
+        merged
+    };
+    let info = RunInfo {
+        mode: args.mode.name().into(),
+        url: args.url.clone(),
+        conns: args.conns,
+        threads: args.threads() as u64,
+        echo: args.mode == Mode::Echo,
+    };
+    let report = Report::build(&info, &raw, publish.as_ref());
+    if args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| BenchError::Loop(format!("cannot encode the report: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", report.to_text());
+    }
+    let failures = report.connection_failures();
+    if failures > 0 && !args.allow_failures {
+        return Err(BenchError::Failures(failures));
+    }
+    Ok(())
+}
+
+/// The timeline. Returns the timing figures (in a `RawResult` whose other fields
+/// are empty) and the publisher's summary; the caller then finishes the fleet.
+fn drive(
+    args: &BenchArgs,
+    fleet: &mut dyn Fleet,
+    publish: Option<PublishPlan>,
+) -> Result<(RawResult, Option<PublishSummary>), BenchError> {
+    let t0 = Instant::now();
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::with_draw_target(Some(args.conns), ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template(
+            "connecting {bar:40} {pos}/{len} ({per_sec}, {elapsed}) {msg}",
+        ) {
+            bar.set_style(style);
+        }
+        bar
+    };
+    loop {
+        if let Some(why) = fleet.broken() {
+            bar.abandon();
+            return Err(BenchError::Child {
+                index: 0,
+                reason: why,
+            });
+        }
+        let c = fleet.live();
+        bar.set_position(c.opened + c.failed);
+        if c.failed > 0 {
+            bar.set_message(format!("{} failed", c.failed));
+        }
+        if c.target >= args.conns && c.connecting_done() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bar.finish_and_clear();
+    let connect_secs = t0.elapsed().as_secs_f64();
+    let at_load_start = fleet.live();
+    if !args.json || args.interval.is_zero() {
+        eprintln!(
+            "opened {}/{} connections in {connect_secs:.2} s ({} failed); load for {:?}",
+            at_load_start.opened, args.conns, at_load_start.failed, args.duration
+        );
+    }
+    fleet.set_phase(phase::LOAD)?;
+    let load_t0 = Instant::now();
+    let publisher = match publish {
+        Some(p) => Some(Publisher::start(p)?),
+        None => None,
+    };
+    let end = load_t0 + args.duration;
+    let mut last = at_load_start;
+    let mut last_t = load_t0;
+    let mut next_status = (!args.interval.is_zero()).then(|| load_t0 + args.interval);
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        if let Some(why) = fleet.broken() {
+            return Err(BenchError::Child {
+                index: 0,
+                reason: why,
+            });
+        }
+        if let Some(at) = next_status
+            && now >= at
+        {
+            let c = fleet.live();
+            eprintln!(
+                "{}",
+                status_line(
+                    &c,
+                    &last,
+                    (now - last_t).as_secs_f64(),
+                    (now - load_t0).as_secs_f64()
+                )
+            );
+            last = c;
+            last_t = now;
+            next_status = Some(at + args.interval);
+        }
+        let mut wait = end - now;
+        if let Some(at) = next_status {
+            wait = wait.min(at.saturating_duration_since(now));
+        }
+        std::thread::sleep(wait.min(Duration::from_millis(200)));
+    }
+    let at_load_end = fleet.live();
+    let load_secs = load_t0.elapsed().as_secs_f64();
+    let summary = publisher.map(Publisher::stop);
+    fleet.set_phase(phase::DRAIN)?;
+    // Let what is in flight land: echoes come back, deliveries arrive.
+    let grace_end = Instant::now() + args.grace;
+    while Instant::now() < grace_end {
+        if args.mode == Mode::Echo && fleet.live().in_flight == 0 {
+            break;
+        }
+        if args.mode == Mode::Idle {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fleet.set_phase(phase::CLOSE)?;
+    let timing = RawResult {
+        at_load_start,
+        at_load_end,
+        load_secs,
+        connect_secs,
+        ..RawResult::default()
+    };
+    Ok((timing, summary))
+}
+
+/// One status line: open sockets, rates over the last interval, failures.
+fn status_line(c: &Counters, last: &Counters, secs: f64, since_start: f64) -> String {
+    let secs = secs.max(1e-9);
+    format!(
+        "[{since_start:6.1}s] open {} | received {} msgs ({:.0}/s) | sent {} ({:.0}/s) | pings {} | failed {} dropped {}",
+        c.open_now,
+        c.messages_in,
+        c.messages_in.saturating_sub(last.messages_in) as f64 / secs,
+        c.messages_out,
+        c.messages_out.saturating_sub(last.messages_out) as f64 / secs,
+        c.pings,
+        c.failed,
+        c.dropped
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        let a = parse(&["echo"]).unwrap();
+        assert_eq!(a.mode, Mode::Echo);
+        assert_eq!(a.conns, 100);
+        assert_eq!(a.size(), 32);
+        assert_eq!(a.duration, Duration::from_secs(10));
+        let a = parse(&[
+            "chat",
+            "--url",
+            "ws://h:9/x",
+            "--ports",
+            "9000-9003",
+            "--size",
+            "2KiB",
+            "--source-ips",
+            "127.0.0.2-127.0.0.4,10.0.0.1",
+            "--senders",
+            "0.5",
+        ])
+        .unwrap();
+        assert_eq!(a.size(), 2048);
+        assert_eq!(a.ports, Some(PortRange(9000, 9003)));
+        assert_eq!(a.source_ips.as_ref().map(|s| s.0.len()), Some(4));
+        assert_eq!(parse(&["chat"]).unwrap().size(), 1024);
+    }
+
+    #[test]
+    fn bad_flags_are_errors_not_panics() {
+        assert!(parse(&["flood"]).is_err());
+        assert!(parse(&["echo", "--ports", "9-3"]).is_err());
+        assert!(parse(&["echo", "--ports", "x"]).is_err());
+        assert!(parse(&["echo", "--duration", "ten"]).is_err());
+        assert!(parse(&["echo", "--source-ips", "127.0.0.9-127.0.0.1"]).is_err());
+        assert!(parse(&["echo", "--source-ips", "nope"]).is_err());
+        let bad =
+            |args: &[&str]| matches!(parse(args).unwrap().validate(), Err(BenchError::BadArgs(_)));
+        assert!(bad(&["echo", "--conns", "0"]));
+        assert!(bad(&["echo", "--url", "http://x"]));
+        assert!(bad(&["echo", "--url", "wss://x"]));
+        assert!(bad(&["echo", "--rate=-1"]));
+        assert!(bad(&["echo", "--conns", "2", "--procs", "3"]));
+        assert!(bad(&["chat", "--senders", "1.5"]));
+        assert!(bad(&["push", "--publish-rate", "0"]));
+        assert!(bad(&["echo", "--conns", "100000000"]));
+        assert!(parse(&["echo"]).unwrap().validate().is_ok());
+    }
+
+    #[test]
+    fn urls() {
+        let u = WsUrl::parse("ws://127.0.0.1:9000/echo?x=1").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("127.0.0.1", 9000, "/echo?x=1")
+        );
+        let u = WsUrl::parse("ws://example.com").unwrap();
+        assert_eq!(
+            (u.port, u.path.as_str(), u.authority.as_str()),
+            (80, "/", "example.com")
+        );
+        let u = WsUrl::parse("ws://h:1?q").unwrap();
+        assert_eq!(u.path, "/?q");
+        assert!(WsUrl::parse("ws://h:99999/").is_err());
+    }
+
+    #[test]
+    fn procs_split_connections_and_children_get_their_share() {
+        assert_eq!(split_conns(10, 3), vec![(0, 4), (4, 3), (7, 3)]);
+        let a = parse(&["push", "--conns", "10", "--procs", "2", "--rate", "100"]).unwrap();
+        let args = a.child_args(1, 5, 5, None);
+        let child = parse(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        assert_eq!(child.child_index, Some(1));
+        assert_eq!(child.conn_offset, 5);
+        assert_eq!(child.conns, 5);
+        assert_eq!(child.rate, 50.0);
+        assert_eq!(child.size(), 64);
+        assert!(child.json);
+        let u = WsUrl::parse(&child.url).unwrap();
+        let plan = child.plan(&u).unwrap();
+        assert_eq!(plan.rate, 50.0);
+        assert_eq!(plan.path, "/ws/{channel}?format=json");
+    }
+}

@@ -1,0 +1,127 @@
+//! Push mode's publisher: threads that POST messages to the HTTP publish API at a
+//! steady total rate, round-robin over the bench channels, and remember the seqs
+//! the server returned so fan-out completeness can be checked.
+//!
+//! It owns pacing and the publish requests. It must not touch WebSocket
+//! connections or print: the driver starts and stops it and hands its
+//! [`PublishSummary`] to the report.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::client::unix_nanos;
+use super::report::PublishSummary;
+use crate::client::{HttpUrl, request};
+
+/// Timeout of one publish request.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the publisher threads need.
+#[derive(Debug, Clone)]
+pub struct PublishPlan {
+    pub url: HttpUrl,
+    pub api_key: Option<String>,
+    pub channel_prefix: String,
+    pub channels: u64,
+    /// Messages per second over all channels.
+    pub rate: f64,
+    pub threads: usize,
+    pub size: usize,
+}
+
+pub struct Publisher {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<PublishSummary>>,
+}
+
+impl Publisher {
+    /// Starts publishing now.
+    pub fn start(plan: PublishPlan) -> std::io::Result<Publisher> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let plan = Arc::new(plan);
+        let start = Instant::now();
+        let mut threads = Vec::new();
+        for id in 0..plan.threads.max(1) {
+            let plan = Arc::clone(&plan);
+            let stop = Arc::clone(&stop);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("bench-pub-{id}"))
+                    .spawn(move || publish_loop(id, &plan, &stop, start))?,
+            );
+        }
+        Ok(Publisher { stop, threads })
+    }
+
+    /// Stops publishing and returns what was published.
+    pub fn stop(self) -> PublishSummary {
+        self.stop.store(true, Ordering::Release);
+        let mut total = PublishSummary::default();
+        for t in self.threads {
+            match t.join() {
+                Ok(s) => total.merge(&s),
+                Err(_) => {
+                    total.errors += 1;
+                    *total
+                        .errors_by_reason
+                        .entry("publisher thread panicked".into())
+                        .or_default() += 1;
+                }
+            }
+        }
+        total
+    }
+}
+
+fn publish_loop(
+    id: usize,
+    plan: &PublishPlan,
+    stop: &AtomicBool,
+    start: Instant,
+) -> PublishSummary {
+    let mut summary = PublishSummary::default();
+    let step = plan.threads.max(1) as u64;
+    let auth = plan.api_key.as_ref().map(|k| format!("Bearer {k}"));
+    let mut headers = vec![("Content-Type", "text/plain")];
+    if let Some(a) = &auth {
+        headers.push(("Authorization", a.as_str()));
+    }
+    let mut i = id as u64;
+    while !stop.load(Ordering::Acquire) {
+        let due = start + Duration::from_secs_f64(i as f64 / plan.rate);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep((due - now).min(Duration::from_millis(50)));
+            continue;
+        }
+        let channel = (i % plan.channels.max(1)) as usize;
+        let mut body = format!("{} ", unix_nanos()).into_bytes();
+        if body.len() < plan.size {
+            body.resize(plan.size, b'x');
+        }
+        let path = format!("/api/publish/{}{}", plan.channel_prefix, channel);
+        let outcome = request(&plan.url, "POST", &path, &headers, &body, PUBLISH_TIMEOUT);
+        match outcome {
+            Ok(r) if r.status == 200 => {
+                let seq = serde_json::from_slice::<serde_json::Value>(&r.body)
+                    .ok()
+                    .and_then(|v| v.get("seq")?.as_u64());
+                match seq {
+                    Some(seq) => summary.record(channel, seq),
+                    None => fail(&mut summary, "answer without a seq".into()),
+                }
+            }
+            Ok(r) => fail(&mut summary, format!("status {}", r.status)),
+            Err(e) => fail(&mut summary, e.to_string()),
+        }
+        i += step;
+    }
+    summary
+}
+
+fn fail(summary: &mut PublishSummary, reason: String) {
+    summary.errors += 1;
+    *summary.errors_by_reason.entry(reason).or_default() += 1;
+}

@@ -1,0 +1,150 @@
+"""Slow consumers on a channel: a subscriber that stops reading is cut off
+(close 1008 "slow consumer", or at least the server drops its connection) once
+its outbound queue passes --max-queue, the server's memory stays bounded, and
+the other subscribers of the same channel still get every message in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import warnings
+
+from rawws import OP_CLOSE, OP_PING, OP_TEXT, Closed, channel_info, parse_close, publish_ok, wait_subscribers
+from rawws import ws_connect as raw_connect
+from wsutil import run, ws_connect
+
+N_MESSAGES = 2000
+MSG_SIZE = 10 * 1024
+RSS_LIMIT_KB = 100 * 1024
+# The publisher never runs more than WINDOW messages (100 KiB) ahead of the slower
+# of the two reading subscribers, so they stay far below --max-queue whatever the
+# speed of this Python process: only the stalled subscriber may overflow.
+WINDOW = 10
+
+
+def vm_rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
+
+
+def payload(i: int) -> str:
+    head = f"{i:06d}|"
+    return head + "x" * (MSG_SIZE - len(head))
+
+
+def test_slow_raw_subscriber_is_cut_off_while_others_get_everything(start_server):
+    srv = start_server("--max-queue", "256KiB")
+    channel = "firehose"
+    # Tiny receive buffer, and it never reads: the server's outbound queue must grow.
+    slow = raw_connect(srv.port, path=f"/ws/{channel}", rcvbuf=4096, timeout=10)
+    rss_samples: list[int] = []
+
+    async def main():
+        good_json = await ws_connect(srv.url(f"/ws/{channel}?format=json"))
+        good_raw = await ws_connect(srv.url(f"/ws/{channel}"))
+        try:
+            wait_subscribers(srv.port, channel, 3)
+            rss_samples.append(vm_rss_kb(srv.pid))
+            received = {"json": 0, "raw": 0}
+
+            async def read_json():
+                for i in range(N_MESSAGES):
+                    m = json.loads(await asyncio.wait_for(good_json.recv(), 20))
+                    assert m["seq"] == i + 1, f"json subscriber: message {i} has seq {m['seq']} (gap or reorder)"
+                    assert m["data"] == payload(i + 1), f"json subscriber: wrong data at seq {i + 1}"
+                    received["json"] = i + 1
+
+            async def read_raw():
+                for i in range(N_MESSAGES):
+                    got = await asyncio.wait_for(good_raw.recv(), 20)
+                    assert got == payload(i + 1), f"raw subscriber: message {i} is {got[:7]!r}..., want {i + 1:06d}"
+                    received["raw"] = i + 1
+
+            readers = [asyncio.create_task(read_json()), asyncio.create_task(read_raw())]
+
+            def publish_all():
+                for i in range(1, N_MESSAGES + 1):
+                    deadline = time.monotonic() + 20
+                    while min(received.values()) < i - WINDOW:
+                        if any(r.done() for r in readers):
+                            return  # a reader failed: gather() below reports why
+                        if time.monotonic() > deadline:
+                            raise AssertionError(f"subscribers stuck before message {i - WINDOW}: {received}")
+                        time.sleep(0.0005)
+                    seq = publish_ok(srv.port, channel, payload(i))
+                    assert seq == i, f"publish {i} answered seq {seq}"
+                    if i % 100 == 0:
+                        rss_samples.append(vm_rss_kb(srv.pid))
+
+            loop = asyncio.get_running_loop()
+            t0 = time.monotonic()
+            await loop.run_in_executor(None, publish_all)
+            await asyncio.wait_for(asyncio.gather(*readers), 60)
+            elapsed = time.monotonic() - t0
+            rss_samples.append(vm_rss_kb(srv.pid))
+
+            # The slow subscriber has been dropped by the server: only the two good ones remain.
+            info = wait_subscribers(srv.port, channel, 2, timeout=10)
+            assert info["last_seq"] == N_MESSAGES, info
+            return elapsed
+        finally:
+            await good_json.close()
+            await good_raw.close()
+
+    try:
+        elapsed = run(main(), timeout=120)
+
+        peak = max(rss_samples)
+        assert peak < RSS_LIMIT_KB, (
+            f"server VmRSS peaked at {peak} kB (limit {RSS_LIMIT_KB} kB) with one stalled subscriber "
+            f"and --max-queue 256KiB; samples: {rss_samples}"
+        )
+
+        # Now read what the slow socket got: data frames (in order), then a close
+        # frame 1008 "slow consumer" and/or the end of the TCP connection.
+        last, frames, code, reason = 0, 0, None, b""
+        deadline = time.monotonic() + 20
+        try:
+            while True:
+                _fin, _rsv, op, data = slow.read_frame(timeout=max(0.01, deadline - time.monotonic()))
+                if op == OP_CLOSE:
+                    code, reason = parse_close(data)
+                    break
+                if op == OP_PING:
+                    continue
+                assert op == OP_TEXT, f"unexpected opcode {op}"
+                n = int(data[:6])
+                assert n > last, f"slow subscriber got message {n} after {last}: out of order"
+                last, frames = n, frames + 1
+        except Closed as e:
+            warnings.warn(
+                f"slow consumer: connection ended ({e}) without a close frame after {frames} messages (last {last})"
+            )
+        except TimeoutError:
+            raise AssertionError(
+                f"slow subscriber was not cut off: after {N_MESSAGES} x {MSG_SIZE} B with --max-queue 256KiB it "
+                f"got {frames} messages (last {last}) and then nothing for 20s, no close, no EOF"
+            )
+        if code is not None:
+            assert code == 1008, f"expected close 1008, got {code} {reason!r}"
+            assert b"slow consumer" in reason.lower(), f"reason should say 'slow consumer': {reason!r}"
+            # after the close frame the server ends the TCP connection
+            try:
+                rest = slow.read_to_eof(timeout=10)
+            except TimeoutError:
+                raise AssertionError("server sent close 1008 but did not close the TCP connection within 10s")
+            assert rest == b"", f"bytes after the close frame: {rest[:50]!r}"
+        assert last < N_MESSAGES, f"the stalled subscriber was not cut off: it got all {N_MESSAGES} messages"
+    finally:
+        slow.close()
+    # The server is still healthy and publishing still works.
+    assert publish_ok(srv.port, channel, "after") == N_MESSAGES + 1
+    assert channel_info(srv.port, channel)["subscribers"] == 0
+    print(
+        f"slow consumer: publish+deliver {elapsed:.1f}s; stalled socket got {frames} messages (last {last}), "
+        f"close {code} {reason!r}; server RSS samples kB {rss_samples}"
+    )
