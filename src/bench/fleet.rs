@@ -93,7 +93,8 @@ impl Fleet for LocalFleet {
     }
 
     fn broken(&self) -> Option<String> {
-        None
+        (self.ctl.phase() < phase::CLOSE && self.threads.iter().any(|t| t.is_finished()))
+            .then(|| "an event loop stopped early".to_string())
     }
 
     fn finish(self: Box<Self>) -> Result<RawResult, BenchError> {

@@ -257,7 +257,7 @@ pub struct BenchArgs {
     )]
     pub api_key: Option<String>,
 
-    /// push: publisher threads (each one request at a time) [default: rate / 500, 1..16]
+    /// push: publisher threads (each one request at a time) [default: rate / 200, 1..32]
     #[arg(long, value_name = "N")]
     pub publishers: Option<usize>,
 
@@ -495,7 +495,7 @@ impl BenchArgs {
             rate: self.publish_rate,
             threads: self
                 .publishers
-                .unwrap_or_else(|| ((self.publish_rate / 500.0).ceil() as usize).clamp(1, 16)),
+                .unwrap_or_else(|| ((self.publish_rate / 200.0).ceil() as usize).clamp(1, 32)),
             size: self.size(),
         })
     }
@@ -548,9 +548,8 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     } else {
         None
     };
-    let (mut raw, publish) = drive(&args, fleet.as_mut(), publisher)?;
-    raw = {
-        let timing = raw.clone();
+    let (timing, publish) = drive(&args, fleet.as_mut(), publisher)?;
+    let raw = {
         let mut merged = fleet.finish()?;
         merged.at_load_start = timing.at_load_start;
         merged.at_load_end = timing.at_load_end;
@@ -569,6 +568,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         conns: args.conns,
         threads: args.threads() as u64,
         echo: args.mode == Mode::Echo,
+        chat: args.mode == Mode::Chat,
     };
     let report = Report::build(&info, &raw, publish.as_ref());
     if args.json {
@@ -625,12 +625,10 @@ fn drive(
     bar.finish_and_clear();
     let connect_secs = t0.elapsed().as_secs_f64();
     let at_load_start = fleet.live();
-    if !args.json || args.interval.is_zero() {
-        eprintln!(
-            "opened {}/{} connections in {connect_secs:.2} s ({} failed); load for {:?}",
-            at_load_start.opened, args.conns, at_load_start.failed, args.duration
-        );
-    }
+    eprintln!(
+        "opened {}/{} connections in {connect_secs:.2} s ({} failed); load for {:?}",
+        at_load_start.opened, args.conns, at_load_start.failed, args.duration
+    );
     fleet.set_phase(phase::LOAD)?;
     let load_t0 = Instant::now();
     let publisher = match publish {

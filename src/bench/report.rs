@@ -392,6 +392,8 @@ pub struct Report {
     pub sent_per_sec: f64,
     pub pings: u64,
     pub latency: Latency,
+    /// Echo: never echoed; push: never delivered; chat: own broadcasts that never came back.
+    pub lost_messages: u64,
     /// Errors / samples in percent (JMeter's "Error %"); see `error_rule`.
     pub error_rate_pct: f64,
     pub errors: u64,
@@ -413,6 +415,8 @@ pub struct RunInfo {
     pub conns: u64,
     pub threads: u64,
     pub echo: bool,
+    /// Chat: each sent message should come back to its sender once.
+    pub chat: bool,
 }
 
 impl Report {
@@ -425,10 +429,12 @@ impl Report {
         let msgs_load = load.messages_in.saturating_sub(start.messages_in);
         let sent_load = load.messages_out.saturating_sub(start.messages_out);
         let push = publish.map(|p| PushReport::build(raw, p));
-        let lost = match (&push, info.echo) {
-            (Some(p), _) => p.lost,
-            (None, true) => c.in_flight,
-            _ => 0,
+        let latency = Latency::from_pairs(&raw.latency_us);
+        let lost = match &push {
+            Some(p) => p.lost,
+            None if info.echo => c.in_flight,
+            None if info.chat => c.messages_out.saturating_sub(latency.samples),
+            None => 0,
         };
         let expected = match &push {
             Some(p) => p.expected_deliveries,
@@ -460,9 +466,13 @@ impl Report {
             messages_sent: c.messages_out,
             messages_received_in_load: msgs_load,
             throughput_msgs_per_sec: msgs_load as f64 / secs,
-            sent_per_sec: sent_load as f64 / secs,
+            sent_per_sec: match &push {
+                Some(p) => p.published as f64 / secs,
+                None => sent_load as f64 / secs,
+            },
             pings: c.pings,
-            latency: Latency::from_pairs(&raw.latency_us),
+            latency,
+            lost_messages: lost,
             error_rate_pct: if samples == 0 {
                 0.0
             } else {
@@ -528,8 +538,8 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "error rate:       {:.3} % ({} errors / {} samples)",
-            self.error_rate_pct, self.errors, self.samples
+            "error rate:       {:.3} % ({} errors / {} samples; {} messages lost)",
+            self.error_rate_pct, self.errors, self.samples, self.lost_messages
         );
         if let Some(p) = &self.push {
             let _ = writeln!(
@@ -742,6 +752,7 @@ mod tests {
             conns: 10,
             threads: 1,
             echo: true,
+            chat: false,
         };
         let r = Report::build(&info, &raw, None);
         assert_eq!(r.messages_per_min, 6000.0);
