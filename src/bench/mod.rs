@@ -41,9 +41,10 @@ pub enum BenchError {
     Child { index: usize, reason: String },
     #[error("bench event loop failed: {0}")]
     Loop(String),
-    /// The run completed, but connections failed or dropped (the report says why).
+    /// The run completed, but connections failed or dropped, messages were lost or
+    /// publishes failed (the report says which and why).
     #[error(
-        "{0} connection(s) failed or dropped (reasons in the report); --allow-failures exits 0"
+        "{0} error(s): failed or dropped connections, lost messages or failed publishes (see the report); --allow-failures exits 0"
     )]
     Failures(u64),
 }
@@ -578,7 +579,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     } else {
         print!("{}", report.to_text());
     }
-    let failures = report.connection_failures();
+    let failures = report.errors;
     if failures > 0 && !args.allow_failures {
         return Err(BenchError::Failures(failures));
     }
