@@ -11,7 +11,10 @@
 # Prints the machine description and one markdown table; raw JSON goes to
 # bench/results/engine-<date>.json (and the table to engine-<date>.md).
 #
-# Usage: bench/engine.sh [--servers throng,gorilla,tungstenite,node]
+# Servers: throng; gorilla (Go gorilla/websocket); tungstenite (tokio-tungstenite,
+# default config: a 128 KiB read buffer per connection); tungstenite4k (the same with
+# a 4 KiB read buffer, the fair peer for many idle connections); node (ws).
+# Usage: bench/engine.sh [--servers throng,gorilla,tungstenite,tungstenite4k,node]
 #                        [--conns-idle 15000] [--rate 2000] [--echo-duration 10s]
 #                        [--echo-conns 100,1000] [--rounds 2] [--results-dir DIR]
 # Env:   THRONG_BIN (default <repo>/target/release/throng)
@@ -21,7 +24,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 THRONG_BIN=${THRONG_BIN:-$REPO_DIR/target/release/throng}
 
-SERVERS=throng,gorilla,tungstenite,node
+SERVERS=throng,gorilla,tungstenite,tungstenite4k,node
 RESULTS_DIR=$BENCH_DIR/results
 CONNS_IDLE=15000
 RATE=2000
@@ -55,7 +58,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 for s in ${SERVERS//,/ }; do
-  case "$s" in throng|gorilla|tungstenite|node) ;; *) echo "engine.sh: unknown server '$s'" >&2; exit 2 ;; esac
+  case "$s" in throng|gorilla|tungstenite|tungstenite4k|node) ;; *) echo "engine.sh: unknown server '$s'" >&2; exit 2 ;; esac
 done
 
 log() { printf '[engine %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -94,7 +97,7 @@ go_build "$BENCH_DIR/clients/wsload" wsload
 want() { case ",$SERVERS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 SKIPPED=()
 if want gorilla; then go_build "$BENCH_DIR/peers/gorilla-echo" gorilla-echo; fi
-if want tungstenite; then
+if want tungstenite || want tungstenite4k; then
   need cargo
   log "cargo build --release (tungstenite-echo)"
   cargo build --release --quiet --manifest-path "$TUNG_DIR/Cargo.toml" --target-dir "$TUNG_DIR/target"
@@ -145,6 +148,7 @@ server_cmd() { # name port -> prints nothing, sets CMD array
     throng) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s) ;;
     gorilla) CMD=("$GORILLA" -addr "127.0.0.1:$2") ;;
     tungstenite) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2") ;;
+    tungstenite4k) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2" --read-buffer 4096) ;;
     node) CMD=(node "$NODE_DIR/server.js" --addr "127.0.0.1:$2") ;;
   esac
 }
@@ -220,7 +224,7 @@ server_version() {
   case "$1" in
     throng) echo "$("$WORK/throng" --version 2>/dev/null), $THRONG_BIN (mtime $THRONG_MTIME, sha256 $THRONG_SHA)" ;;
     gorilla) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$BENCH_DIR/peers/gorilla-echo/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
-    tungstenite) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
+    tungstenite|tungstenite4k) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
     node) echo "ws $(jq -r .version "$NODE_DIR/node_modules/ws/package.json" 2>/dev/null), node $(node --version 2>/dev/null)" ;;
   esac
 }
@@ -374,8 +378,9 @@ render() {
       " | \($k) | \($e.valid_rounds)/\($e.rounds | length) | \($e.msgs_per_sec_range[0] | f0)–\($e.msgs_per_sec_range[1] | f0) | \($e.server_cpu_us_per_msg_range[0] | f2)–\($e.server_cpu_us_per_msg_range[1] | f2) | \($e.latency_us.p50 | f0) / \($e.latency_us.p99 | f0) | \($e.client_cpu_us_per_msg | f2) | \($e.other_cores | f2) |")
   ' "$OUT_JSON"
   echo
-  echo "other load = CPU used by processes other than server and client during the window, irq/softirq excluded (median, in cores;"
-  echo "this VM is shared with other sessions; windows with > 0.$OTHER_MAX_PCT cores of other load were re-measured, $RETRIES_USED/$RETRY_BUDGET retries used)."
+  echo "other load = CPU of other user processes during the window (capped by the machine's CPU not charged to server or client),"
+  echo "median in cores. This VM is shared with other sessions: windows with > 0.$OTHER_MAX_PCT cores of other load were re-measured"
+  echo "and the quietest attempt kept ($RETRIES_USED/$RETRY_BUDGET retries used, ${QUIET_WAITED}s spent waiting for a quiet machine)."
   echo "Ratios: RSS and CPU/msg below 1 favour throng; msgs/s above 1 favours throng. RSS is userspace only (kernel socket buffers excluded)."
   echo "Raw: ${OUT_JSON#"$REPO_DIR"/}"
 }
