@@ -221,11 +221,25 @@ pub fn write_response(
     extra_headers: &[(&str, &str)],
     body: &[u8],
 ) {
+    write_response_conn(out, status, content_type, extra_headers, body, false);
+}
+
+/// Appends a complete response; `keep_alive` leaves the connection open for the
+/// client's next request.
+pub fn write_response_conn(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    extra_headers: &[(&str, &str)],
+    body: &[u8],
+    keep_alive: bool,
+) {
     use std::io::Write;
+    let connection = if keep_alive { "keep-alive" } else { "close" };
     // Writing into a Vec cannot fail.
     let _ = write!(
         out,
-        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: {connection}\r\n",
         reason_phrase(status),
         body.len()
     );

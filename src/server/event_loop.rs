@@ -363,7 +363,27 @@ impl EventLoop {
         self.unfinished.push(key);
     }
 
-    fn on_http_bytes(&mut self, key: usize, n: usize) {
+    fn on_http_bytes(&mut self, key: usize, mut n: usize) {
+        // Each turn handles one request; a kept-alive connection whose read held
+        // the next request too (pipelining) goes round again on what is left.
+        while let Some(rest) = self.on_http_request(key, n) {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            let due = self.now + self.handshake_ticks;
+            set_deadline(&mut self.wheel, key, conn, due);
+            if rest.is_empty() {
+                return;
+            }
+            conn.read = Some(Box::new(ReadState::Http(rest)));
+            n = 0;
+        }
+    }
+
+    /// Handles the request at the start of the connection's input (pending bytes
+    /// plus `read_buf[..n]`). Returns the bytes after it when the connection stays
+    /// open for another request.
+    fn on_http_request(&mut self, key: usize, n: usize) -> Option<Vec<u8>> {
         let EventLoop {
             conns,
             read_buf,
@@ -371,9 +391,7 @@ impl EventLoop {
             shared,
             ..
         } = self;
-        let Some(conn) = conns.get_mut(key) else {
-            return;
-        };
+        let conn = conns.get_mut(key)?;
         let mut pending = match conn.read.take().map(|b| *b) {
             Some(ReadState::Http(mut pending)) => {
                 pending.extend_from_slice(&read_buf[..n]);
@@ -390,7 +408,7 @@ impl EventLoop {
             Ok(None) => {
                 let pending = pending.take().unwrap_or_else(|| read_buf[..n].to_vec());
                 conn.read = Some(Box::new(ReadState::Http(pending)));
-                return;
+                return None;
             }
             Err(ParseError::TooLarge) => {
                 handshake::write_error(out, 431, &ParseError::TooLarge.to_string(), &[]);
@@ -405,14 +423,21 @@ impl EventLoop {
                     shared,
                     peer: conn.peer,
                     body: &data[head_len..],
+                    head_len,
                 };
                 match routes::route(&request, ctx, out) {
                     Outcome::NeedBody => {
                         let pending = pending.take().unwrap_or_else(|| read_buf[..n].to_vec());
                         conn.read = Some(Box::new(ReadState::Http(pending)));
-                        return;
+                        return None;
                     }
                     Outcome::Responded => (None, Vec::new()),
+                    Outcome::KeepAlive { consumed } => {
+                        let rest = data.get(consumed..).unwrap_or_default().to_vec();
+                        drop(pending);
+                        self.after_feed(key, After::Nothing);
+                        return Some(rest);
+                    }
                     Outcome::Upgrade(upgrade) => (Some(upgrade), data[head_len..].to_vec()),
                 }
             }
@@ -420,12 +445,12 @@ impl EventLoop {
         drop(pending);
         let Some(upgrade) = upgrade else {
             self.after_feed(key, After::Close);
-            return;
+            return None;
         };
         if let Err(refusal) = shared.admission.try_admit(conn.peer) {
             handshake::write_error(out, refusal.status, &refusal.reason, &[]);
             self.after_feed(key, After::Close);
-            return;
+            return None;
         }
         conn.websocket = true;
         self.counters.sockets.fetch_add(1, Ordering::Relaxed);
@@ -435,9 +460,7 @@ impl EventLoop {
             let format = if json { Format::WsJson } else { Format::WsRaw };
             self.subscribe(key, &channel, format);
         }
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
+        let conn = self.conns.get_mut(key)?;
         conn.last_seen = self.now;
         self.ping_seq = self.ping_seq.wrapping_add(1);
         if self.ping_ticks > 0 {
@@ -466,6 +489,7 @@ impl EventLoop {
             }
         }
         self.after_feed(key, after);
+        None
     }
 
     /// Joins a channel: the hub counts the subscriber, this loop lists it, and a
@@ -643,8 +667,13 @@ impl EventLoop {
             }
             return;
         }
-        if conn.queued_bytes() > max_queue && conn.phase == Phase::Open {
-            self.slow_consumer(key);
+        if conn.queued_bytes() > max_queue {
+            match conn.phase {
+                Phase::Open => self.slow_consumer(key),
+                // A kept-alive HTTP client that sends requests but reads no answers.
+                Phase::Http => self.drop_conn(key),
+                Phase::Closing | Phase::Lingering => {}
+            }
         }
     }
 

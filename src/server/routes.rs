@@ -43,6 +43,11 @@ pub enum Outcome {
     Upgrade(Upgrade),
     /// The request announced a body that has not fully arrived: read more.
     NeedBody,
+    /// A complete response is in `out` and the connection stays open (HTTP/1.1
+    /// keep-alive); the request took the first `consumed` bytes of the input.
+    KeepAlive {
+        consumed: usize,
+    },
 }
 
 /// What the router needs to know about the request's connection and the server.
@@ -52,6 +57,19 @@ pub struct RouteContext<'a> {
     pub peer: IpAddr,
     /// Bytes received after the request head (the body, possibly incomplete).
     pub body: &'a [u8],
+    /// Length of the request head, so a kept-alive connection knows where the next
+    /// request starts.
+    pub head_len: usize,
+}
+
+impl RouteContext<'_> {
+    /// Whether a successful answer may keep the connection open: HTTP/1.1 without
+    /// `Connection: close`, and the server not draining.
+    fn keep_alive(&self, req: &Request<'_>) -> bool {
+        req.minor_version >= 1
+            && !req.header_has_token("connection", "close")
+            && !self.shared.shutdown.load(Ordering::Relaxed)
+    }
 }
 
 const INFO_PAGE: &str = "throng: a real-time connection server\n\n\
@@ -76,14 +94,14 @@ pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Out
     }
     if let Some(channel) = path.strip_prefix("/api/channels/") {
         if only_get(req, out) {
-            channel_info(channel, ctx, out);
+            return channel_info(req, channel, ctx, out);
         }
         return Outcome::Responded;
     }
     match path {
         "/api/stats" => {
             if only_get(req, out) {
-                stats(ctx, out);
+                return stats(req, ctx, out);
             }
         }
         "/healthz" => {
@@ -93,7 +111,7 @@ pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Out
                 } else if !ctx.shared.broker.healthy() {
                     handshake::write_error(out, 503, "broker unreachable", &[]);
                 } else {
-                    handshake::write_response(out, 200, "text/plain", &[], b"ok");
+                    return ok(req, ctx, out, "text/plain", b"ok", 0);
                 }
             }
         }
@@ -114,14 +132,36 @@ fn only_get(req: &Request<'_>, out: &mut Vec<u8>) -> bool {
     false
 }
 
-fn write_json(out: &mut Vec<u8>, status: u16, value: &serde_json::Value) {
-    handshake::write_response(
-        out,
-        status,
-        "application/json",
-        &[],
-        value.to_string().as_bytes(),
-    );
+/// Writes a 200 answer, keeping the connection open when the client may send more.
+/// `body_len`: bytes of request body the request used.
+fn ok(
+    req: &Request<'_>,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    content_type: &str,
+    body: &[u8],
+    body_len: usize,
+) -> Outcome {
+    let keep_alive = ctx.keep_alive(req);
+    handshake::write_response_conn(out, 200, content_type, &[], body, keep_alive);
+    if keep_alive {
+        Outcome::KeepAlive {
+            consumed: ctx.head_len + body_len,
+        }
+    } else {
+        Outcome::Responded
+    }
+}
+
+fn ok_json(
+    req: &Request<'_>,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    value: &serde_json::Value,
+    body_len: usize,
+) -> Outcome {
+    let text = value.to_string();
+    ok(req, ctx, out, "application/json", text.as_bytes(), body_len)
 }
 
 fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> Outcome {
@@ -304,39 +344,42 @@ fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Ve
         from: None,
     };
     match ctx.shared.broker.publish(&channel, message) {
-        Ok(seq) => write_json(out, 200, &serde_json::json!({ "seq": seq })),
+        Ok(seq) => ok_json(req, ctx, out, &serde_json::json!({ "seq": seq }), length),
         Err(e @ BrokerError::Publish(_)) | Err(e @ BrokerError::Unavailable(_)) => {
             handshake::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);
+            Outcome::Responded
         }
     }
-    Outcome::Responded
 }
 
-fn channel_info(channel: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) {
+fn channel_info(
+    req: &Request<'_>,
+    channel: &str,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+) -> Outcome {
     if let Err(e) = validate_channel_name(channel) {
         handshake::write_error(out, 400, &e.to_string(), &[]);
-        return;
+        return Outcome::Responded;
     }
     let found = ctx.shared.hub.find(channel);
     let (subscribers, last_seq) = found.map_or((0, 0), |c| (c.subscribers(), c.last_seq()));
-    write_json(
-        out,
-        200,
-        &serde_json::json!({
-            "channel": channel,
-            "subscribers": subscribers,
-            "last_seq": last_seq,
-        }),
-    );
+    let value = serde_json::json!({
+        "channel": channel,
+        "subscribers": subscribers,
+        "last_seq": last_seq,
+    });
+    ok_json(req, ctx, out, &value, 0)
 }
 
-fn stats(ctx: RouteContext<'_>, out: &mut Vec<u8>) {
+fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
     let shared: &Arc<_> = &ctx.shared.hub;
     let snap = ctx.shared.stats.snapshot();
     let uptime = ctx.shared.stats.started.elapsed().as_secs_f64();
-    write_json(
+    ok_json(
+        req,
+        ctx,
         out,
-        200,
         &serde_json::json!({
             "connections": { "websocket": snap.sockets },
             "channels": shared.channel_count(),
@@ -348,7 +391,8 @@ fn stats(ctx: RouteContext<'_>, out: &mut Vec<u8>) {
             "broker": ctx.shared.broker.describe(),
             "broker_healthy": ctx.shared.broker.healthy(),
         }),
-    );
+        0,
+    )
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -373,6 +417,7 @@ mod tests {
             shared,
             peer,
             body: &bytes[head..],
+            head_len: head,
         };
         let outcome = route(&req, ctx, &mut out);
         (outcome, String::from_utf8(out).unwrap())
@@ -503,6 +548,31 @@ mod tests {
             &shared,
         );
         assert!(out.starts_with("HTTP/1.1 405"));
+    }
+
+    #[test]
+    fn successful_api_answers_keep_http11_connections_open() {
+        let (shared, _polls) = test_shared(None);
+        let local: IpAddr = [127, 0, 0, 1].into();
+        let req =
+            "POST /api/publish/news HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhiGET /next";
+        let (outcome, out) = answer_from(req, local, &shared);
+        assert!(out.contains("Connection: keep-alive"), "{out}");
+        match outcome {
+            Outcome::KeepAlive { consumed } => assert_eq!(&req[consumed..], "GET /next"),
+            other => panic!("{other:?}"),
+        }
+        let close = "GET /api/channels/news HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let (outcome, out) = answer_from(close, local, &shared);
+        assert!(matches!(outcome, Outcome::Responded) && out.contains("Connection: close"));
+        let old = "GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n";
+        assert!(matches!(
+            answer_from(old, local, &shared).0,
+            Outcome::Responded
+        ));
+        // Errors always close.
+        let (outcome, _) = answer_from("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", local, &shared);
+        assert!(matches!(outcome, Outcome::Responded));
     }
 
     #[test]
