@@ -1,5 +1,6 @@
 //! A small blocking HTTP/1.1 client for throng's own API (`throng pub`, and the
-//! load generator's publisher): one request per connection, `Connection: close`.
+//! load generator's publisher): one request per connection ([`request`]), or a
+//! kept-alive connection reused for many requests ([`Session`]).
 //!
 //! It owns URL parsing for `http://host:port` and reading one response. It must not
 //! grow into a general HTTP client: no TLS, redirects, chunked bodies or cookies.
@@ -80,7 +81,179 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
-/// Sends one request and reads the whole response.
+/// A kept-alive connection for many requests to one server. It reconnects when
+/// the server closed the connection (after an error answer, say).
+#[derive(Debug)]
+pub struct Session {
+    url: HttpUrl,
+    timeout: Duration,
+    stream: Option<TcpStream>,
+    buf: Vec<u8>,
+    /// TCP connections opened so far (1 when keep-alive works).
+    pub connects: u64,
+}
+
+impl Session {
+    pub fn new(url: HttpUrl, timeout: Duration) -> Self {
+        Session {
+            url,
+            timeout,
+            stream: None,
+            buf: Vec::new(),
+            connects: 0,
+        }
+    }
+
+    /// Sends one request; retries once on a fresh connection if a reused one turned
+    /// out to be closed before any answer came.
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Response, ClientError> {
+        let reused = self.stream.is_some();
+        match self.try_request(method, path, headers, body) {
+            Err(ClientError::Io { .. }) if reused => {
+                self.stream = None;
+                self.try_request(method, path, headers, body)
+            }
+            other => other,
+        }
+    }
+
+    fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Response, ClientError> {
+        let addr = self.url.authority();
+        if self.stream.is_none() {
+            self.stream = Some(connect(&self.url, self.timeout)?);
+            self.connects += 1;
+        }
+        let io = |source| ClientError::Io {
+            addr: addr.clone(),
+            source,
+        };
+        let message = encode_request(&self.url, method, path, headers, body, true);
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(ClientError::BadUrl(addr));
+        };
+        if let Err(e) = stream.write_all(&message) {
+            self.stream = None;
+            return Err(io(e));
+        }
+        self.buf.clear();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some((response, keep)) =
+                complete_response(&self.buf).map_err(|reason| ClientError::BadResponse {
+                    addr: addr.clone(),
+                    reason,
+                })?
+            {
+                if !keep {
+                    self.stream = None;
+                }
+                return Ok(response);
+            }
+            match stream.read(&mut chunk) {
+                Ok(0) => {
+                    self.stream = None;
+                    return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+                }
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) => {
+                    self.stream = None;
+                    return Err(io(e));
+                }
+            }
+        }
+    }
+}
+
+fn connect(url: &HttpUrl, timeout: Duration) -> Result<TcpStream, ClientError> {
+    let addr = url.authority();
+    let target = (url.host.as_str(), url.port)
+        .to_socket_addrs()
+        .map_err(|source| ClientError::Connect {
+            addr: addr.clone(),
+            source,
+        })?
+        .next()
+        .ok_or_else(|| ClientError::BadUrl(addr.clone()))?;
+    let stream =
+        TcpStream::connect_timeout(&target, timeout).map_err(|source| ClientError::Connect {
+            addr: addr.clone(),
+            source,
+        })?;
+    let io = |source| ClientError::Io {
+        addr: addr.clone(),
+        source,
+    };
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    stream.set_nodelay(true).map_err(io)?;
+    Ok(stream)
+}
+
+fn encode_request(
+    url: &HttpUrl,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    keep_alive: bool,
+) -> Vec<u8> {
+    let connection = if keep_alive { "keep-alive" } else { "close" };
+    let mut head = format!(
+        "{method} {}{path} HTTP/1.1\r\nHost: {}\r\nConnection: {connection}\r\nContent-Length: {}\r\n",
+        url.prefix,
+        url.authority(),
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut message = head.into_bytes();
+    message.extend_from_slice(body);
+    message
+}
+
+/// A whole response at the start of `raw`, if it has fully arrived, and whether the
+/// server keeps the connection open after it.
+fn complete_response(raw: &[u8]) -> Result<Option<(Response, bool)>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    let head_len = match resp.parse(raw) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let status = resp.code.ok_or("no status code")?;
+    let header = |name: &str| {
+        resp.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    let length = header("content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok())
+        .ok_or("a kept-alive response needs Content-Length")?;
+    let keep = header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"keep-alive"));
+    if raw.len() < head_len + length {
+        return Ok(None);
+    }
+    let body = raw[head_len..head_len + length].to_vec();
+    Ok(Some((Response { status, body }, keep)))
+}
+
+/// Sends one request on its own connection and reads the whole response.
 pub fn request(
     url: &HttpUrl,
     method: &str,
@@ -94,33 +267,8 @@ pub fn request(
         addr: addr.clone(),
         source,
     };
-    let target = (url.host.as_str(), url.port)
-        .to_socket_addrs()
-        .map_err(|source| ClientError::Connect {
-            addr: addr.clone(),
-            source,
-        })?
-        .next()
-        .ok_or_else(|| ClientError::BadUrl(addr.clone()))?;
-    let mut stream =
-        TcpStream::connect_timeout(&target, timeout).map_err(|source| ClientError::Connect {
-            addr: addr.clone(),
-            source,
-        })?;
-    stream.set_read_timeout(Some(timeout)).map_err(io)?;
-    stream.set_write_timeout(Some(timeout)).map_err(io)?;
-    stream.set_nodelay(true).map_err(io)?;
-    let mut head = format!(
-        "{method} {}{path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        url.prefix,
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut message = head.into_bytes();
-    message.extend_from_slice(body);
+    let mut stream = connect(url, timeout)?;
+    let message = encode_request(url, method, path, headers, body, false);
     stream.write_all(&message).map_err(io)?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).map_err(io)?;
@@ -177,6 +325,21 @@ mod tests {
         assert!(HttpUrl::parse("ftp://x").is_err());
         assert!(HttpUrl::parse("http://:80").is_err());
         assert!(HttpUrl::parse("http://x:port").is_err());
+    }
+
+    #[test]
+    fn kept_alive_responses_end_at_content_length() {
+        let two =
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nokHTTP/1.1";
+        let (r, keep) = complete_response(two).unwrap().unwrap();
+        assert_eq!((r.status, r.body.as_slice(), keep), (200, &b"ok"[..], true));
+        assert!(
+            complete_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok")
+                .unwrap()
+                .is_none()
+        );
+        let closing = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        assert!(!complete_response(closing).unwrap().unwrap().1);
     }
 
     #[test]

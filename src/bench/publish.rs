@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::client::unix_nanos;
 use super::report::PublishSummary;
-use crate::client::{HttpUrl, request};
+use crate::client::{HttpUrl, Session};
 
 /// Timeout of one publish request.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -88,6 +88,9 @@ fn publish_loop(
     if let Some(a) = &auth {
         headers.push(("Authorization", a.as_str()));
     }
+    // One kept-alive connection per publisher thread (reconnecting if the server
+    // closes it), so high rates do not pile up TIME_WAIT sockets.
+    let mut session = Session::new(plan.url.clone(), PUBLISH_TIMEOUT);
     let mut i = id as u64;
     while !stop.load(Ordering::Acquire) {
         let due = start + Duration::from_secs_f64(i as f64 / plan.rate);
@@ -102,7 +105,7 @@ fn publish_loop(
             body.resize(plan.size, b'x');
         }
         let path = format!("/api/publish/{}{}", plan.channel_prefix, channel);
-        let outcome = request(&plan.url, "POST", &path, &headers, &body, PUBLISH_TIMEOUT);
+        let outcome = session.request("POST", &path, &headers, &body);
         match outcome {
             Ok(r) if r.status == 200 => {
                 let seq = serde_json::from_slice::<serde_json::Value>(&r.body)
