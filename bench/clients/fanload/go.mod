@@ -1,0 +1,5 @@
+module throng-bench/fanload
+
+go 1.22
+
+require github.com/gorilla/websocket v1.5.3

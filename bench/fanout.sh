@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# Fan-out benchmark: throng vs. peer pub/sub servers with the same channel API
+# (WebSocket /ws/{channel}, POST /api/publish/{channel}) on this machine.
+#
+# Servers: throng, gorilla-hub (Go, gorilla/websocket, hub + per-client send
+# buffer and writer goroutine), tokio-broadcast (Rust, axum + one
+# tokio::sync::broadcast channel per channel name). A fresh server process on a
+# free loopback port for every scenario; the client is bench/clients/fanload
+# (Go, gorilla/websocket), sources spread over 127.0.0.2-127.0.0.254:
+#   (A) one channel, --subs subscribers, --publish-rate msg/s
+#       (10 msg/s x 10,000 subscribers = 100k deliveries/s, about the client's limit)
+#   (B) --channels-b channels with one subscriber each, --publish-rate-b msg/s
+#       in total round-robin over the channels (HTTP publish cost dominates)
+#   (C) idle: --idle-conns subscribers of one channel, server VmRSS delta / conns
+# A and B: 64-byte text messages "<seq> <unix ns> <pad>", 1 s warmup + --duration
+# window + 2 s grace; deliveries/s, server CPU (utime+stime) per delivery,
+# delivery latency p50/p99, lost/duplicated/out-of-order per subscriber.
+# Prints the machine line and a markdown table; raw JSON goes to
+# bench/results/fanout-<date>.json (and the table to fanout-<date>.md).
+#
+# Usage: bench/fanout.sh [--servers throng,gorilla-hub,tokio-broadcast]
+#                        [--subs 10000] [--publish-rate 10]
+#                        [--channels-b 10000] [--publish-rate-b 10000]
+#                        [--idle-conns 15000] [--duration 10s] [--rate 3000]
+#                        [--no-keepalive] [--scenarios A,B,C] [--results-dir DIR]
+# Env:   THRONG_BIN (default <repo>/target/release/throng)
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(dirname "$BENCH_DIR")
+THRONG_BIN=${THRONG_BIN:-$REPO_DIR/target/release/throng}
+
+SERVERS=throng,gorilla-hub,tokio-broadcast
+SCENARIOS=A,B,C
+RESULTS_DIR=$BENCH_DIR/results
+SUBS=10000
+PUBLISH_RATE=10
+CHANNELS_B=10000
+PUBLISH_RATE_B=10000
+IDLE_CONNS=15000
+DURATION=10s
+RATE=3000            # subscriber connections opened per second
+SIZE=64
+GRACE=2s
+WARMUP=1s
+PUBLISHERS=16
+KEEPALIVE=true       # --no-keepalive: a new TCP connection per publish for every server
+SOURCE_IPS=127.0.0.2-127.0.0.254
+
+usage() { awk 'NR > 1 && /^set /{exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --servers|--scenarios|--subs|--publish-rate|--channels-b|--publish-rate-b|--idle-conns|--duration|--rate|--results-dir)
+      [ $# -ge 2 ] || { echo "fanout.sh: $1 needs a value" >&2; exit 2; }
+      v=$2; k=$1; shift 2 ;;
+    --*=*) k=${1%%=*}; v=${1#*=}; shift ;;
+    --no-keepalive) KEEPALIVE=false; shift; continue ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "fanout.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+  case "$k" in
+    --servers) SERVERS=$v ;;
+    --scenarios) SCENARIOS=$v ;;
+    --subs) SUBS=$v ;;
+    --publish-rate) PUBLISH_RATE=$v ;;
+    --channels-b) CHANNELS_B=$v ;;
+    --publish-rate-b) PUBLISH_RATE_B=$v ;;
+    --idle-conns) IDLE_CONNS=$v ;;
+    --duration) DURATION=$v ;;
+    --rate) RATE=$v ;;
+    --results-dir) RESULTS_DIR=$v ;;
+    *) echo "fanout.sh: unknown option $k" >&2; usage >&2; exit 2 ;;
+  esac
+done
+for s in ${SERVERS//,/ }; do
+  case "$s" in throng|gorilla-hub|tokio-broadcast) ;; *) echo "fanout.sh: unknown server '$s'" >&2; exit 2 ;; esac
+done
+for s in ${SCENARIOS//,/ }; do
+  case "$s" in A|B|C) ;; *) echo "fanout.sh: unknown scenario '$s'" >&2; exit 2 ;; esac
+done
+wantsc() { case ",$SCENARIOS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
+log() { printf '[fanout %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+need() { command -v "$1" >/dev/null 2>&1 || { echo "fanout.sh: needs $1" >&2; exit 1; }; }
+need jq
+need curl
+
+RUN_START=$(date +%s)
+STAMP=$(date +%Y%m%d-%H%M%S)
+WORK=$(mktemp -d /tmp/throng-fanout.XXXXXX)
+mkdir -p "$RESULTS_DIR"
+SERVER_PID=
+cleanup() {
+  if [ -n "${SERVER_PID:-}" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+  fi
+  [ -z "${WORK:-}" ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- build
+FANLOAD=$BENCH_DIR/clients/fanload/fanload
+HUB_DIR=$BENCH_DIR/peers/gorilla-hub
+HUB=$HUB_DIR/gorilla-hub
+TB_DIR=$BENCH_DIR/peers/tokio-broadcast
+TB=$TB_DIR/target/release/tokio-broadcast
+
+go_build() { # dir out
+  if [ ! -x "$1/$2" ] || [ -n "$(find "$1" -maxdepth 1 \( -name '*.go' -o -name go.mod -o -name go.sum \) -newer "$1/$2")" ]; then
+    need go
+    log "go build $1"
+    (cd "$1" && go build -o "$2" .)
+  fi
+}
+go_build "$BENCH_DIR/clients/fanload" fanload
+
+want() { case ",$SERVERS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+SKIPPED=()
+if want gorilla-hub; then go_build "$HUB_DIR" gorilla-hub; fi
+if want tokio-broadcast; then
+  need cargo
+  log "cargo build --release (tokio-broadcast)"
+  cargo build --release --quiet --manifest-path "$TB_DIR/Cargo.toml" --target-dir "$TB_DIR/target"
+fi
+if want throng; then
+  # Benchmark a private copy: the real binary may be rebuilt while we run.
+  for _ in $(seq 1 30); do
+    if [ -x "$THRONG_BIN" ] && cp "$THRONG_BIN" "$WORK/throng" 2>/dev/null && "$WORK/throng" --version >/dev/null 2>&1; then break; fi
+    rm -f "$WORK/throng"; [ -e "$THRONG_BIN" ] || break; sleep 2
+  done
+  if [ -x "$WORK/throng" ]; then
+    THRONG_SHA=$(sha256sum "$WORK/throng" | cut -c1-16)
+    THRONG_MTIME=$(date -u -r "$THRONG_BIN" +%Y-%m-%dT%H:%M:%SZ)
+  else
+    SKIPPED+=("throng: $THRONG_BIN not found or not runnable")
+  fi
+fi
+
+# ---------------------------------------------------------------- machine
+NPROC=$(nproc)
+MODEL=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+KERNEL=$(uname -r)
+DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+MEM=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
+CLK_TCK=$(getconf CLK_TCK)
+NOFILE=$(ulimit -Hn)
+LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------- servers
+free_port() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$(( 20000 + RANDOM % 12000 ))   # below the ephemeral range (32768+)
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+
+server_cmd() { # name port -> sets CMD array
+  case "$1" in
+    throng) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0) ;;
+    gorilla-hub) CMD=("$HUB" -addr "127.0.0.1:$2") ;;
+    tokio-broadcast) CMD=("$TB" --addr "127.0.0.1:$2") ;;
+  esac
+}
+
+start_server() { # name tag -> sets SERVER_PID, PORT; returns 1 if not ready
+  local name=$1 tag=$2
+  PORT=$(free_port) || { log "no free port"; return 1; }
+  server_cmd "$name" "$PORT"
+  "${CMD[@]}" >"$WORK/$name-$tag.log" 2>&1 &
+  SERVER_PID=$!
+  local i
+  for i in $(seq 1 100); do   # up to 10 s
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      log "$name exited during start-up; log:"; tail -5 "$WORK/$name-$tag.log" >&2; SERVER_PID=; return 1
+    fi
+    if curl -sf -m 1 "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  log "$name not ready on :$PORT after 10 s"; stop_server; return 1
+}
+
+stop_server() {
+  [ -n "${SERVER_PID:-}" ] || return 0
+  kill -TERM "$SERVER_PID" 2>/dev/null || true
+  local i
+  for i in $(seq 1 50); do   # up to 5 s, then SIGKILL
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$SERVER_PID" 2>/dev/null; then kill -KILL "$SERVER_PID" 2>/dev/null || true; fi
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+}
+
+# The machine may be shared with other sessions: before each measurement wait
+# (up to 5 s each, 30 s per run) until it is < 25% busy over 1 s. The load of
+# other processes during each window is recorded in the results either way.
+QUIET_BUDGET=30; QUIET_WAIT_MAX=5; QUIET_WAITED=0
+busy_pct() {
+  local a b
+  a=($(head -1 /proc/stat)); sleep 1; b=($(head -1 /proc/stat))
+  local tot=0 idle i
+  for i in 1 2 3 4 5 6 7 8; do tot=$(( tot + b[i] - a[i] )); done
+  idle=$(( b[4] - a[4] + b[5] - a[5] ))
+  [ "$tot" -gt 0 ] && echo $(( 100 * (tot - idle) / tot )) || echo 0
+}
+wait_quiet() {
+  local t=0 b
+  while :; do
+    b=$(busy_pct)
+    if [ "$b" -lt 25 ]; then return 0; fi
+    if [ "$t" -ge "$QUIET_WAIT_MAX" ] || [ "$QUIET_WAITED" -ge "$QUIET_BUDGET" ]; then
+      log "machine still ${b}% busy (other processes); measuring anyway"; return 0
+    fi
+    [ "$t" -eq 0 ] && log "machine ${b}% busy (other processes); waiting for quiet"
+    t=$((t + 1)); QUIET_WAITED=$((QUIET_WAITED + 1))
+  done
+}
+
+# server's own counters (peers: dropped slow clients / lagged messages)
+server_stats() { curl -s -m 2 "http://127.0.0.1:$PORT/api/stats" 2>/dev/null | jq -c . 2>/dev/null || echo null; }
+
+run_scenario() { # name scenario fanload-args...
+  local name=$1 sc=$2; shift 2
+  local out=$WORK/$name-$sc.json
+  wait_quiet
+  if start_server "$name" "$sc"; then
+    sleep 1
+    if ! "$FANLOAD" -addr "127.0.0.1:$PORT" -server-pid "$SERVER_PID" -clk-tck "$CLK_TCK" -source-ips "$SOURCE_IPS" \
+         -rate "$RATE" -keepalive="$KEEPALIVE" -label "$name-$sc" "$@" >"$out" 2>>"$WORK/fanload.log"; then
+      echo '{"error":"fanload failed"}' >"$out"
+    fi
+    jq -e . "$out" >/dev/null 2>&1 || echo '{"error":"fanload printed no JSON"}' >"$out"
+    local st; st=$(server_stats)
+    stop_server
+    local tail_log; tail_log=$(tail -3 "$WORK/$name-$sc.log" | cut -c1-300)
+    jq --argjson st "$st" --arg lg "$tail_log" '. + {server_stats:$st, server_log_tail:$lg}' "$out" >"$out.tmp" && mv "$out.tmp" "$out"
+  else
+    echo '{"error":"server did not start"}' >"$out"
+  fi
+}
+
+server_version() {
+  case "$1" in
+    throng) echo "$("$WORK/throng" --version 2>/dev/null), $THRONG_BIN (mtime $THRONG_MTIME, sha256 $THRONG_SHA)" ;;
+    gorilla-hub) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$HUB_DIR/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
+    tokio-broadcast) echo "axum $(awk '/^name = "axum"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock"), tokio-tungstenite $(awk '/^name = "tokio-tungstenite"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock")" ;;
+  esac
+}
+
+RAN=()
+for name in ${SERVERS//,/ }; do
+  skip=
+  for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do case "$s" in "$name:"*) skip=1 ;; esac; done
+  if [ -n "$skip" ]; then log "skipping $name"; else RAN+=("$name"); fi
+done
+
+summary='{opened,failed,deliveries_per_sec,publish_per_sec,server_cpu_us_per_delivery,p50:.latency_us.p50,p99:.latency_us.p99,lost,duplicated,out_of_order,closed:.subscribers_closed_by_server,publish_failed,other_cores,error}'
+# Scenarios run one after the other for all servers, so that a slow phase of
+# the shared machine hits every server alike.
+wantsc A && for name in "${RAN[@]+"${RAN[@]}"}"; do
+  log "$name: (A) $SUBS subscribers on 1 channel, $PUBLISH_RATE msg/s, $DURATION"
+  run_scenario "$name" A -conns "$SUBS" -channels 1 -publish-rate "$PUBLISH_RATE" -publishers 1 \
+    -size "$SIZE" -warmup "$WARMUP" -duration "$DURATION" -grace "$GRACE" -settle 1s -rss-samples 3
+  log "  -> $(jq -c "$summary" "$WORK/$name-A.json")"
+done
+wantsc B && for name in "${RAN[@]+"${RAN[@]}"}"; do
+  log "$name: (B) $CHANNELS_B channels x 1 subscriber, $PUBLISH_RATE_B msg/s, $DURATION"
+  run_scenario "$name" B -conns "$CHANNELS_B" -channels "$CHANNELS_B" -publish-rate "$PUBLISH_RATE_B" -publishers "$PUBLISHERS" \
+    -size "$SIZE" -warmup "$WARMUP" -duration "$DURATION" -grace "$GRACE" -settle 1s -rss-samples 3
+  log "  -> $(jq -c "$summary" "$WORK/$name-B.json")"
+done
+wantsc C && for name in "${RAN[@]+"${RAN[@]}"}"; do
+  log "$name: (C) idle $IDLE_CONNS subscribers on 1 channel"
+  run_scenario "$name" C -conns "$IDLE_CONNS" -channels 1 -publish-rate 0 -settle 3s -duration 1s -rss-samples 5
+  log "  -> $(jq -c '{opened,failed,server_rss_before_kb,server_rss_after_kb,server_rss_bytes_per_conn,closed:.subscribers_closed_by_server,error}' "$WORK/$name-C.json")"
+done
+
+# ---------------------------------------------------------------- report
+RUN_SECONDS=$(( $(date +%s) - RUN_START ))
+LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
+OUT_JSON=$RESULTS_DIR/fanout-$STAMP.json
+OUT_MD=$RESULTS_DIR/fanout-$STAMP.md
+jq -n --arg nproc "$NPROC" --arg model "$MODEL" --arg kernel "$KERNEL" --arg date "$DATE" --arg mem "$MEM" \
+  --arg nofile "$NOFILE" --arg clk "$CLK_TCK" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
+  --argjson subs "$SUBS" --argjson pr "$PUBLISH_RATE" --argjson chb "$CHANNELS_B" --argjson prb "$PUBLISH_RATE_B" \
+  --argjson idle "$IDLE_CONNS" --arg dur "$DURATION" --arg rate "$RATE" --arg src "$SOURCE_IPS" \
+  --argjson size "$SIZE" --arg grace "$GRACE" --arg warmup "$WARMUP" --argjson pubs "$PUBLISHERS" --argjson ka "$KEEPALIVE" \
+  --argjson run_seconds "$RUN_SECONDS" --argjson quiet "$QUIET_WAITED" \
+  --arg skipped "$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}")" \
+  '{machine:{nproc:($nproc|tonumber), model:$model, kernel:$kernel, memory:$mem, nofile_hard:$nofile, clk_tck:($clk|tonumber),
+             date:$date, loadavg_start:$la0, loadavg_end:$la1},
+    params:{A:{subscribers:$subs, channels:1, publish_rate:$pr, publishers:1},
+            B:{subscribers:$chb, channels:$chb, publish_rate:$prb, publishers:$pubs},
+            publish_keepalive:$ka,
+            C:{subscribers:$idle, channels:1},
+            scenarios:"'"$SCENARIOS"'", duration:$dur, warmup:$warmup, grace:$grace, size:$size, conn_rate:$rate, source_ips:$src},
+    skipped:($skipped|split("\n")|map(select(length>0))), run_seconds:$run_seconds, quiet_wait_seconds:$quiet, servers:[]}' >"$WORK/all.json"
+for name in "${RAN[@]+"${RAN[@]}"}"; do
+  for sc in A B C; do [ -f "$WORK/$name-$sc.json" ] || echo '{"error":"not run"}' >"$WORK/$name-$sc.json"; done
+  server_cmd "$name" PORT
+  jq --arg name "$name" --arg version "$(server_version "$name")" --arg cmd "${CMD[*]}" \
+    --slurpfile a "$WORK/$name-A.json" --slurpfile b "$WORK/$name-B.json" --slurpfile c "$WORK/$name-C.json" \
+    '.servers += [{name:$name, version:$version, command:$cmd, A:$a[0], B:$b[0], C:$c[0]}]' "$WORK/all.json" >"$WORK/all.tmp"
+  mv "$WORK/all.tmp" "$WORK/all.json"
+done
+cp "$WORK/all.json" "$OUT_JSON"
+
+render() {
+  echo "# throng fan-out benchmark"
+  echo
+  echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL, open files (hard) $NOFILE; load average $LOADAVG_START at start, $LOADAVG_END at end"
+  echo "- date: $DATE; run took ${RUN_SECONDS}s; client \`fanload\` (Go, gorilla/websocket) on the same 2 cores, sources $SOURCE_IPS -> 127.0.0.1"
+  echo "- (A) $SUBS subscribers of one channel, $PUBLISH_RATE msg/s; (B) $CHANNELS_B channels x 1 subscriber, $PUBLISH_RATE_B msg/s"
+  echo "  round-robin ($PUBLISHERS publishers, HTTP keep-alive: $KEEPALIVE (where the server allows it)); $SIZE B text, $WARMUP warmup + $DURATION window + $GRACE grace;"
+  echo "  (C) $IDLE_CONNS idle subscribers of one channel: server VmRSS delta / connections. Fresh server process per scenario."
+  for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do echo "- skipped: $s"; done
+  echo
+  jq -r '
+    def f0: if . == null then "n/a" else (. + 0.5 | floor | tostring) end;
+    def f2: if . == null then "n/a" else ((. * 100 + 0.5 | floor) / 100 | tostring) end;
+    def sig3: if . == null then "n/a" elif . == 0 then "0" else (. as $x | ($x|fabs|log10|floor) as $e | pow(10; 2 - $e) as $m | (($x * $m + 0.5 | floor) / $m) | tostring) end;
+    def ok(e): if e == null or e.error != null then null else e end;
+    def ldo(e): if ok(e) == null then "n/a" else "\(e.lost)/\(e.duplicated)/\(e.out_of_order)" end;
+    def lat(e): if ok(e) == null then "n/a" else "\(e.latency_us.p50 | f0) / \(e.latency_us.p99 | f0)" end;
+    "| server | A deliveries/s | A server CPU µs/delivery | A latency p50 / p99 µs | A lost/dup/ooo | B publish/s | B deliveries/s | B server CPU µs/delivery | B latency p50 / p99 µs | B lost/dup/ooo | C idle B/conn |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    (.servers[] |
+      "| \(.name) | \(ok(.A).deliveries_per_sec | f0) | \(ok(.A).server_cpu_us_per_delivery | f2) | \(lat(.A)) | \(ldo(.A)) | \(ok(.B).publish_per_sec | f0) | \(ok(.B).deliveries_per_sec | f0) | \(ok(.B).server_cpu_us_per_delivery | f2) | \(lat(.B)) | \(ldo(.B)) | \(ok(.C).server_rss_bytes_per_conn | f0) |"),
+    "",
+    ( (.servers | map(select(.name == "throng")) | .[0]) as $t |
+      if $t == null then "(throng not measured: no ratios)" else
+      "| throng ÷ peer | A deliveries/s | A CPU/delivery | A p99 | B deliveries/s | B CPU/delivery | B p99 | C B/conn |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|",
+      (.servers[] | select(.name != "throng") as $p |
+        def r(a; b): if a == null or b == null or b == 0 then null else a / b end;
+        "| ÷ \($p.name) | \(r(ok($t.A).deliveries_per_sec; ok($p.A).deliveries_per_sec) | f2) | \(r(ok($t.A).server_cpu_us_per_delivery; ok($p.A).server_cpu_us_per_delivery) | f2) | \(r(ok($t.A).latency_us.p99; ok($p.A).latency_us.p99) | f2) | \(r(ok($t.B).deliveries_per_sec; ok($p.B).deliveries_per_sec) | f2) | \(r(ok($t.B).server_cpu_us_per_delivery; ok($p.B).server_cpu_us_per_delivery) | f2) | \(r(ok($t.B).latency_us.p99; ok($p.B).latency_us.p99) | f2) | \(r(ok($t.C).server_rss_bytes_per_conn; ok($p.C).server_rss_bytes_per_conn) | sig3) |")
+      end ),
+    "",
+    "Details per window (cores = CPU seconds / window seconds; other = CPU of other user processes, capped by busy − server − client;",
+    "busy − server − client = machine CPU (/proc/stat) not charged to server or client: other processes plus kernel softirq work):",
+    "",
+    "| server | scen. | opened/failed | published ok/failed/skipped | publish dials | publish RTT p50 / p99 µs | latency max µs | server cores | client cores | client CPU µs/delivery | other cores | busy − server − client | closed by server | server counters |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    (.servers[] | . as $s | ("A","B","C") as $k | $s[$k] as $e |
+      if $e.error != null then "| \($s.name) | \($k) | error: \($e.error) | | | | | | | | | | | |" else
+      "| \($s.name) | \($k) | \($e.opened)/\($e.failed) | " +
+      (if $k == "C" then "– | – | – | – | – | – | – | – | – | \($e.subscribers_closed_by_server) | \($e.server_rss_before_kb) → \($e.server_rss_after_kb) KiB |"
+       else "\($e.published_ok)/\($e.publish_failed)/\($e.publish_skipped) | \($e.publish_dials) | \($e.publish_rtt_us.p50 | f0) / \($e.publish_rtt_us.p99 | f0) | \($e.latency_us.max | f0) | \($e.server_cpu_cores | f2) | \($e.client_cpu_cores | f2) | \($e.client_cpu_us_per_delivery | f2) | \($e.other_cores | f2) | \($e.machine_residual_cpu_seconds / $e.window_seconds | f2) | \($e.subscribers_closed_by_server) | \($e.server_stats | if type == "object" then with_entries(select(.key | IN("messages_out","published","dropped_slow_clients","lagged_messages","lag_events"))) | to_entries | map("\(.key) \(.value)") | join(", ") else "n/a" end) |" end)
+      end)
+  ' "$OUT_JSON"
+  echo
+  echo "lost = published (HTTP 200) but never received by a subscriber of the channel; dup = received twice; ooo = a seq below the"
+  echo "highest seen. Latency = receive time − send time written in the payload by the publisher just before its POST, so it includes"
+  echo "the publish request; in (A) one message is a burst of $SUBS frames that the client reads one by one, so p50/p99 are mostly"
+  echo "the client working through the burst. Server CPU = utime+stime of the server pid over the window ÷ deliveries in the window,"
+  if [ "$KEEPALIVE" = true ]; then
+    echo "publish requests included (throng answers Connection: close, so each publish is a new TCP connection; the peers keep"
+    echo "connections alive: compare 'publish dials'). Ratios: CPU, latency and B/conn below 1 favour throng; deliveries/s above 1 favours throng."
+  else
+    echo "publish requests included (--no-keepalive: every publish is a new TCP connection for every server)."
+    echo "Ratios: CPU, latency and B/conn below 1 favour throng; deliveries/s above 1 favours throng."
+  fi
+  echo "This machine is shared with other work: see 'other cores' for the load of other processes during each window."
+  echo "Raw: ${OUT_JSON#"$REPO_DIR"/}"
+}
+render | tee "$OUT_MD"
