@@ -260,12 +260,31 @@ pub type Delivery = Arc<Message>;
 #[derive(Debug)]
 pub struct Inbox {
     queue: Mutex<Vec<Delivery>>,
-    /// Set when a wake-up is pending, so a burst of publishes costs one wake.
+    /// Set while deliveries wait to be taken, so a burst of publishes costs one
+    /// wake-up and the loop can check for work without taking the lock.
     notified: AtomicBool,
     waker: Arc<Waker>,
+    /// The event loop this inbox belongs to.
+    index: usize,
+}
+
+thread_local! {
+    /// The event loop running on this thread, if any: a publish from a loop to its
+    /// own inbox needs no wake-up, since the loop looks at its inbox every turn.
+    static CURRENT_LOOP: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Marks the calling thread as event loop `index` (see [`Inbox::has_work`]).
+pub fn enter_loop(index: usize) {
+    CURRENT_LOOP.with(|c| c.set(index));
 }
 
 impl Inbox {
+    /// Whether deliveries are waiting (cheap: no lock).
+    pub fn has_work(&self) -> bool {
+        self.notified.load(Ordering::Acquire)
+    }
+
     fn len(&self) -> usize {
         self.queue.lock().map_or(0, |q| q.len())
     }
@@ -275,7 +294,9 @@ impl Inbox {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(delivery);
-        if !self.notified.swap(true, Ordering::AcqRel) {
+        if !self.notified.swap(true, Ordering::AcqRel)
+            && CURRENT_LOOP.with(|c| c.get()) != self.index
+        {
             let _ = self.waker.wake();
         }
     }
@@ -380,10 +401,12 @@ impl Hub {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             inboxes: wakers
                 .into_iter()
-                .map(|waker| Inbox {
+                .enumerate()
+                .map(|(index, waker)| Inbox {
                     queue: Mutex::new(Vec::new()),
                     notified: AtomicBool::new(false),
                     waker,
+                    index,
                 })
                 .collect(),
             hasher: std::collections::hash_map::RandomState::new(),

@@ -156,9 +156,11 @@ impl EventLoop {
     /// Runs until shutdown has been requested and every connection is gone (or the
     /// drain timeout has passed).
     pub fn run(mut self) -> io::Result<()> {
+        hub::enter_loop(self.index);
         let mut events = Events::with_capacity(1024);
         loop {
-            let timeout = if self.unfinished.is_empty() {
+            let idle = self.unfinished.is_empty() && !self.shared.hub.inbox(self.index).has_work();
+            let timeout = if idle {
                 self.wheel.until_next_tick().max(Duration::from_millis(1))
             } else {
                 Duration::ZERO
@@ -190,6 +192,11 @@ impl EventLoop {
             }
             for key in std::mem::take(&mut self.unfinished) {
                 self.on_readable(key, false);
+            }
+            // Publishes made during this turn (HTTP or chat) to our own inbox were
+            // not signalled through the waker: deliver them now.
+            if self.shared.hub.inbox(self.index).has_work() {
+                self.drain_inbox();
             }
             self.run_timers();
             self.resume_accepting();
