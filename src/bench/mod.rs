@@ -18,6 +18,8 @@ mod publish;
 pub mod report;
 
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -520,6 +522,20 @@ fn split_conns(conns: u64, procs: usize) -> Vec<(u64, u64)> {
 pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     let url = args.validate()?;
     let plan = args.plan(&url)?;
+    // Ctrl-C (or SIGTERM) ends the load early and still prints the report; a second
+    // one exits at once. Children ignore the terminal's Ctrl-C: their parent, which
+    // got it too, tells them when to stop.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if args.child_index.is_none() {
+            signal_hook::flag::register_conditional_shutdown(
+                signal,
+                130,
+                Arc::clone(&interrupted),
+            )?;
+        }
+        signal_hook::flag::register(signal, Arc::clone(&interrupted))?;
+    }
     if args.child_index.is_some() {
         return fleet::run_child(plan);
     }
@@ -549,7 +565,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     } else {
         None
     };
-    let (timing, publish) = drive(&args, fleet.as_mut(), publisher)?;
+    let (timing, publish) = drive(&args, fleet.as_mut(), publisher, &interrupted)?;
     let raw = {
         let mut merged = fleet.finish()?;
         merged.at_load_start = timing.at_load_start;
@@ -592,6 +608,7 @@ fn drive(
     args: &BenchArgs,
     fleet: &mut dyn Fleet,
     publish: Option<PublishPlan>,
+    interrupted: &AtomicBool,
 ) -> Result<(RawResult, Option<PublishSummary>), BenchError> {
     let t0 = Instant::now();
     let bar = if args.json {
@@ -621,6 +638,10 @@ fn drive(
         if c.target >= args.conns && c.connecting_done() {
             break;
         }
+        if interrupted.load(Ordering::Relaxed) {
+            eprintln!("interrupted while connecting: reporting what is open");
+            break;
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     bar.finish_and_clear();
@@ -643,6 +664,10 @@ fn drive(
     loop {
         let now = Instant::now();
         if now >= end {
+            break;
+        }
+        if interrupted.load(Ordering::Relaxed) {
+            eprintln!("interrupted: ending the load early (Ctrl-C again exits at once)");
             break;
         }
         if let Some(why) = fleet.broken() {
