@@ -513,3 +513,28 @@ def test_bad_flags_fail_clearly(args, mentions):
     assert mentions in run.stderr, f"stderr should name {mentions!r}\n{ctx}"
     assert run.stdout.strip() == "", f"no report for a run that never started\n{ctx}"
     assert run.elapsed < 5, f"bad flags must be rejected before anything runs\n{ctx}"
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_ctrl_c_ends_the_load_early_and_still_reports(start_server, procs):
+    srv = start_server()
+    cmd = bench_cmd("echo", "--url", srv.url("/echo"), "--conns", 10, "--procs", procs,
+                    "--duration", "60s", "--interval", "0", "--json")
+    # Like a terminal's Ctrl-C: the signal goes to the whole process group.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=bench_env(), start_new_session=True)
+    try:
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=15)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert time.monotonic() - t0 < 10
+    assert p.returncode == 0, err.decode()
+    assert b"interrupted" in err
+    r = json.loads(out)
+    assert r["opened"] == 10 and r["failed"] == 0
+    assert r["messages_sent"] > 0 and r["messages_total"] > 0
+    assert r["duration_secs"] < 30
