@@ -81,6 +81,8 @@ done
 wantsc() { case ",$SCENARIOS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 log() { printf '[fanout %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# stop_server, busy_pct, wait_quiet: shared with the other harnesses.
+. "$BENCH_DIR/lib.sh"
 need() { command -v "$1" >/dev/null 2>&1 || { echo "fanout.sh: needs $1" >&2; exit 1; }; }
 need jq
 need curl
@@ -182,43 +184,11 @@ start_server() { # name tag -> sets SERVER_PID, PORT; returns 1 if not ready
   log "$name not ready on :$PORT after 10 s"; stop_server; return 1
 }
 
-stop_server() {
-  [ -n "${SERVER_PID:-}" ] || return 0
-  kill -TERM "$SERVER_PID" 2>/dev/null || true
-  local i
-  for i in $(seq 1 50); do   # up to 5 s, then SIGKILL
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$SERVER_PID" 2>/dev/null; then kill -KILL "$SERVER_PID" 2>/dev/null || true; fi
-  wait "$SERVER_PID" 2>/dev/null || true
-  SERVER_PID=
-}
 
 # The machine may be shared with other sessions: before each measurement wait
 # (up to 5 s each, 30 s per run) until it is < 25% busy over 1 s. The load of
 # other processes during each window is recorded in the results either way.
 QUIET_BUDGET=30; QUIET_WAIT_MAX=5; QUIET_WAITED=0
-busy_pct() {
-  local a b
-  a=($(head -1 /proc/stat)); sleep 1; b=($(head -1 /proc/stat))
-  local tot=0 idle i
-  for i in 1 2 3 4 5 6 7 8; do tot=$(( tot + b[i] - a[i] )); done
-  idle=$(( b[4] - a[4] + b[5] - a[5] ))
-  [ "$tot" -gt 0 ] && echo $(( 100 * (tot - idle) / tot )) || echo 0
-}
-wait_quiet() {
-  local t=0 b
-  while :; do
-    b=$(busy_pct)
-    if [ "$b" -lt 25 ]; then return 0; fi
-    if [ "$t" -ge "$QUIET_WAIT_MAX" ] || [ "$QUIET_WAITED" -ge "$QUIET_BUDGET" ]; then
-      log "machine still ${b}% busy (other processes); measuring anyway"; return 0
-    fi
-    [ "$t" -eq 0 ] && log "machine ${b}% busy (other processes); waiting for quiet"
-    t=$((t + 1)); QUIET_WAITED=$((QUIET_WAITED + 1))
-  done
-}
 
 # server's own counters (peers: dropped slow clients / lagged messages)
 server_stats() { curl -s -m 2 "http://127.0.0.1:$PORT/api/stats" 2>/dev/null | jq -c . 2>/dev/null || echo null; }
