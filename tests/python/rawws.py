@@ -413,3 +413,16 @@ def wait_subscribers(port: int, channel: str, n: int, timeout: float = 10.0) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"channel {channel!r}: expected {n} subscribers within {timeout}s, got {info}")
         time.sleep(0.02)
+
+
+def assert_json_error(resp, status, substring=None):
+    """A JSON error answer: the status, a human reason, and the status echoed in the body."""
+    assert resp.status == status, resp
+    ctype = (resp.header("content-type") or "").lower()
+    assert ctype.startswith("application/json"), f"error Content-Type must be application/json: {resp!r}"
+    body = resp.json()
+    assert isinstance(body.get("error"), str) and body["error"], f"missing human reason: {resp!r}"
+    assert body.get("status") == status, f"JSON status must equal HTTP status: {resp!r}"
+    if substring is not None:
+        assert substring.lower() in body["error"].lower(), f"reason should mention {substring!r}: {resp!r}"
+    return body

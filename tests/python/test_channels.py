@@ -10,6 +10,7 @@ import json
 import pytest
 
 from rawws import (
+    assert_json_error,
     channel_info,
     http_exchange,
     publish,
@@ -20,16 +21,6 @@ from rawws import (
 from wsutil import expect_closed, expect_silence, received_close_code, recv_json, run, ws_connect
 
 
-def assert_json_error(resp, status, substring=None):
-    assert resp.status == status, resp
-    ctype = (resp.header("content-type") or "").lower()
-    assert ctype.startswith("application/json"), f"error Content-Type must be application/json: {resp!r}"
-    body = resp.json()
-    assert isinstance(body.get("error"), str) and body["error"], f"missing human reason: {resp!r}"
-    assert body.get("status") == status, f"JSON status must equal HTTP status: {resp!r}"
-    if substring is not None:
-        assert substring.lower() in body["error"].lower(), f"reason should mention {substring!r}: {resp!r}"
-    return body
 
 
 # ---------------------------------------------------------------- raw / json delivery

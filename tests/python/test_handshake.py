@@ -6,21 +6,8 @@ import base64
 
 import pytest
 
-from rawws import OP_TEXT, accept_key, http_exchange, upgrade_request, ws_connect
+from rawws import OP_TEXT, accept_key, assert_json_error, http_exchange, upgrade_request, ws_connect
 from wsutil import run, ws_connect as client_connect
-
-
-def assert_json_error(resp, status, needle=None):
-    assert resp.status == status, resp
-    ctype = (resp.header("content-type") or "").lower()
-    assert ctype.startswith("application/json"), f"error Content-Type must be application/json: {resp!r}"
-    body = resp.json()
-    assert body.get("status") == status, resp
-    reason = body.get("error")
-    assert isinstance(reason, str) and reason, resp
-    if needle is not None:
-        assert needle.lower() in reason.lower(), f"reason should name {needle!r}: {resp!r}"
-    return body
 
 
 def test_valid_handshake_returns_101_with_accept(shared_server):

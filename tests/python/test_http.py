@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rawws import http_exchange
+from rawws import assert_json_error, http_exchange
 
 
 def get(port, path, method="GET", extra=""):
@@ -12,14 +12,6 @@ def get(port, path, method="GET", extra=""):
     return http_exchange(port, req)
 
 
-def assert_json_error(resp, status):
-    assert resp.status == status, resp
-    ctype = (resp.header("content-type") or "").lower()
-    assert ctype.startswith("application/json"), f"error Content-Type must be application/json: {resp!r}"
-    body = resp.json()
-    assert isinstance(body.get("error"), str) and body["error"], f"missing human reason: {resp!r}"
-    assert body.get("status") == status, f"JSON status must equal HTTP status: {resp!r}"
-    return body
 
 
 def test_healthz_returns_200_ok(shared_server):

@@ -9,20 +9,10 @@ import socket
 
 import pytest
 
-from rawws import channel_info, http_exchange, http_request, publish, publish_ok, wait_subscribers
+from rawws import assert_json_error, channel_info, http_exchange, http_request, publish, publish_ok, wait_subscribers
 from wsutil import expect_silence, run, ws_connect
 
 
-def assert_json_error(resp, status, substring=None):
-    assert resp.status == status, resp
-    ctype = (resp.header("content-type") or "").lower()
-    assert ctype.startswith("application/json"), f"error Content-Type must be application/json: {resp!r}"
-    body = resp.json()
-    assert isinstance(body.get("error"), str) and body["error"], f"missing human reason: {resp!r}"
-    assert body.get("status") == status, f"JSON status must equal HTTP status: {resp!r}"
-    if substring is not None:
-        assert substring.lower() in body["error"].lower(), f"reason should mention {substring!r}: {resp!r}"
-    return body
 
 
 def _can_bind(addr):
