@@ -35,6 +35,7 @@ have go || apt_install golang-go
 have python3 || apt_install python3
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
 have curl || apt_install curl
+have ip || apt_install iproute2   # network namespaces play remote peers in tests
 cargo --version; go version; python3 --version
 
 step "cargo fmt --check"
