@@ -43,6 +43,8 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause before retrying accept when out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Accept failures are logged at most this often.
+const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often loop 0 forgets channels nobody uses.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// How long an unused channel (no subscribers, no publishes) keeps its `seq`.
@@ -109,6 +111,8 @@ pub struct EventLoop {
     handshake_ticks: Tick,
     ping_seq: u32,
     accept_paused_until: Option<Tick>,
+    accept_failures: u64,
+    accept_log_at: Tick,
     drain_deadline: Option<Instant>,
     now: Tick,
 }
@@ -148,6 +152,8 @@ impl EventLoop {
             next_sweep: ticks(SWEEP_EVERY),
             ping_seq: 0,
             accept_paused_until: None,
+            accept_failures: 0,
+            accept_log_at: 0,
             drain_deadline: None,
             now: 0,
         })
@@ -248,8 +254,18 @@ impl EventLoop {
                 Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
                 Err(e) => {
                     // EMFILE/ENFILE/ENOMEM: wait for descriptors to free up rather
-                    // than spin on a listener that stays readable.
-                    tracing::warn!(error = %e, "accept failed; pausing accepts for {ACCEPT_BACKOFF:?}");
+                    // than spin on a listener that stays readable. Logged at most
+                    // every ACCEPT_LOG_EVERY, with how often it happened meanwhile.
+                    self.accept_failures += 1;
+                    if self.now >= self.accept_log_at {
+                        tracing::warn!(
+                            error = %e,
+                            failures = self.accept_failures,
+                            "accept failed (at the open-files limit?); pausing accepts for {ACCEPT_BACKOFF:?} at a time"
+                        );
+                        self.accept_failures = 0;
+                        self.accept_log_at = self.now + ticks(ACCEPT_LOG_EVERY);
+                    }
                     self.accept_paused_until = Some(self.now + ticks(ACCEPT_BACKOFF).max(1));
                     return;
                 }
