@@ -162,7 +162,7 @@ impl Control {
 /// A loop's counters as the driver sees them while the run goes on.
 #[derive(Debug, Default)]
 pub struct Live {
-    fields: [AtomicU64; 11],
+    fields: [AtomicU64; 13],
 }
 
 impl Live {
@@ -179,6 +179,8 @@ impl Live {
             c.messages_out,
             c.pings,
             c.in_flight,
+            c.latency_samples,
+            c.latency_us_sum,
         ];
         for (f, v) in self.fields.iter().zip(values) {
             f.store(v, Ordering::Relaxed);
@@ -199,6 +201,8 @@ impl Live {
             messages_out: v(8),
             pings: v(9),
             in_flight: v(10),
+            latency_samples: v(11),
+            latency_us_sum: v(12),
         }
     }
 }
@@ -815,6 +819,8 @@ impl ClientLoop {
                         if conn.sent_at != 0 {
                             let us = now_mono.saturating_sub(conn.sent_at) / 1000;
                             tally.hist.saturating_record(us.max(1));
+                            tally.c.latency_samples += 1;
+                            tally.c.latency_us_sum += us;
                             conn.sent_at = 0;
                             tally.c.in_flight = tally.c.in_flight.saturating_sub(1);
                             echoed = true;
@@ -845,6 +851,8 @@ impl ClientLoop {
                         if let Some(sent) = sent {
                             let us = now_unix.saturating_sub(sent) / 1000;
                             tally.hist.saturating_record(us.max(1));
+                            tally.c.latency_samples += 1;
+                            tally.c.latency_us_sum += us;
                         }
                     }
                     Mode::Idle => {}

@@ -728,8 +728,18 @@ fn drive(
 /// One status line: open sockets, rates over the last interval, failures.
 fn status_line(c: &Counters, last: &Counters, secs: f64, since_start: f64) -> String {
     let secs = secs.max(1e-9);
+    let samples = c.latency_samples.saturating_sub(last.latency_samples);
+    let latency = if samples > 0 {
+        let sum = c.latency_us_sum.saturating_sub(last.latency_us_sum);
+        format!(
+            " | latency avg {:.3} ms",
+            sum as f64 / samples as f64 / 1000.0
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "[{since_start:6.1}s] open {} | received {} msgs ({:.0}/s) | sent {} ({:.0}/s) | pings {} | failed {} dropped {}",
+        "[{since_start:6.1}s] open {} | received {} msgs ({:.0}/s) | sent {} ({:.0}/s){latency} | pings {} | failed {} dropped {}",
         c.open_now,
         c.messages_in,
         c.messages_in.saturating_sub(last.messages_in) as f64 / secs,
@@ -754,6 +764,24 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
         Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
+    }
+
+    #[test]
+    fn status_lines_show_the_interval_average_latency() {
+        let last = Counters {
+            latency_samples: 10,
+            latency_us_sum: 10_000,
+            ..Counters::default()
+        };
+        let now = Counters {
+            messages_in: 30,
+            latency_samples: 30,
+            latency_us_sum: 70_000,
+            ..Counters::default()
+        };
+        let line = status_line(&now, &last, 1.0, 5.0);
+        assert!(line.contains("latency avg 3.000 ms"), "{line}");
+        assert!(!status_line(&last, &last, 1.0, 5.0).contains("latency"));
     }
 
     #[test]

@@ -61,6 +61,12 @@ pub struct Counters {
     pub pings: u64,
     /// Echo: messages sent whose echo has not come back yet.
     pub in_flight: u64,
+    /// Latency samples so far and their sum in µs, so a status line can show the
+    /// average over its interval (the histogram gives the percentiles at the end).
+    #[serde(default)]
+    pub latency_samples: u64,
+    #[serde(default)]
+    pub latency_us_sum: u64,
 }
 
 impl Counters {
@@ -76,6 +82,8 @@ impl Counters {
         self.messages_out += o.messages_out;
         self.pings += o.pings;
         self.in_flight += o.in_flight;
+        self.latency_samples += o.latency_samples;
+        self.latency_us_sum += o.latency_us_sum;
     }
 
     /// Every connection this process was asked for has opened or failed.
