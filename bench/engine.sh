@@ -112,19 +112,7 @@ if want node; then
     (cd "$NODE_DIR" && npm install --no-audit --no-fund --silent) || SKIPPED+=("node: npm install failed")
   fi
 fi
-if want throng; then
-  # Benchmark a private copy: the real binary may be rebuilt while we run.
-  for _ in $(seq 1 30); do
-    if [ -x "$THRONG_BIN" ] && cp "$THRONG_BIN" "$WORK/throng" 2>/dev/null && "$WORK/throng" --version >/dev/null 2>&1; then break; fi
-    rm -f "$WORK/throng"; [ -e "$THRONG_BIN" ] || break; sleep 2
-  done
-  if [ -x "$WORK/throng" ]; then
-    THRONG_SHA=$(sha256sum "$WORK/throng" | cut -c1-16)
-    THRONG_MTIME=$(date -u -r "$THRONG_BIN" +%Y-%m-%dT%H:%M:%SZ)
-  else
-    SKIPPED+=("throng: $THRONG_BIN not found or not runnable")
-  fi
-fi
+if want throng; then copy_throng; fi
 
 # ---------------------------------------------------------------- machine
 NPROC=$(nproc)

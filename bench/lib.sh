@@ -1,6 +1,6 @@
 # Shell helpers shared by bench/engine.sh and bench/fanout.sh (sourced, not run).
-# The caller defines log() and the QUIET_* settings, and keeps the server's pid in
-# SERVER_PID.
+# The caller defines log(), the QUIET_* settings, WORK, THRONG_BIN and SKIPPED, and
+# keeps the server's pid in SERVER_PID.
 
 # Stops the server by pid: SIGTERM, up to 5 s, then SIGKILL.
 stop_server() {
@@ -39,4 +39,19 @@ wait_quiet() {
     [ "$t" -eq 0 ] && log "machine ${b}% busy (other processes); waiting for quiet"
     t=$((t + 1)); QUIET_WAITED=$((QUIET_WAITED + 1))
   done
+}
+
+# Benchmarks a private copy of $THRONG_BIN in $WORK (the real binary may be rebuilt
+# while a run goes on); sets THRONG_SHA and THRONG_MTIME, or notes it in SKIPPED.
+copy_throng() {
+  for _ in $(seq 1 30); do
+    if [ -x "$THRONG_BIN" ] && cp "$THRONG_BIN" "$WORK/throng" 2>/dev/null && "$WORK/throng" --version >/dev/null 2>&1; then break; fi
+    rm -f "$WORK/throng"; [ -e "$THRONG_BIN" ] || break; sleep 2
+  done
+  if [ -x "$WORK/throng" ]; then
+    THRONG_SHA=$(sha256sum "$WORK/throng" | cut -c1-16)
+    THRONG_MTIME=$(date -u -r "$THRONG_BIN" +%Y-%m-%dT%H:%M:%SZ)
+  else
+    SKIPPED+=("throng: $THRONG_BIN not found or not runnable")
+  fi
 }

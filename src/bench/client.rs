@@ -918,6 +918,16 @@ impl ClientLoop {
         if self.text.len() != self.plan.size {
             padded(&mut self.text, "", self.plan.size);
         }
+        conn.sent_at = (self.epoch.elapsed().as_nanos() as u64).max(1);
+        self.tally.c.in_flight += 1;
+        self.send_text(key)
+    }
+
+    /// Sends `self.text` as one masked text frame; false if the connection died.
+    fn send_text(&mut self, key: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
         self.scratch.clear();
         encode_client_frame(
             &mut self.scratch,
@@ -926,9 +936,7 @@ impl ClientLoop {
             &self.text,
             next_mask(&mut self.rng),
         );
-        conn.sent_at = (self.epoch.elapsed().as_nanos() as u64).max(1);
         self.tally.c.messages_out += 1;
-        self.tally.c.in_flight += 1;
         if let Err(e) = send(conn, &self.scratch) {
             self.remove(key, Some(io_reason(&e)));
             return false;
@@ -945,20 +953,7 @@ impl ClientLoop {
         }
         let prefix = format!("b{}:{}:", conn.index, unix_nanos());
         padded(&mut self.text, &prefix, self.plan.size);
-        self.scratch.clear();
-        encode_client_frame(
-            &mut self.scratch,
-            opcode::TEXT,
-            true,
-            &self.text,
-            next_mask(&mut self.rng),
-        );
-        self.tally.c.messages_out += 1;
-        if let Err(e) = send(conn, &self.scratch) {
-            self.remove(key, Some(io_reason(&e)));
-            return false;
-        }
-        true
+        self.send_text(key)
     }
 
     fn send_chat_due(&mut self, now: Instant) {
