@@ -1,21 +1,35 @@
-//! The broker seam: how a published message reaches every subscriber, on this node
-//! or (later) on every node through Redis.
+//! The broker seam: a channel's life beyond one connection, on this node or (later)
+//! on every node through Redis.
 //!
-//! The server publishes only through [`Broker`]; the broker decides the message's
-//! `seq` and hands it to the local [`Hub`] for fan-out. The in-memory broker is the
-//! whole story on one process; a Redis broker will take `seq` from Redis and feed
-//! the hub from its subscription instead. This module must not touch sockets.
+//! The server reaches channels only through [`Broker`]: publishing (the broker
+//! chooses `seq`), subscribing and unsubscribing (so it learns of a node's first and
+//! last local subscriber), presence (join/leave and the member count), history after
+//! a `seq`, and what a channel looks like from outside. A broker hands every
+//! delivery to the local [`Hub`], which fans it out to the event loops. The
+//! in-memory broker is the whole story on one process; a Redis broker is one more
+//! implementation of the trait. This module must not touch sockets, connections or
+//! wire formats.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use crate::hub::{Channel, Hub, PublishError};
+use bytes::Bytes;
+
+use crate::hub::{Audience, Body, Channel, ConnRef, DeliverError, Hub};
 use crate::protocol::DataKind;
 
-/// Why a publish was refused; the message was not delivered and used no `seq`.
+const SHARDS: usize = 64;
+/// How long an unused channel (no subscribers, no publishes) keeps its `seq`.
+const CHANNEL_RETENTION: Duration = Duration::from_secs(300);
+
+/// Why the broker did not do what was asked; a refused publish delivered nothing
+/// and used no `seq`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BrokerError {
     #[error(transparent)]
-    Publish(#[from] PublishError),
+    Overloaded(#[from] DeliverError),
     #[error("broker unavailable: {0}")]
     Unavailable(String),
 }
@@ -29,9 +43,76 @@ pub struct Outgoing<'a> {
     pub from: Option<&'a str>,
 }
 
+/// A subscriber as the broker sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Member<'a> {
+    pub conn: ConnRef,
+    /// Its format shows channel events (join/leave).
+    pub listens: bool,
+    /// The name the channel announces it under (join/leave), if it is announced.
+    pub announce: Option<&'a str>,
+}
+
+/// A subscription the broker accepted.
+#[derive(Debug)]
+pub struct Subscribed {
+    pub channel: Arc<Channel>,
+    /// The channel's members, this one included.
+    pub count: u64,
+}
+
+/// A channel seen from outside (`/api/channels/{channel}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChannelInfo {
+    /// Members (presence).
+    pub subscribers: u64,
+    /// The last `seq` given out (0: none yet).
+    pub last_seq: u64,
+    /// Messages held in history.
+    pub history_len: usize,
+}
+
+/// A message kept in a channel's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub seq: u64,
+    pub payload: Bytes,
+    pub kind: DataKind,
+}
+
+/// What history holds after a `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Replay {
+    /// Every message held with a greater `seq`, oldest first.
+    pub messages: Vec<Stored>,
+    /// The channel's last `seq`.
+    pub last_seq: u64,
+    /// The oldest `seq` history still holds (`last_seq + 1` when it holds none):
+    /// a reader who has seen up to `since` missed messages iff `since + 1 < oldest`.
+    pub oldest: u64,
+}
+
 pub trait Broker: Send + Sync + std::fmt::Debug {
-    /// Publishes to every subscriber of `channel`; returns the message's `seq`.
-    fn publish(&self, channel: &Arc<Channel>, message: Outgoing<'_>) -> Result<u64, BrokerError>;
+    /// Publishes to every subscriber of `channel`; returns the `seq` it chose.
+    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError>;
+
+    /// Adds a local subscriber on `member.conn.loop_index`; announces it to the
+    /// channel's listeners (itself excluded) when `member.announce` names it.
+    fn subscribe(&self, channel: &str, member: Member<'_>) -> Result<Subscribed, BrokerError>;
+
+    /// Removes a local subscriber; announces its leaving when it was announced.
+    fn unsubscribe(&self, channel: &Arc<Channel>, member: Member<'_>);
+
+    /// The channel's history after `since`.
+    fn history(&self, channel: &str, since: u64) -> Result<Replay, BrokerError>;
+
+    fn channel_info(&self, channel: &str) -> ChannelInfo;
+
+    /// Channels the broker knows (with subscribers, or used within the retention).
+    fn channel_count(&self) -> usize;
+
+    /// Periodic housekeeping (forgetting unused channels); called every few seconds.
+    fn maintain(&self);
 
     /// Short name for logs and stats (`memory`, `redis://…`).
     fn describe(&self) -> String;
@@ -40,23 +121,205 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     fn healthy(&self) -> bool;
 }
 
-/// Everything in this process: `seq` comes from the hub's channel.
+/// One channel's life in the memory broker.
+#[derive(Debug)]
+struct Log {
+    seq: u64,
+    last_used: Instant,
+    history: VecDeque<Stored>,
+}
+
+/// A shard of channel logs, by name.
+type LogShard = Mutex<HashMap<Box<str>, Arc<Mutex<Log>>>>;
+
+/// Everything in this process: `seq`, history and presence live here and in the hub.
 #[derive(Debug)]
 pub struct MemoryBroker {
     hub: Arc<Hub>,
+    shards: Vec<LogShard>,
+    hasher: std::collections::hash_map::RandomState,
+    /// Messages kept per channel (0: none).
+    history_size: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl MemoryBroker {
-    pub fn new(hub: Arc<Hub>) -> Self {
-        MemoryBroker { hub }
+    pub fn new(hub: Arc<Hub>, history_size: usize) -> Self {
+        MemoryBroker {
+            hub,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+            history_size,
+        }
+    }
+
+    fn shard(&self, name: &str) -> MutexGuard<'_, HashMap<Box<str>, Arc<Mutex<Log>>>> {
+        lock(&self.shards[(self.hasher.hash_one(name) as usize) % SHARDS])
+    }
+
+    /// The channel's log, created if new, marked as used now.
+    fn log(&self, name: &str) -> Arc<Mutex<Log>> {
+        let mut shard = self.shard(name);
+        let log = match shard.get(name) {
+            Some(log) => Arc::clone(log),
+            None => {
+                let log = Arc::new(Mutex::new(Log {
+                    seq: 0,
+                    last_used: Instant::now(),
+                    history: VecDeque::new(),
+                }));
+                shard.insert(name.into(), Arc::clone(&log));
+                log
+            }
+        };
+        drop(shard);
+        lock(&log).last_used = Instant::now();
+        log
+    }
+
+    fn find(&self, name: &str) -> Option<Arc<Mutex<Log>>> {
+        self.shard(name).get(name).cloned()
+    }
+
+    fn announce(
+        &self,
+        channel: &str,
+        event: &'static str,
+        client: &str,
+        count: u64,
+        exclude: Option<ConnRef>,
+    ) {
+        // An event nobody can take right now is dropped: presence is advisory and
+        // the count in the next event is exact again.
+        let _ = self
+            .hub
+            .deliver(channel, Audience::Listeners, exclude, || Body::Event {
+                event,
+                client: client.into(),
+                count,
+            });
+    }
+
+    /// Forgets channels nobody subscribed to or published on for `retention`
+    /// (their `seq` starts again at 1 if they come back).
+    fn sweep(&self, retention: Duration) -> usize {
+        let now = Instant::now();
+        let mut removed = 0;
+        for shard in &self.shards {
+            lock(shard).retain(|name, log| {
+                // A log someone holds right now (a publish under way) is in use.
+                let idle = Arc::strong_count(log) == 1
+                    && now.duration_since(lock(log).last_used) >= retention
+                    && self.hub.subscribers(name) == 0;
+                removed += usize::from(idle);
+                !idle
+            });
+        }
+        removed
     }
 }
 
 impl Broker for MemoryBroker {
-    fn publish(&self, channel: &Arc<Channel>, message: Outgoing<'_>) -> Result<u64, BrokerError> {
-        Ok(self
+    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
+        let log = self.log(channel);
+        // The log stays locked while the hub hands the message out, so every
+        // subscriber sees one channel's messages in `seq` order.
+        let mut log = lock(&log);
+        let seq = log.seq + 1;
+        let keep = self.history_size > 0;
+        let payload = keep.then(|| Bytes::copy_from_slice(message.payload));
+        self.hub
+            .deliver(channel, Audience::Everyone, None, || Body::Data {
+                seq,
+                payload: payload
+                    .clone()
+                    .unwrap_or_else(|| Bytes::copy_from_slice(message.payload)),
+                kind: message.kind,
+                from: message.from.map(Box::from),
+            })?;
+        log.seq = seq;
+        if let Some(payload) = payload {
+            if log.history.len() == self.history_size {
+                log.history.pop_front();
+            }
+            log.history.push_back(Stored {
+                seq,
+                payload,
+                kind: message.kind,
+            });
+        }
+        Ok(seq)
+    }
+
+    fn subscribe(&self, channel: &str, member: Member<'_>) -> Result<Subscribed, BrokerError> {
+        let log = self.log(channel);
+        let (hub_channel, count) =
+            self.hub
+                .subscribe(channel, member.conn.loop_index, member.listens);
+        drop(log);
+        if let Some(name) = member.announce {
+            self.announce(channel, "join", name, count, Some(member.conn));
+        }
+        Ok(Subscribed {
+            channel: hub_channel,
+            count,
+        })
+    }
+
+    fn unsubscribe(&self, channel: &Arc<Channel>, member: Member<'_>) {
+        if let Some(log) = self.find(channel.name()) {
+            lock(&log).last_used = Instant::now();
+        }
+        let left = self
             .hub
-            .publish(channel, message.payload, message.kind, message.from)?)
+            .unsubscribe(channel, member.conn.loop_index, member.listens);
+        if let Some(name) = member.announce {
+            self.announce(channel.name(), "leave", name, left, None);
+        }
+    }
+
+    fn history(&self, channel: &str, since: u64) -> Result<Replay, BrokerError> {
+        let Some(log) = self.find(channel) else {
+            return Ok(Replay {
+                oldest: 1,
+                ..Replay::default()
+            });
+        };
+        let log = lock(&log);
+        let messages: Vec<Stored> = log
+            .history
+            .iter()
+            .filter(|m| m.seq > since)
+            .cloned()
+            .collect();
+        Ok(Replay {
+            messages,
+            last_seq: log.seq,
+            oldest: log.history.front().map_or(log.seq + 1, |m| m.seq),
+        })
+    }
+
+    fn channel_info(&self, channel: &str) -> ChannelInfo {
+        let (last_seq, history_len) = self.find(channel).map_or((0, 0), |log| {
+            let log = lock(&log);
+            (log.seq, log.history.len())
+        });
+        ChannelInfo {
+            subscribers: self.hub.subscribers(channel),
+            last_seq,
+            history_len,
+        }
+    }
+
+    fn channel_count(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    fn maintain(&self) {
+        self.sweep(CHANNEL_RETENTION);
     }
 
     fn describe(&self) -> String {
@@ -65,5 +328,121 @@ impl Broker for MemoryBroker {
 
     fn healthy(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hub::Delivery;
+
+    fn broker(loops: usize, history_size: usize) -> (MemoryBroker, Arc<Hub>, Vec<mio::Poll>) {
+        let polls: Vec<mio::Poll> = (0..loops).map(|_| mio::Poll::new().unwrap()).collect();
+        let wakers = polls
+            .iter()
+            .map(|p| Arc::new(mio::Waker::new(p.registry(), mio::Token(0)).unwrap()))
+            .collect();
+        let hub = Arc::new(Hub::new(wakers, 2));
+        (
+            MemoryBroker::new(Arc::clone(&hub), history_size),
+            hub,
+            polls,
+        )
+    }
+
+    fn text(payload: &str) -> Outgoing<'_> {
+        Outgoing {
+            payload: payload.as_bytes(),
+            kind: DataKind::Text,
+            from: None,
+        }
+    }
+
+    fn member(key: usize, announce: Option<&str>) -> Member<'_> {
+        Member {
+            conn: ConnRef { loop_index: 0, key },
+            listens: true,
+            announce,
+        }
+    }
+
+    fn taken(hub: &Hub) -> Vec<Delivery> {
+        let mut batch = Vec::new();
+        hub.inbox(0).take(&mut batch);
+        batch
+    }
+
+    #[test]
+    fn seq_counts_up_per_channel_with_or_without_subscribers() {
+        let (broker, hub, _polls) = broker(1, 0);
+        assert_eq!(broker.publish("a", text("x")), Ok(1));
+        broker.subscribe("a", member(1, None)).unwrap();
+        assert_eq!(broker.publish("a", text("y")), Ok(2));
+        assert_eq!(broker.publish("b", text("z")), Ok(1));
+        let batch = taken(&hub);
+        assert_eq!(batch.len(), 1);
+        assert!(matches!(batch[0].body, Body::Data { seq: 2, .. }));
+        let info = broker.channel_info("a");
+        assert_eq!((info.subscribers, info.last_seq), (1, 2));
+        assert_eq!(broker.channel_count(), 2);
+    }
+
+    #[test]
+    fn members_are_announced_to_others_on_joining_and_leaving() {
+        let (broker, hub, _polls) = broker(1, 0);
+        broker.subscribe("chat:r", member(1, Some("c1"))).unwrap();
+        let second = broker.subscribe("chat:r", member(2, Some("c2"))).unwrap();
+        assert_eq!(second.count, 2);
+        broker.unsubscribe(&second.channel, member(2, Some("c2")));
+        let batch = taken(&hub);
+        let events: Vec<(&str, &str, u64, Option<ConnRef>)> = batch
+            .iter()
+            .filter_map(|m| match &m.body {
+                Body::Event {
+                    event,
+                    client,
+                    count,
+                } => Some((*event, &**client, *count, m.exclude)),
+                Body::Data { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            events,
+            vec![
+                ("join", "c1", 1, Some(member(1, None).conn)),
+                ("join", "c2", 2, Some(member(2, None).conn)),
+                ("leave", "c2", 1, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn history_keeps_the_last_messages_after_a_seq() {
+        let (broker, _hub, _polls) = broker(1, 3);
+        for word in ["a", "b", "c", "d", "e"] {
+            broker.publish("h", text(word)).unwrap();
+        }
+        let replay = broker.history("h", 3).unwrap();
+        let seqs: Vec<u64> = replay.messages.iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, vec![4, 5]);
+        assert_eq!((replay.last_seq, replay.oldest), (5, 3));
+        assert_eq!(replay.messages[0].payload, Bytes::from_static(b"d"));
+        // Up to seq 1 seen: seq 2 is gone, which the reader can tell.
+        assert!(broker.history("h", 1).unwrap().oldest > 2);
+        assert_eq!(broker.channel_info("h").history_len, 3);
+        let none = broker.history("never", 0).unwrap();
+        assert!(none.messages.is_empty() && none.oldest == 1);
+    }
+
+    #[test]
+    fn unused_channels_are_forgotten_and_their_seq_starts_again() {
+        let (broker, _hub, _polls) = broker(1, 0);
+        let kept = broker.subscribe("kept", member(1, None)).unwrap();
+        broker.publish("idle", text("x")).unwrap();
+        assert_eq!(broker.sweep(Duration::ZERO), 1);
+        assert_eq!(broker.channel_info("kept").subscribers, 1);
+        assert_eq!(broker.publish("idle", text("x")), Ok(1));
+        broker.unsubscribe(&kept.channel, member(1, None));
+        assert_eq!(broker.sweep(Duration::from_secs(60)), 0);
     }
 }

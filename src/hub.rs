@@ -1,146 +1,53 @@
-//! The channel hub: which channels exist, who subscribes on which I/O thread, the
-//! per-channel sequence numbers, and fan-out of each message as frames encoded once.
+//! The local hub: which channels have subscribers on which event loop of this
+//! process, and the hand-off of each message to those loops.
 //!
 //! Channels live in 64 shards keyed by a hash of the name, so threads rarely meet
-//! on one lock. A channel records only how many subscribers each event loop has, by
-//! format; the loops keep their own subscriber lists. Publishing assigns `seq`, wraps
-//! the payload in one shared [`Message`] and hands it to the [`Inbox`] of every loop
-//! with subscribers; each [`Format`] (the transport seam: WebSocket raw or json now,
-//! SSE and long-poll later) is encoded once, by the first loop that needs it, and
-//! every subscriber's queue holds a handle to those bytes. This module must not touch
-//! sockets or connection state, and holds no lock while anything is written to a
-//! client.
+//! on one lock; a channel is here only while it has local subscribers. A channel
+//! records how many subscribers each event loop has (and how many of them see
+//! channel events); the loops keep their own subscriber lists. A delivered message
+//! is one shared [`Message`] pushed to the [`Inbox`] of every loop concerned; its
+//! encodings (one per transport format) are made once, by the first loop that needs
+//! one, and cached in the message. This module is transport-neutral and local: it
+//! must not know wire formats, assign `seq` (the broker does), or touch sockets, and
+//! it holds no lock while anything is written to a client.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use mio::Waker;
 
-use crate::protocol::{DataKind, encode_header, opcode};
+use crate::protocol::DataKind;
 
 const SHARDS: usize = 64;
-/// Longest channel name in bytes.
-pub const MAX_CHANNEL_NAME: usize = 128;
 /// Deliveries waiting for one loop before publishers are told to back off (503):
 /// a stalled loop must not let queues grow without bound.
 const MAX_INBOX: usize = 1 << 16;
 
-/// Why a channel name is refused.
+/// Why a message was not handed to the loops (nothing was delivered).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NameError {
-    #[error("channel name is empty")]
-    Empty,
-    #[error("channel name is longer than {MAX_CHANNEL_NAME} bytes")]
-    TooLong,
-    #[error("channel name has '{0}': allowed are A-Z a-z 0-9 _ - . : @")]
-    BadChar(char),
-}
-
-/// Checks a channel name: 1–128 bytes of `A-Z a-z 0-9 _ - . : @`.
-pub fn validate_channel_name(name: &str) -> Result<(), NameError> {
-    if name.is_empty() {
-        return Err(NameError::Empty);
-    }
-    if name.len() > MAX_CHANNEL_NAME {
-        return Err(NameError::TooLong);
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@')))
-    {
-        return Err(NameError::BadChar(c));
-    }
-    Ok(())
-}
-
-/// The part of a channel name before its first `:` (empty if there is none).
-pub fn namespace(name: &str) -> &str {
-    name.split_once(':').map_or("", |(ns, _)| ns)
-}
-
-/// How a channel behaves, decided by its namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChannelKind {
-    /// Subscribers' data frames are published to the channel (a chat room).
-    pub client_publish: bool,
-    /// json subscribers get welcome/join/leave events with the room's count.
-    pub join_leave: bool,
-}
-
-impl ChannelKind {
-    pub fn for_name(name: &str) -> Self {
-        let chat = namespace(name) == "chat";
-        ChannelKind {
-            client_publish: chat,
-            join_leave: chat,
-        }
-    }
-}
-
-/// Why a publish did not happen (nothing was delivered and no seq was used).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PublishError {
+pub enum DeliverError {
     #[error("server overloaded: subscribers' loops are {MAX_INBOX} deliveries behind; retry later")]
     Overloaded,
 }
 
-/// How a subscriber receives messages: the transport seam. Each format is one
-/// encoding of a [`Message`], made once and shared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// WebSocket, the payload alone (text or binary as published).
-    WsRaw = 0,
-    /// WebSocket, `{"channel","seq","data"}` envelopes and chat events.
-    WsJson = 1,
-}
-
-const FORMATS: usize = 2;
-
-impl Format {
-    /// Whether this format shows chat events (welcome/join/leave).
-    pub fn shows_events(self) -> bool {
-        self == Format::WsJson
-    }
-}
-
-/// Subscribers of one channel on one event loop, by format.
+/// Subscribers of one channel on one event loop.
 #[derive(Debug, Default, Clone, Copy)]
 struct LoopShare {
-    by_format: [u32; FORMATS],
+    subscribers: u32,
+    /// Those of them whose format shows channel events.
+    listeners: u32,
 }
 
-impl LoopShare {
-    fn total(&self) -> u32 {
-        self.by_format.iter().sum()
-    }
-
-    fn events(&self) -> u32 {
-        self.by_format[Format::WsJson as usize]
-    }
-}
-
-#[derive(Debug)]
-struct ChannelState {
-    seq: u64,
-    loops: Vec<LoopShare>,
-    last_used: Instant,
-}
-
-/// One channel. Cheap to share: subscribers hold an `Arc` to it.
+/// One channel with local subscribers. Cheap to share: subscribers hold an `Arc`.
 #[derive(Debug)]
 pub struct Channel {
     name: Box<str>,
-    kind: ChannelKind,
-    state: Mutex<ChannelState>,
-    /// Subscribers on every loop (presence), readable without the lock.
+    loops: Mutex<Vec<LoopShare>>,
+    /// Local subscribers on every loop, readable without the lock.
     subscribers: AtomicU64,
-    last_seq: AtomicU64,
 }
 
 impl Channel {
@@ -148,20 +55,13 @@ impl Channel {
         &self.name
     }
 
-    pub fn kind(&self) -> ChannelKind {
-        self.kind
-    }
-
+    /// Subscribers on this process.
     pub fn subscribers(&self) -> u64 {
         self.subscribers.load(Ordering::Relaxed)
     }
 
-    pub fn last_seq(&self) -> u64 {
-        self.last_seq.load(Ordering::Relaxed)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, ChannelState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Vec<LoopShare>> {
+        self.loops.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -183,7 +83,7 @@ pub enum Body {
         /// The chat client that sent it.
         from: Option<Box<str>>,
     },
-    /// A chat room event (`join`, `leave`), shown only in formats with events.
+    /// A channel event (a member joined or left), shown only in formats with events.
     Event {
         event: &'static str,
         client: Box<str>,
@@ -191,65 +91,29 @@ pub enum Body {
     },
 }
 
-/// One published message or chat event, shared by every loop that delivers it.
+/// One message or channel event, shared by every loop that delivers it.
 #[derive(Debug)]
 pub struct Message {
     pub channel: Arc<Channel>,
     pub body: Body,
     /// A connection that must not get this (the joiner of its own join event).
     pub exclude: Option<ConnRef>,
-    encoded: [OnceLock<Option<Bytes>>; FORMATS],
+    /// One slot per transport format, filled on first use.
+    encoded: Box<[OnceLock<Option<Bytes>>]>,
 }
 
 impl Message {
-    fn new(channel: Arc<Channel>, body: Body, exclude: Option<ConnRef>) -> Self {
-        Message {
-            channel,
-            body,
-            exclude,
-            encoded: Default::default(),
-        }
-    }
-
-    /// The complete frame for `format`, encoded on first use and then shared;
-    /// `None` when the format does not show this message (events in raw).
-    pub fn encoded(&self, format: Format) -> Option<&Bytes> {
-        self.encoded[format as usize]
-            .get_or_init(|| self.encode(format))
+    /// The encoding in `slot`, made by `encode` on first use and then shared;
+    /// `None` when that format does not show this message.
+    pub fn encoded(
+        &self,
+        slot: usize,
+        encode: impl FnOnce(&Message) -> Option<Bytes>,
+    ) -> Option<&Bytes> {
+        self.encoded
+            .get(slot)?
+            .get_or_init(|| encode(self))
             .as_ref()
-    }
-
-    fn encode(&self, format: Format) -> Option<Bytes> {
-        let name = self.channel.name();
-        match (&self.body, format) {
-            (Body::Data { payload, kind, .. }, Format::WsRaw) => {
-                Some(frame_bytes(kind.opcode(), payload))
-            }
-            (
-                Body::Data {
-                    seq,
-                    payload,
-                    kind,
-                    from,
-                },
-                Format::WsJson,
-            ) => Some(json_message_frame(
-                name,
-                *seq,
-                payload,
-                *kind,
-                from.as_deref(),
-            )),
-            (Body::Event { .. }, Format::WsRaw) => None,
-            (
-                Body::Event {
-                    event,
-                    client,
-                    count,
-                },
-                Format::WsJson,
-            ) => Some(json_event_frame(name, event, client, *count)),
-        }
     }
 }
 
@@ -309,94 +173,29 @@ impl Inbox {
     }
 }
 
-/// What a subscriber needs to know after joining.
-#[derive(Debug)]
-pub struct Joined {
-    pub channel: Arc<Channel>,
-    /// Subscribers after this one joined.
-    pub count: u64,
+/// Who a delivery is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    /// Every subscriber (published messages).
+    Everyone,
+    /// Only subscribers whose format shows channel events.
+    Listeners,
 }
 
-/// Every channel of this process.
+/// Every channel with subscribers on this process.
 #[derive(Debug)]
 pub struct Hub {
     shards: Vec<Mutex<HashMap<Box<str>, Arc<Channel>>>>,
     inboxes: Vec<Inbox>,
     hasher: std::collections::hash_map::RandomState,
-    next_client: AtomicU64,
-}
-
-/// The text of a message as JSON: a string for text, base64 for binary.
-fn json_data(out: &mut Vec<u8>, payload: &[u8], kind: DataKind) {
-    match kind {
-        DataKind::Text => {
-            let text = String::from_utf8_lossy(payload);
-            // Serializing a str into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *out, text.as_ref());
-        }
-        DataKind::Binary => {
-            out.push(b'"');
-            out.extend_from_slice(BASE64.encode(payload).as_bytes());
-            out.extend_from_slice(b"\",\"encoding\":\"base64");
-            out.push(b'"');
-        }
-    }
-}
-
-/// A whole server frame around `payload`, as shareable bytes.
-pub fn frame_bytes(op: u8, payload: &[u8]) -> Bytes {
-    let mut head = Vec::with_capacity(10);
-    encode_header(&mut head, op, payload.len());
-    let mut buf = BytesMut::with_capacity(head.len() + payload.len());
-    buf.put_slice(&head);
-    buf.put_slice(payload);
-    buf.freeze()
-}
-
-/// `{"channel":…,"seq":…,"data":…[,"from":…]}` as a text frame.
-pub fn json_message_frame(
-    channel: &str,
-    seq: u64,
-    payload: &[u8],
-    kind: DataKind,
-    from: Option<&str>,
-) -> Bytes {
-    let mut body = Vec::with_capacity(payload.len() + channel.len() + 48);
-    body.extend_from_slice(b"{\"channel\":\"");
-    // Channel names are validated to need no escaping.
-    body.extend_from_slice(channel.as_bytes());
-    body.extend_from_slice(b"\",\"seq\":");
-    body.extend_from_slice(seq.to_string().as_bytes());
-    body.extend_from_slice(b",\"data\":");
-    json_data(&mut body, payload, kind);
-    if let Some(from) = from {
-        body.extend_from_slice(b",\"from\":");
-        let _ = serde_json::to_writer(&mut body, from);
-    }
-    body.push(b'}');
-    frame_bytes(opcode::TEXT, &body)
-}
-
-/// `{"channel":…,"event":…,"client":…,"count":…}` as a text frame.
-pub fn json_event_frame(channel: &str, event: &str, client: &str, count: u64) -> Bytes {
-    let body = serde_json::json!({
-        "channel": channel,
-        "event": event,
-        "client": client,
-        "count": count,
-    })
-    .to_string();
-    frame_bytes(opcode::TEXT, body.as_bytes())
-}
-
-/// A client's name in chat events and envelopes.
-pub fn client_name(id: u64) -> String {
-    format!("c{id}")
+    /// How many encodings a message can cache (the transports' formats).
+    formats: usize,
 }
 
 impl Hub {
-    /// One inbox per event loop, each waking its loop through `wakers[i]`.
-    pub fn new(wakers: Vec<Arc<Waker>>) -> Self {
+    /// One inbox per event loop, each waking its loop through `wakers[i]`; every
+    /// message caches up to `formats` encodings.
+    pub fn new(wakers: Vec<Arc<Waker>>, formats: usize) -> Self {
         Hub {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             inboxes: wakers
@@ -410,7 +209,7 @@ impl Hub {
                 })
                 .collect(),
             hasher: std::collections::hash_map::RandomState::new(),
-            next_client: AtomicU64::new(1),
+            formats,
         }
     }
 
@@ -418,188 +217,109 @@ impl Hub {
         &self.inboxes[loop_index]
     }
 
-    pub fn next_client_id(&self) -> u64 {
-        self.next_client.fetch_add(1, Ordering::Relaxed)
-    }
-
     fn shard(&self, name: &str) -> MutexGuard<'_, HashMap<Box<str>, Arc<Channel>>> {
         let index = (self.hasher.hash_one(name) as usize) % SHARDS;
         self.shards[index].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The channel of that (already validated) name, created if new.
-    pub fn channel(&self, name: &str) -> Arc<Channel> {
-        let mut shard = self.shard(name);
-        self.get_or_create(&mut shard, name)
-    }
-
-    fn get_or_create(
-        &self,
-        shard: &mut HashMap<Box<str>, Arc<Channel>>,
-        name: &str,
-    ) -> Arc<Channel> {
-        if let Some(ch) = shard.get(name) {
-            return Arc::clone(ch);
-        }
-        let ch = Arc::new(Channel {
-            name: name.into(),
-            kind: ChannelKind::for_name(name),
-            state: Mutex::new(ChannelState {
-                seq: 0,
-                loops: vec![LoopShare::default(); self.inboxes.len()],
-                last_used: Instant::now(),
-            }),
-            subscribers: AtomicU64::new(0),
-            last_seq: AtomicU64::new(0),
-        });
-        shard.insert(name.into(), Arc::clone(&ch));
-        ch
-    }
-
-    /// The channel if it exists (for stats), without creating it.
+    /// The channel if it has local subscribers.
     pub fn find(&self, name: &str) -> Option<Arc<Channel>> {
         self.shard(name).get(name).cloned()
     }
 
-    /// Number of channels known.
-    pub fn channel_count(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().map_or(0, |m| m.len()))
-            .sum()
+    /// Subscribers of `name` on this process.
+    pub fn subscribers(&self, name: &str) -> u64 {
+        self.find(name).map_or(0, |c| c.subscribers())
     }
 
-    /// Registers a subscriber on `loop_index`. Chat rooms tell their json members
-    /// who joined (except the joiner itself, who gets its welcome from the loop).
-    pub fn subscribe(
+    /// Registers a subscriber on `loop_index`; returns its channel and how many
+    /// local subscribers the channel has now.
+    pub fn subscribe(&self, name: &str, loop_index: usize, listens: bool) -> (Arc<Channel>, u64) {
+        // The shard lock is held while counting in, so a concurrent last
+        // unsubscribe cannot drop the channel between lookup and registration.
+        let mut shard = self.shard(name);
+        let channel = match shard.get(name) {
+            Some(channel) => Arc::clone(channel),
+            None => {
+                let channel = Arc::new(Channel {
+                    name: name.into(),
+                    loops: Mutex::new(vec![LoopShare::default(); self.inboxes.len()]),
+                    subscribers: AtomicU64::new(0),
+                });
+                shard.insert(name.into(), Arc::clone(&channel));
+                channel
+            }
+        };
+        let mut loops = channel.lock();
+        loops[loop_index].subscribers += 1;
+        loops[loop_index].listeners += u32::from(listens);
+        let count = channel.subscribers.fetch_add(1, Ordering::Relaxed) + 1;
+        drop(loops);
+        (channel, count)
+    }
+
+    /// Removes a subscriber; returns how many local subscribers are left. The
+    /// channel is forgotten with its last one.
+    pub fn unsubscribe(&self, channel: &Arc<Channel>, loop_index: usize, listens: bool) -> u64 {
+        let mut shard = self.shard(channel.name());
+        let mut loops = channel.lock();
+        let share = &mut loops[loop_index];
+        share.subscribers = share.subscribers.saturating_sub(1);
+        share.listeners = share.listeners.saturating_sub(u32::from(listens));
+        let left = channel.subscribers.fetch_sub(1, Ordering::Relaxed) - 1;
+        drop(loops);
+        if left == 0
+            && shard
+                .get(channel.name())
+                .is_some_and(|c| Arc::ptr_eq(c, channel))
+        {
+            shard.remove(channel.name());
+        }
+        left
+    }
+
+    /// Hands a message to every loop with subscribers of `name` in `audience`.
+    /// `body` is called only if someone will get it. Refuses (and delivers nothing)
+    /// when one of those loops is too far behind. Returns whether anyone got it.
+    pub fn deliver(
         &self,
         name: &str,
-        loop_index: usize,
-        format: Format,
-        joiner: Option<(ConnRef, &str)>,
-    ) -> Joined {
-        // The shard lock is held while counting in, so a concurrent sweep cannot
-        // drop the channel between lookup and registration.
-        let channel = {
-            let mut shard = self.shard(name);
-            let channel = self.get_or_create(&mut shard, name);
-            let mut st = channel.lock();
-            st.loops[loop_index].by_format[format as usize] += 1;
-            st.last_used = Instant::now();
-            channel.subscribers.fetch_add(1, Ordering::Relaxed);
-            drop(st);
-            channel
+        audience: Audience,
+        exclude: Option<ConnRef>,
+        body: impl FnOnce() -> Body,
+    ) -> Result<bool, DeliverError> {
+        let Some(channel) = self.find(name) else {
+            return Ok(false);
         };
-        let count = channel.subscribers();
-        if let Some((conn, client)) = joiner
-            && channel.kind.join_leave
-        {
-            let body = Body::Event {
-                event: "join",
-                client: client.into(),
-                count,
-            };
-            self.broadcast_event(&channel, body, Some(conn));
-        }
-        Joined { channel, count }
-    }
-
-    /// Removes a subscriber; chat rooms tell their json members who left.
-    pub fn unsubscribe(
-        &self,
-        channel: &Arc<Channel>,
-        loop_index: usize,
-        format: Format,
-        client: Option<&str>,
-    ) {
-        {
-            let mut st = channel.lock();
-            let count = &mut st.loops[loop_index].by_format[format as usize];
-            *count = count.saturating_sub(1);
-            st.last_used = Instant::now();
-            channel.subscribers.fetch_sub(1, Ordering::Relaxed);
-        }
-        if let Some(client) = client
-            && channel.kind.join_leave
-        {
-            let count = channel.subscribers();
-            let body = Body::Event {
-                event: "leave",
-                client: client.into(),
-                count,
-            };
-            self.broadcast_event(channel, body, None);
-        }
-    }
-
-    fn broadcast_event(&self, channel: &Arc<Channel>, body: Body, exclude: Option<ConnRef>) {
-        let st = channel.lock();
-        let message = Arc::new(Message::new(Arc::clone(channel), body, exclude));
-        for (index, share) in st.loops.iter().enumerate() {
-            if share.events() > 0 {
-                self.inboxes[index].push(Arc::clone(&message));
-            }
-        }
-    }
-
-    /// Gives the message the channel's next `seq` and hands it to every loop with
-    /// subscribers. The payload is copied once; formats are encoded by the loops,
-    /// once each.
-    pub fn publish(
-        &self,
-        channel: &Arc<Channel>,
-        payload: &[u8],
-        kind: DataKind,
-        from: Option<&str>,
-    ) -> Result<u64, PublishError> {
-        let mut st = channel.lock();
-        let busy = st
-            .loops
+        let loops = channel.lock();
+        let wanted = |share: &LoopShare| match audience {
+            Audience::Everyone => share.subscribers > 0,
+            Audience::Listeners => share.listeners > 0,
+        };
+        let busy = loops
             .iter()
             .enumerate()
-            .any(|(i, s)| s.total() > 0 && self.inboxes[i].len() >= MAX_INBOX);
+            .any(|(i, s)| wanted(s) && self.inboxes[i].len() >= MAX_INBOX);
         if busy {
-            return Err(PublishError::Overloaded);
+            return Err(DeliverError::Overloaded);
         }
-        st.seq += 1;
-        let seq = st.seq;
-        st.last_used = Instant::now();
-        channel.last_seq.store(seq, Ordering::Relaxed);
-        if st.loops.iter().all(|s| s.total() == 0) {
-            return Ok(seq);
+        if !loops.iter().any(wanted) {
+            return Ok(false);
         }
-        let body = Body::Data {
-            seq,
-            payload: Bytes::copy_from_slice(payload),
-            kind,
-            from: from.map(Box::from),
-        };
-        let message = Arc::new(Message::new(Arc::clone(channel), body, None));
-        for (index, share) in st.loops.iter().enumerate() {
-            if share.total() > 0 {
+        let message = Arc::new(Message {
+            channel: Arc::clone(&channel),
+            body: body(),
+            exclude,
+            encoded: (0..self.formats).map(|_| OnceLock::new()).collect(),
+        });
+        // Pushed under the channel's lock, so every loop sees one channel's
+        // messages in the order they were delivered.
+        for (index, share) in loops.iter().enumerate() {
+            if wanted(share) {
                 self.inboxes[index].push(Arc::clone(&message));
             }
         }
-        Ok(seq)
-    }
-
-    /// Forgets channels nobody has subscribed to or published on for `retention`
-    /// (their `seq` starts again at 1 if they come back).
-    pub fn sweep(&self, retention: Duration) -> usize {
-        let now = Instant::now();
-        let mut removed = 0;
-        for shard in &self.shards {
-            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, ch| {
-                let st = ch.lock();
-                let keep = ch.subscribers() > 0 || now.duration_since(st.last_used) < retention;
-                if !keep {
-                    removed += 1;
-                }
-                keep
-            });
-        }
-        removed
+        Ok(true)
     }
 }
 
@@ -613,108 +333,79 @@ mod tests {
             .iter()
             .map(|p| Arc::new(Waker::new(p.registry(), mio::Token(0)).unwrap()))
             .collect();
-        (Hub::new(wakers), polls)
+        (Hub::new(wakers, 2), polls)
+    }
+
+    fn data(seq: u64) -> Body {
+        Body::Data {
+            seq,
+            payload: Bytes::from_static(b"x"),
+            kind: DataKind::Text,
+            from: None,
+        }
     }
 
     #[test]
-    fn channel_names() {
-        assert!(validate_channel_name("news").is_ok());
-        assert!(validate_channel_name("chat:lobby-1.x@y_z").is_ok());
-        assert_eq!(validate_channel_name(""), Err(NameError::Empty));
-        assert_eq!(
-            validate_channel_name(&"a".repeat(129)),
-            Err(NameError::TooLong)
-        );
-        assert!(validate_channel_name(&"a".repeat(128)).is_ok());
-        assert_eq!(validate_channel_name("a b"), Err(NameError::BadChar(' ')));
-        assert_eq!(validate_channel_name("a/b"), Err(NameError::BadChar('/')));
-        assert_eq!(validate_channel_name("é"), Err(NameError::BadChar('é')));
-        assert_eq!(namespace("chat:lobby"), "chat");
-        assert_eq!(namespace("news"), "");
-        assert!(ChannelKind::for_name("chat:x").client_publish);
-        assert!(!ChannelKind::for_name("chatx").client_publish);
-    }
-
-    #[test]
-    fn seq_counts_up_per_channel_and_fans_out_once_per_loop() {
+    fn a_message_is_shared_by_every_loop_and_encoded_once_per_format() {
         let (hub, _polls) = hub(2);
-        let a = hub.subscribe("a", 0, Format::WsRaw, None).channel;
-        hub.subscribe("a", 0, Format::WsJson, None);
-        hub.subscribe("a", 1, Format::WsRaw, None);
-        let b = hub.channel("b");
-        assert_eq!(hub.publish(&a, b"x", DataKind::Text, None), Ok(1));
-        assert_eq!(hub.publish(&a, b"y", DataKind::Text, None), Ok(2));
-        assert_eq!(hub.publish(&b, b"z", DataKind::Text, None), Ok(1));
-        let mut batch = Vec::new();
-        hub.inbox(0).take(&mut batch);
-        assert_eq!(batch.len(), 2);
-        let raw = batch[0].encoded(Format::WsRaw).unwrap();
-        assert_eq!(&raw[..], b"\x81\x01x");
-        // Every loop shares one message, and each format is encoded once.
-        let mut other = Vec::new();
-        hub.inbox(1).take(&mut other);
-        assert_eq!(other.len(), 2);
-        assert!(Arc::ptr_eq(&other[0], &batch[0]));
+        hub.subscribe("a", 0, false);
+        hub.subscribe("a", 0, true);
+        hub.subscribe("a", 1, false);
         assert_eq!(
-            other[0].encoded(Format::WsRaw).map(|b| b.as_ptr()),
-            Some(raw.as_ptr())
+            hub.deliver("a", Audience::Everyone, None, || data(1)),
+            Ok(true)
         );
-        assert_eq!(a.subscribers(), 3);
-        assert_eq!(a.last_seq(), 2);
-    }
-
-    #[test]
-    fn json_envelopes() {
-        let f = json_message_frame("news", 7, b"he said \"hi\"", DataKind::Text, None);
         assert_eq!(
-            &f[2..],
-            br#"{"channel":"news","seq":7,"data":"he said \"hi\""}"#
+            hub.deliver("b", Audience::Everyone, None, || data(1)),
+            Ok(false)
         );
-        let f = json_message_frame("chat:r", 1, &[0, 255], DataKind::Binary, Some("c9"));
-        assert_eq!(
-            &f[2..],
-            br#"{"channel":"chat:r","seq":1,"data":"AP8=","encoding":"base64","from":"c9"}"#
-        );
-    }
-
-    #[test]
-    fn chat_join_and_leave_reach_other_json_members() {
-        let (hub, _polls) = hub(1);
-        let me = ConnRef {
-            loop_index: 0,
-            key: 1,
+        let (mut zero, mut one) = (Vec::new(), Vec::new());
+        hub.inbox(0).take(&mut zero);
+        hub.inbox(1).take(&mut one);
+        assert_eq!((zero.len(), one.len()), (1, 1));
+        assert!(Arc::ptr_eq(&zero[0], &one[0]));
+        let mut encodings = 0;
+        let mut encode = |_: &Message| {
+            encodings += 1;
+            Some(Bytes::from_static(b"frame"))
         };
-        let first = hub.subscribe("chat:r", 0, Format::WsJson, Some((me, "c1")));
-        assert_eq!(first.count, 1);
-        let other = ConnRef {
-            loop_index: 0,
-            key: 2,
-        };
-        let second = hub.subscribe("chat:r", 0, Format::WsJson, Some((other, "c2")));
-        assert_eq!(second.count, 2);
-        hub.unsubscribe(&second.channel, 0, Format::WsJson, Some("c2"));
-        let mut batch = Vec::new();
-        hub.inbox(0).take(&mut batch);
-        let texts: Vec<String> = batch
-            .iter()
-            .map(|d| String::from_utf8_lossy(&d.encoded(Format::WsJson).unwrap()[2..]).into_owned())
-            .collect();
-        assert!(texts[0].contains("\"join\"") && texts[0].contains("\"c1\""));
-        assert_eq!(batch[0].exclude, Some(me));
-        assert!(texts[2].contains("\"leave\"") && texts[2].contains("\"count\":1"));
-        assert!(batch[0].encoded(Format::WsRaw).is_none());
+        let first = zero[0].encoded(1, &mut encode).map(|b| b.as_ptr());
+        let again = one[0].encoded(1, &mut encode).map(|b| b.as_ptr());
+        assert_eq!(first, again);
+        assert_eq!(encodings, 1);
+        assert_eq!(hub.subscribers("a"), 3);
     }
 
     #[test]
-    fn sweep_keeps_channels_in_use() {
+    fn events_reach_only_loops_with_listeners() {
+        let (hub, _polls) = hub(2);
+        hub.subscribe("chat:r", 0, true);
+        hub.subscribe("chat:r", 1, false);
+        let event = || Body::Event {
+            event: "join",
+            client: "c1".into(),
+            count: 2,
+        };
+        assert_eq!(
+            hub.deliver("chat:r", Audience::Listeners, None, event),
+            Ok(true)
+        );
+        let (mut zero, mut one) = (Vec::new(), Vec::new());
+        hub.inbox(0).take(&mut zero);
+        hub.inbox(1).take(&mut one);
+        assert_eq!((zero.len(), one.len()), (1, 0));
+    }
+
+    #[test]
+    fn a_channel_is_forgotten_with_its_last_local_subscriber() {
         let (hub, _polls) = hub(1);
-        let sub = hub.subscribe("kept", 0, Format::WsRaw, None);
-        hub.channel("idle");
-        assert_eq!(hub.sweep(Duration::ZERO), 1);
+        let (channel, count) = hub.subscribe("kept", 0, false);
+        assert_eq!(count, 1);
+        assert_eq!(hub.subscribe("kept", 0, false).1, 2);
+        assert_eq!(hub.unsubscribe(&channel, 0, false), 1);
         assert!(hub.find("kept").is_some());
-        assert!(hub.find("idle").is_none());
-        hub.unsubscribe(&sub.channel, 0, Format::WsRaw, None);
-        assert_eq!(hub.sweep(Duration::from_secs(60)), 0);
+        assert_eq!(hub.unsubscribe(&channel, 0, false), 0);
+        assert!(hub.find("kept").is_none());
     }
 
     #[test]
@@ -722,12 +413,12 @@ mod tests {
         let (hub, _polls) = hub(2);
         let mut last = None;
         for i in 0..100_000 {
-            last = Some(hub.subscribe("big", i % 2, Format::WsRaw, None));
+            last = Some(hub.subscribe("big", i % 2, false).0);
         }
-        let ch = last.unwrap().channel;
+        let ch = last.unwrap();
         assert_eq!(ch.subscribers(), 100_000);
         for i in 0..100_000 {
-            hub.unsubscribe(&ch, i % 2, Format::WsRaw, None);
+            hub.unsubscribe(&ch, i % 2, false);
         }
         assert_eq!(ch.subscribers(), 0);
     }

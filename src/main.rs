@@ -93,7 +93,7 @@ fn run() -> Result<()> {
 
 fn publish(args: PubArgs) -> Result<()> {
     use std::io::Read;
-    throng::hub::validate_channel_name(&args.channel)
+    throng::rules::validate_channel_name(&args.channel)
         .with_context(|| format!("bad channel name '{}'", args.channel))?;
     let body = match args.message.as_deref() {
         None | Some("-") => {
@@ -161,7 +161,8 @@ fn serve(config: ServeConfig) -> Result<()> {
     for range in listen_ranges(handle.local_addrs()) {
         tracing::info!("listening on {range}");
     }
-    tracing::info!(threads, "I/O threads: {threads}; broker: memory");
+    let broker = handle.broker();
+    tracing::info!(threads, "I/O threads: {threads}; broker: {broker}");
     tracing::info!("limits: {summary}");
     if config.api_key.is_none() {
         tracing::info!("publish API: no --api-key set, accepting loopback peers only");

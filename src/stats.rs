@@ -32,6 +32,31 @@ impl LoopCounters {
     }
 }
 
+/// Counts gathered during one loop turn, added to the loop's counters with one
+/// atomic add each at the end of the turn.
+#[derive(Debug, Default)]
+pub struct TurnCounts {
+    pub frames_in: u64,
+    pub messages_in: u64,
+    pub messages_out: u64,
+}
+
+impl TurnCounts {
+    /// Adds the turn's counts to `counters` and starts afresh.
+    pub fn publish(&mut self, counters: &LoopCounters) {
+        let t = std::mem::take(self);
+        for (counter, n) in [
+            (&counters.frames_in, t.frames_in),
+            (&counters.messages_in, t.messages_in),
+            (&counters.messages_out, t.messages_out),
+        ] {
+            if n > 0 {
+                LoopCounters::add(counter, n);
+            }
+        }
+    }
+}
+
 /// Totals across all loops at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Snapshot {

@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +27,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use super::Mode;
 use super::report::{self, ChannelAgg, Counters, RawResult, SeqCounts, SeqTrack};
+use crate::outbound::Outbound;
 use crate::protocol::handshake::accept_key;
 use crate::protocol::{Decoder, Event, Flow, close_code, encode_client_frame, opcode};
 
@@ -231,12 +232,7 @@ struct Conn {
     /// Push: which seqs arrived.
     track: SeqTrack,
     read: Option<Box<ReadState>>,
-    out: Option<Box<Pending>>,
-}
-
-/// Bytes the socket did not take yet (boxed so an idle [`Conn`] pays one pointer).
-struct Pending {
-    bytes: Vec<u8>,
+    out: Outbound,
 }
 
 /// Why a connection failed or dropped; the text is the report's key.
@@ -286,49 +282,12 @@ fn start_connect(target: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSt
 
 /// Writes what the socket takes now and queues the rest.
 fn send(conn: &mut Conn, bytes: &[u8]) -> io::Result<()> {
-    if let Some(out) = conn.out.as_mut() {
-        out.bytes.extend_from_slice(bytes);
-        return Ok(());
-    }
-    let mut written = 0;
-    while written < bytes.len() {
-        match (&conn.socket).write(&bytes[written..]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => written += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    if written < bytes.len() {
-        conn.out = Some(Box::new(Pending {
-            bytes: bytes[written..].to_vec(),
-        }));
-    }
-    Ok(())
+    conn.out.send(&conn.socket, bytes)
 }
 
-/// Writes queued bytes; drops the queue once empty.
+/// Writes queued bytes; the queue goes once empty.
 fn flush(conn: &mut Conn) -> io::Result<()> {
-    let Some(out) = conn.out.as_mut() else {
-        return Ok(());
-    };
-    let out = &mut out.bytes;
-    let mut written = 0;
-    while written < out.len() {
-        match (&conn.socket).write(&out[written..]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => written += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    out.drain(..written);
-    if out.is_empty() {
-        conn.out = None;
-    }
-    Ok(())
+    conn.out.flush(&conn.socket).map(drop)
 }
 
 /// The envelope throng (and similar servers) wrap channel messages in.
@@ -578,7 +537,7 @@ impl ClientLoop {
             sent_at: 0,
             track: SeqTrack::default(),
             read: None,
-            out: None,
+            out: Outbound::default(),
         });
         self.timeouts.push_back((
             Instant::now() + self.plan.connect_timeout,

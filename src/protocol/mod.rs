@@ -11,6 +11,7 @@
 //! drops it, keeping state only for connections with a partial frame pending.
 
 pub mod handshake;
+pub mod http;
 
 use std::str;
 

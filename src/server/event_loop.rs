@@ -1,37 +1,35 @@
 //! One I/O thread: an epoll loop (via mio) that owns its listeners' accepted
-//! sockets, their [`Conn`] state in a slab, and a timer wheel.
+//! sockets, their [`Conn`] records in a slab, and a timer wheel.
 //!
-//! The loop reads into one buffer shared by all its connections, feeds the bytes to
-//! the protocol decoder, and answers through one scratch buffer written with a single
-//! syscall per read batch (corking). It must not block, hold a lock across a write,
-//! or keep a buffer for a connection that has nothing pending. Routing lives in
-//! `routes`, framing in `protocol`; this file only moves bytes and keeps time.
+//! The loop polls, hands each readable connection's bytes (read into one buffer
+//! shared by all its connections) to the connection's handler — [`http`] before an
+//! upgrade, the transport after — and writes what they answered with one syscall per
+//! read batch (corking). It delivers its inbox through [`LocalSubscribers`], and
+//! keeps time: handshake, ping, idle, close and linger deadlines, accept back-off,
+//! drain. It must not block, hold a lock across a write, keep a buffer for a
+//! connection that has nothing pending, or decide what a request or message means.
 
-use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::Shared;
-use super::conn::{
-    Conn, NEVER, OutQueue, Phase, ReadState, Subscription, send_shared, write_direct,
-};
-use super::routes::{self, Outcome, RouteContext, WsRoute};
+use super::conn::{Conn, NEVER, Phase, Session};
+use super::http::{self, Next};
+use super::routes::{Upgrade, WsRoute};
+use super::subscribers::{Failed, LocalSubscribers};
 use super::timer::{Tick, TimerWheel, ticks};
-use crate::broker::Outgoing;
-use crate::hub::{self, Channel, ConnRef, Delivery, Format};
-use crate::protocol::handshake::{self, ParseError};
-use crate::protocol::{
-    Decoder, Event, Flow, close_code, encode_close, encode_frame, encode_header, opcode,
-};
-use crate::stats::LoopCounters;
+use crate::hub;
+use crate::protocol::http::write_error;
+use crate::stats::{LoopCounters, TurnCounts};
+use crate::transport::websocket::{self, WsState};
+use crate::transport::{After, CloseReason, Ctx, Format};
 
 /// Bytes read per `read` call, shared by every connection of the loop.
 const READ_BUF: usize = 128 * 1024;
@@ -45,51 +43,27 @@ const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Accept failures are logged at most this often.
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
-/// How often loop 0 forgets channels nobody uses.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
-/// How long an unused channel (no subscribers, no publishes) keeps its `seq`.
-const CHANNEL_RETENTION: Duration = Duration::from_secs(300);
-/// Deliveries of one channel gathered into one write per subscriber.
-const MAX_FRAMES_PER_WRITE: usize = 64;
+/// How often loop 0 gives the broker its housekeeping turn.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
 
 pub const WAKER: Token = Token(usize::MAX);
 const LISTENER_BASE: usize = usize::MAX / 2;
 
-/// What a connection's feed asked the loop to do next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum After {
-    Nothing,
-    /// A close frame or final response is in the output: flush, then shut down.
-    Close,
-}
-
-/// A loop's subscribers of one channel.
-struct LocalChannel {
-    /// Keeps the channel alive while this loop has subscribers.
-    _channel: Arc<Channel>,
-    conns: Vec<u32>,
-}
-
-/// Channels are keyed by the address of their shared state: unique while alive.
-fn channel_key(channel: &Arc<Channel>) -> usize {
-    Arc::as_ptr(channel) as usize
-}
-
-/// Counts gathered during one loop turn, published with one atomic add each.
-#[derive(Debug, Default)]
-struct TurnCounts {
-    frames_in: u64,
-    messages_in: u64,
-    messages_out: u64,
+/// The listeners and the accept back-off at the open-files limit.
+struct Acceptor {
+    listeners: Vec<TcpListener>,
+    paused_until: Option<Tick>,
+    failures: u64,
+    log_at: Tick,
 }
 
 pub struct EventLoop {
     poll: Poll,
-    listeners: Vec<TcpListener>,
+    accept: Acceptor,
     conns: Slab<Conn>,
     wheel: TimerWheel,
     read_buf: Vec<u8>,
-    /// Responses of the connection being served, written out in one go.
+    /// Answers to the connection being served, written out in one go.
     out: Vec<u8>,
     expired: Vec<(u32, Tick)>,
     /// Connections that still had input when their read turn ended.
@@ -99,20 +73,14 @@ pub struct EventLoop {
     turn: TurnCounts,
     /// This loop's position among the server's loops (its hub inbox).
     index: usize,
-    /// This loop's subscribers, by channel.
-    local: HashMap<usize, LocalChannel>,
-    /// Reused buffer for inbox batches.
-    batch: Vec<Delivery>,
-    /// Subscribers found dead or too slow during a fan-out, dealt with after it.
-    doomed: Vec<(usize, bool)>,
-    next_sweep: Tick,
+    subscribers: LocalSubscribers,
+    /// Subscribers a fan-out could not write to, dealt with after it.
+    failed: Vec<Failed>,
+    next_maintain: Tick,
     ping_ticks: Tick,
     idle_ticks: Tick,
     handshake_ticks: Tick,
     ping_seq: u32,
-    accept_paused_until: Option<Tick>,
-    accept_failures: u64,
-    accept_log_at: Tick,
     drain_deadline: Option<Instant>,
     now: Tick,
 }
@@ -135,7 +103,12 @@ impl EventLoop {
             idle_ticks: ticks(config.idle_timeout),
             handshake_ticks: ticks(config.handshake_timeout).max(1),
             poll,
-            listeners,
+            accept: Acceptor {
+                listeners,
+                paused_until: None,
+                failures: 0,
+                log_at: 0,
+            },
             conns: Slab::new(),
             wheel: TimerWheel::new(),
             read_buf: vec![0; READ_BUF],
@@ -146,14 +119,10 @@ impl EventLoop {
             counters,
             turn: TurnCounts::default(),
             index,
-            local: HashMap::new(),
-            batch: Vec::new(),
-            doomed: Vec::new(),
-            next_sweep: ticks(SWEEP_EVERY),
+            subscribers: LocalSubscribers::new(index),
+            failed: Vec::new(),
+            next_maintain: ticks(MAINTAIN_EVERY),
             ping_seq: 0,
-            accept_paused_until: None,
-            accept_failures: 0,
-            accept_log_at: 0,
             drain_deadline: None,
             now: 0,
         })
@@ -181,8 +150,8 @@ impl EventLoop {
                 match event.token() {
                     WAKER => self.drain_inbox(),
                     Token(t) if t >= LISTENER_BASE => {
-                        if self.accept_paused_until.is_none() && self.drain_deadline.is_none() {
-                            self.accept(t - LISTENER_BASE);
+                        if self.accept.paused_until.is_none() && self.drain_deadline.is_none() {
+                            self.accept_from(t - LISTENER_BASE);
                         }
                     }
                     Token(key) => {
@@ -206,11 +175,11 @@ impl EventLoop {
             }
             self.run_timers();
             self.resume_accepting();
-            if self.index == 0 && self.now >= self.next_sweep {
-                self.next_sweep = self.now + ticks(SWEEP_EVERY);
-                self.shared.hub.sweep(CHANNEL_RETENTION);
+            if self.index == 0 && self.now >= self.next_maintain {
+                self.next_maintain = self.now + ticks(MAINTAIN_EVERY);
+                self.shared.broker.maintain();
             }
-            self.publish_counts();
+            self.turn.publish(&self.counters);
 
             if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
                 self.begin_drain();
@@ -225,26 +194,13 @@ impl EventLoop {
         for key in remaining {
             self.drop_conn(key);
         }
-        self.publish_counts();
+        self.turn.publish(&self.counters);
         Ok(())
     }
 
-    fn publish_counts(&mut self) {
-        let t = std::mem::take(&mut self.turn);
-        if t.frames_in > 0 {
-            LoopCounters::add(&self.counters.frames_in, t.frames_in);
-        }
-        if t.messages_in > 0 {
-            LoopCounters::add(&self.counters.messages_in, t.messages_in);
-        }
-        if t.messages_out > 0 {
-            LoopCounters::add(&self.counters.messages_out, t.messages_out);
-        }
-    }
-
-    fn accept(&mut self, index: usize) {
+    fn accept_from(&mut self, index: usize) {
         loop {
-            let Some(listener) = self.listeners.get(index) else {
+            let Some(listener) = self.accept.listeners.get(index) else {
                 return;
             };
             match listener.accept() {
@@ -256,17 +212,18 @@ impl EventLoop {
                     // EMFILE/ENFILE/ENOMEM: wait for descriptors to free up rather
                     // than spin on a listener that stays readable. Logged at most
                     // every ACCEPT_LOG_EVERY, with how often it happened meanwhile.
-                    self.accept_failures += 1;
-                    if self.now >= self.accept_log_at {
+                    let accept = &mut self.accept;
+                    accept.failures += 1;
+                    if self.now >= accept.log_at {
                         tracing::warn!(
                             error = %e,
-                            failures = self.accept_failures,
+                            failures = accept.failures,
                             "accept failed (at the open-files limit?); pausing accepts for {ACCEPT_BACKOFF:?} at a time"
                         );
-                        self.accept_failures = 0;
-                        self.accept_log_at = self.now + ticks(ACCEPT_LOG_EVERY);
+                        accept.failures = 0;
+                        accept.log_at = self.now + ticks(ACCEPT_LOG_EVERY);
                     }
-                    self.accept_paused_until = Some(self.now + ticks(ACCEPT_BACKOFF).max(1));
+                    accept.paused_until = Some(self.now + ticks(ACCEPT_BACKOFF).max(1));
                     return;
                 }
             }
@@ -274,15 +231,15 @@ impl EventLoop {
     }
 
     fn resume_accepting(&mut self) {
-        if let Some(until) = self.accept_paused_until
+        if let Some(until) = self.accept.paused_until
             && self.now >= until
             && self.drain_deadline.is_none()
         {
-            self.accept_paused_until = None;
+            self.accept.paused_until = None;
             // Edge-triggered listeners will not report connections that queued
             // while we were paused: look at every listener once.
-            for index in 0..self.listeners.len() {
-                self.accept(index);
+            for index in 0..self.accept.listeners.len() {
+                self.accept_from(index);
             }
         }
     }
@@ -306,9 +263,10 @@ impl EventLoop {
     }
 
     fn drop_conn(&mut self, key: usize) {
-        self.unsubscribe(key);
+        self.subscribers
+            .leave(&*self.shared.broker, key, &mut self.conns);
         if let Some(conn) = self.conns.try_remove(key)
-            && conn.websocket
+            && conn.session.is_counted()
         {
             self.counters.sockets.fetch_sub(1, Ordering::Relaxed);
             self.shared.admission.release(conn.peer);
@@ -320,17 +278,9 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let Some(queue) = conn.out.as_mut() else {
-            return;
-        };
-        match queue.flush(&mut conn.socket) {
-            Ok(true) => {
-                conn.out = None;
-                if conn.phase == Phase::Closing {
-                    self.finish_close(key);
-                }
-            }
-            Ok(false) => {}
+        match conn.flush() {
+            Ok(true) if conn.phase == Phase::Closing => self.finish_close(key),
+            Ok(_) => {}
             Err(_) => self.drop_conn(key),
         }
     }
@@ -356,25 +306,10 @@ impl EventLoop {
                 }
             };
             conn.last_seen = self.now;
-            match conn.phase {
-                Phase::Http => self.on_http_bytes(key, n),
-                Phase::Open => {
-                    let EventLoop {
-                        conns,
-                        read_buf,
-                        out,
-                        shared,
-                        turn,
-                        ..
-                    } = self;
-                    if let Some(conn) = conns.get_mut(key) {
-                        let after = feed_websocket(conn, &mut read_buf[..n], out, shared, turn);
-                        self.after_feed(key, after);
-                    }
-                }
-                // Closing: our close is out; Lingering: we wait for EOF. Either way
-                // the peer's remaining bytes are of no use.
-                Phase::Closing | Phase::Lingering => {}
+            // Closing: our goodbye is out; Lingering: we wait for EOF. Either way
+            // the peer's remaining bytes are of no use.
+            if conn.phase == Phase::Active {
+                self.on_input(key, n);
             }
             if n < self.read_buf.len() && !peer_closed {
                 // A short read drained the socket; new data raises a new edge, so
@@ -386,104 +321,98 @@ impl EventLoop {
         self.unfinished.push(key);
     }
 
-    fn on_http_bytes(&mut self, key: usize, mut n: usize) {
-        // Each turn handles one request; a kept-alive connection whose read held
-        // the next request too (pipelining) goes round again on what is left.
-        while let Some(rest) = self.on_http_request(key, n) {
-            let Some(conn) = self.conns.get_mut(key) else {
-                return;
-            };
-            let due = self.now + self.handshake_ticks;
-            set_deadline(&mut self.wheel, key, conn, due);
-            if rest.is_empty() {
-                return;
-            }
-            conn.read = Some(Box::new(ReadState::Http(rest)));
-            n = 0;
+    /// Hands `read_buf[..n]` to the connection's handler.
+    fn on_input(&mut self, key: usize, n: usize) {
+        /// What the handler made of the input.
+        enum Handled {
+            Http(Next),
+            Transport(After),
         }
-    }
-
-    /// Handles the request at the start of the connection's input (pending bytes
-    /// plus `read_buf[..n]`). Returns the bytes after it when the connection stays
-    /// open for another request.
-    fn on_http_request(&mut self, key: usize, n: usize) -> Option<Vec<u8>> {
         let EventLoop {
             conns,
             read_buf,
             out,
             shared,
+            turn,
             ..
         } = self;
-        let conn = conns.get_mut(key)?;
-        let mut pending = match conn.read.take().map(|b| *b) {
-            Some(ReadState::Http(mut pending)) => {
-                pending.extend_from_slice(&read_buf[..n]);
-                Some(pending)
-            }
-            _ => None,
-        };
-        let data: &[u8] = match &pending {
-            Some(pending) => pending,
-            None => &read_buf[..n],
+        let Some(conn) = conns.get_mut(key) else {
+            return;
         };
         out.clear();
-        let (upgrade, leftover) = match handshake::parse_request(data) {
-            Ok(None) => {
-                let pending = pending.take().unwrap_or_else(|| read_buf[..n].to_vec());
-                conn.read = Some(Box::new(ReadState::Http(pending)));
-                return None;
+        let handled = match &mut conn.session {
+            Session::Http(pending) => {
+                Handled::Http(http::serve(pending, &read_buf[..n], shared, conn.peer, out))
             }
-            Err(ParseError::TooLarge) => {
-                handshake::write_error(out, 431, &ParseError::TooLarge.to_string(), &[]);
-                (None, Vec::new())
-            }
-            Err(e @ ParseError::Malformed(_)) => {
-                handshake::write_error(out, 400, &e.to_string(), &[]);
-                (None, Vec::new())
-            }
-            Ok(Some((request, head_len))) => {
-                let ctx = RouteContext {
-                    shared,
-                    peer: conn.peer,
-                    body: &data[head_len..],
-                    head_len,
+            Session::WebSocket(ws) => {
+                let mut ctx = Ctx {
+                    out,
+                    broker: &*shared.broker,
+                    config: &shared.config,
+                    counts: turn,
                 };
-                match routes::route(&request, ctx, out) {
-                    Outcome::NeedBody => {
-                        let pending = pending.take().unwrap_or_else(|| read_buf[..n].to_vec());
-                        conn.read = Some(Box::new(ReadState::Http(pending)));
-                        return None;
-                    }
-                    Outcome::Responded => (None, Vec::new()),
-                    Outcome::KeepAlive { consumed } => {
-                        let rest = data.get(consumed..).unwrap_or_default().to_vec();
-                        drop(pending);
-                        self.after_feed(key, After::Nothing);
-                        return Some(rest);
-                    }
-                    Outcome::Upgrade(upgrade) => (Some(upgrade), data[head_len..].to_vec()),
-                }
+                Handled::Transport(websocket::feed(ws, &mut read_buf[..n], &mut ctx))
             }
         };
-        drop(pending);
-        let Some(upgrade) = upgrade else {
-            self.after_feed(key, After::Close);
-            return None;
-        };
-        if let Err(refusal) = shared.admission.try_admit(conn.peer) {
-            handshake::write_error(out, refusal.status, &refusal.reason, &[]);
-            self.after_feed(key, After::Close);
-            return None;
+        match handled {
+            Handled::Http(Next::KeepOpen { answered }) => {
+                if answered && let Some(conn) = self.conns.get_mut(key) {
+                    let due = self.now + self.handshake_ticks;
+                    set_deadline(&mut self.wheel, key, conn, due);
+                }
+                self.send_out(key, After::Nothing);
+            }
+            Handled::Http(Next::Close) => self.send_out(key, After::Close),
+            Handled::Http(Next::Upgrade { upgrade, leftover }) => {
+                self.open_websocket(key, upgrade, leftover)
+            }
+            Handled::Transport(after) => self.send_out(key, after),
         }
-        conn.websocket = true;
+    }
+
+    /// Completes an upgrade: admission, the 101, the subscription (with a chat
+    /// welcome), the first ping; then answers frames the client sent right behind
+    /// its request. `out` may already hold answers to pipelined requests.
+    fn open_websocket(&mut self, key: usize, upgrade: Upgrade, mut leftover: Vec<u8>) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if let Err(refusal) = self.shared.admission.try_admit(conn.peer) {
+            write_error(&mut self.out, refusal.status, &refusal.reason, &[]);
+            self.send_out(key, After::Close);
+            return;
+        }
+        conn.session = Session::WebSocket(WsState::default());
         self.counters.sockets.fetch_add(1, Ordering::Relaxed);
-        conn.phase = Phase::Open;
-        handshake::write_switching_protocols(out, &upgrade.accept);
+        websocket::write_opening(&mut self.out, &upgrade.accept);
         if let WsRoute::Subscribe { channel, json } = upgrade.route {
             let format = if json { Format::WsJson } else { Format::WsRaw };
-            self.subscribe(key, &channel, format);
+            let client = self.shared.next_client_id();
+            match self
+                .subscribers
+                .join(&*self.shared.broker, key, &channel, format, client)
+            {
+                Ok((sub, count)) => {
+                    websocket::write_welcome(&mut self.out, &sub, count);
+                    if let Some(conn) = self.conns.get_mut(key) {
+                        conn.session = Session::WebSocket(WsState::new(Some(sub)));
+                    }
+                }
+                Err(e) => {
+                    // The 101 is out: say why in a close frame the client can read.
+                    crate::protocol::encode_close(
+                        &mut self.out,
+                        crate::protocol::close_code::TRY_AGAIN_LATER,
+                        &e.to_string(),
+                    );
+                    self.send_out(key, After::Close);
+                    return;
+                }
+            }
         }
-        let conn = self.conns.get_mut(key)?;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
         conn.last_seen = self.now;
         self.ping_seq = self.ping_seq.wrapping_add(1);
         if self.ping_ticks > 0 {
@@ -497,225 +426,94 @@ impl EventLoop {
         let due = next_due(conn, self.idle_ticks);
         set_deadline(&mut self.wheel, key, conn, due);
         let mut after = After::Nothing;
-        if !leftover.is_empty() {
-            // Frames pipelined behind the request: their answers follow the 101.
-            let mut leftover = leftover;
-            let EventLoop {
-                conns,
-                out,
-                shared,
-                turn,
-                ..
-            } = self;
-            if let Some(conn) = conns.get_mut(key) {
-                after = feed_websocket_appending(conn, &mut leftover, out, shared, turn);
-            }
+        if !leftover.is_empty()
+            && let Session::WebSocket(ws) = &mut conn.session
+        {
+            let mut ctx = Ctx {
+                out: &mut self.out,
+                broker: &*self.shared.broker,
+                config: &self.shared.config,
+                counts: &mut self.turn,
+            };
+            after = websocket::feed(ws, &mut leftover, &mut ctx);
         }
-        self.after_feed(key, after);
-        None
-    }
-
-    /// Joins a channel: the hub counts the subscriber, this loop lists it, and a
-    /// json chat member gets its welcome (after the 101 already in `out`).
-    fn subscribe(&mut self, key: usize, channel: &str, format: Format) {
-        let hub = &self.shared.hub;
-        let client = hub.next_client_id();
-        let name = hub::client_name(client);
-        let me = ConnRef {
-            loop_index: self.index,
-            key,
-        };
-        let joined = hub.subscribe(channel, self.index, format, Some((me, &name)));
-        let list = self
-            .local
-            .entry(channel_key(&joined.channel))
-            .or_insert_with(|| LocalChannel {
-                _channel: Arc::clone(&joined.channel),
-                conns: Vec::new(),
-            });
-        let index = list.conns.len() as u32;
-        list.conns.push(key as u32);
-        if format.shows_events() && joined.channel.kind().join_leave {
-            let welcome = hub::json_event_frame(channel, "welcome", &name, joined.count);
-            self.out.extend_from_slice(&welcome);
-        }
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.sub = Some(Subscription {
-                channel: joined.channel,
-                index,
-                format,
-                client,
-            });
-        }
-    }
-
-    /// Leaves the connection's channel, if any: O(1) by swapping the last
-    /// subscriber into its place.
-    fn unsubscribe(&mut self, key: usize) {
-        let Some(sub) = self.conns.get_mut(key).and_then(|c| c.sub.take()) else {
-            return;
-        };
-        let ckey = channel_key(&sub.channel);
-        if let Some(list) = self.local.get_mut(&ckey) {
-            let index = sub.index as usize;
-            if index < list.conns.len() && list.conns[index] as usize == key {
-                list.conns.swap_remove(index);
-                if let Some(&moved) = list.conns.get(index)
-                    && let Some(other) = self.conns.get_mut(moved as usize)
-                    && let Some(other_sub) = other.sub.as_mut()
-                {
-                    other_sub.index = index as u32;
-                }
-            }
-            if list.conns.is_empty() {
-                self.local.remove(&ckey);
-            }
-        }
-        let name = sub
-            .channel
-            .kind()
-            .join_leave
-            .then(|| hub::client_name(sub.client));
-        self.shared
-            .hub
-            .unsubscribe(&sub.channel, self.index, sub.format, name.as_deref());
+        self.send_out(key, after);
     }
 
     /// Writes every delivery waiting in this loop's inbox to its subscribers.
     fn drain_inbox(&mut self) {
-        let mut batch = std::mem::take(&mut self.batch);
-        self.shared.hub.inbox(self.index).take(&mut batch);
-        let mut start = 0;
-        while start < batch.len() {
-            let ckey = channel_key(&batch[start].channel);
-            let mut end = start + 1;
-            while end < batch.len()
-                && end - start < MAX_FRAMES_PER_WRITE
-                && channel_key(&batch[end].channel) == ckey
-                && batch[end].exclude.is_none()
-                && batch[start].exclude.is_none()
-            {
-                end += 1;
-            }
-            self.fan_out(ckey, &batch[start..end]);
-            start = end;
-        }
-        batch.clear();
-        self.batch = batch;
-        for (key, slow) in std::mem::take(&mut self.doomed) {
-            if slow {
-                self.slow_consumer(key);
-            } else {
-                self.drop_conn(key);
+        let inbox = self.shared.hub.inbox(self.index);
+        self.subscribers.deliver(
+            inbox,
+            &mut self.conns,
+            self.shared.config.max_queue,
+            &mut self.turn,
+            &mut self.failed,
+        );
+        for failed in std::mem::take(&mut self.failed) {
+            match failed {
+                Failed::Dead(key) => self.drop_conn(key),
+                Failed::Slow(key) => self.close_with(key, CloseReason::SlowConsumer),
             }
         }
     }
 
-    /// Sends a run of deliveries of one channel to this loop's subscribers: each
-    /// subscriber gets all of them in one write, by reference to the shared frames.
-    fn fan_out(&mut self, ckey: usize, group: &[Delivery]) {
-        let EventLoop {
-            local,
-            conns,
-            turn,
-            doomed,
-            shared,
-            index,
-            ..
-        } = self;
-        let Some(list) = local.get(&ckey) else {
-            return;
-        };
-        // Each format's frames are gathered (and encoded) only if a subscriber here
-        // uses it.
-        let mut by_format: [Option<Vec<&Bytes>>; 2] = [None, None];
-        let exclude = group
-            .first()
-            .and_then(|d| d.exclude)
-            .filter(|e| e.loop_index == *index)
-            .map(|e| e.key);
-        let max_queue = shared.config.max_queue;
-        for &key in &list.conns {
-            let key = key as usize;
-            if Some(key) == exclude {
-                continue;
-            }
-            let Some(conn) = conns.get_mut(key) else {
-                continue;
-            };
-            let format = conn.sub.as_ref().map_or(Format::WsRaw, |s| s.format);
-            let frames = by_format[format as usize]
-                .get_or_insert_with(|| group.iter().filter_map(|m| m.encoded(format)).collect());
-            if frames.is_empty() || conn.phase != Phase::Open {
-                continue;
-            }
-            turn.messages_out += frames.len() as u64;
-            if send_shared(conn, frames).is_err() {
-                doomed.push((key, false));
-            } else if conn.queued_bytes() > max_queue {
-                doomed.push((key, true));
-            }
-        }
-    }
-
-    /// Sends what the feed left in `out`, then acts on what it asked for.
-    fn after_feed(&mut self, key: usize, after: After) {
+    /// Sends what the handler left in `out`, then acts on what it asked for.
+    fn send_out(&mut self, key: usize, after: After) {
         let max_queue = self.shared.config.max_queue;
         let Some(conn) = self.conns.get_mut(key) else {
             self.out.clear();
             return;
         };
         if !self.out.is_empty() {
-            let sent = send(conn, &self.out);
+            let sent = conn.send(&self.out);
             self.out.clear();
             if sent.is_err() {
                 self.drop_conn(key);
                 return;
             }
         }
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
         if after == After::Close {
             conn.phase = Phase::Closing;
-            // No delivery may follow our close frame.
-            self.unsubscribe(key);
+            conn.session.stop_reading();
+            // No delivery may follow our goodbye.
+            self.subscribers
+                .leave(&*self.shared.broker, key, &mut self.conns);
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
             let due = self.now + ticks(CLOSE_TIMEOUT);
             set_deadline(&mut self.wheel, key, conn, due);
-            if conn.out.is_none() {
+            if conn.out.is_empty() {
                 self.finish_close(key);
             }
             return;
         }
-        if conn.queued_bytes() > max_queue {
-            match conn.phase {
-                Phase::Open => self.slow_consumer(key),
+        if conn.out.queued_bytes() > max_queue {
+            if conn.session.is_counted() {
+                self.close_with(key, CloseReason::SlowConsumer);
+            } else {
                 // A kept-alive HTTP client that sends requests but reads no answers.
-                Phase::Http => self.drop_conn(key),
-                Phase::Closing | Phase::Lingering => {}
+                self.drop_conn(key);
             }
         }
     }
 
-    /// Past `--max-queue`: drop what is not on the wire yet and say why.
-    fn slow_consumer(&mut self, key: usize) {
+    /// Starts a server-initiated close; a slow consumer first loses what is not on
+    /// the wire yet.
+    fn close_with(&mut self, key: usize, reason: CloseReason) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        if let Some(queue) = conn.out.as_mut() {
-            queue.truncate_unstarted();
+        if conn.phase != Phase::Active {
+            return;
         }
-        self.close_with(key, close_code::POLICY_VIOLATION, "slow consumer");
-    }
-
-    /// Starts a server-initiated close handshake.
-    fn close_with(&mut self, key: usize, code: u16, reason: &str) {
+        if reason == CloseReason::SlowConsumer {
+            conn.out.truncate_unstarted();
+        }
         self.out.clear();
-        encode_close(&mut self.out, code, reason);
-        self.after_feed(key, After::Close);
+        conn.session.write_close(&mut self.out, reason);
+        self.send_out(key, After::Close);
     }
 
     /// Everything is flushed: send FIN and wait briefly for the peer's.
@@ -728,7 +526,6 @@ impl EventLoop {
             return;
         }
         conn.phase = Phase::Lingering;
-        conn.read = None;
         let due = self.now + ticks(LINGER_TIMEOUT);
         set_deadline(&mut self.wheel, key, conn, due);
     }
@@ -753,9 +550,13 @@ impl EventLoop {
                 set_deadline(&mut self.wheel, key, conn, due);
                 continue;
             }
-            match conn.phase {
-                Phase::Http | Phase::Closing | Phase::Lingering => self.drop_conn(key),
-                Phase::Open => self.on_open_timer(key),
+            // An HTTP request, a close or a linger that ran out of time ends here;
+            // an open connection is due a ping or has been idle too long.
+            let open = conn.phase == Phase::Active && conn.session.is_counted();
+            if open {
+                self.on_open_timer(key);
+            } else {
+                self.drop_conn(key);
             }
         }
         expired.clear();
@@ -768,7 +569,7 @@ impl EventLoop {
             return;
         };
         if self.idle_ticks > 0 && now.saturating_sub(conn.last_seen) >= self.idle_ticks {
-            self.close_with(key, close_code::GOING_AWAY, "idle timeout");
+            self.close_with(key, CloseReason::IdleTimeout);
             return;
         }
         if self.ping_ticks > 0 && now >= conn.next_ping {
@@ -776,8 +577,8 @@ impl EventLoop {
             let due = next_due(conn, self.idle_ticks);
             set_deadline(&mut self.wheel, key, conn, due);
             self.out.clear();
-            encode_frame(&mut self.out, opcode::PING, b"");
-            self.after_feed(key, After::Nothing);
+            conn.session.write_heartbeat(&mut self.out);
+            self.send_out(key, After::Nothing);
             return;
         }
         let due = next_due(conn, self.idle_ticks);
@@ -786,15 +587,20 @@ impl EventLoop {
 
     fn begin_drain(&mut self) {
         self.drain_deadline = Some(Instant::now() + self.shared.config.drain_timeout);
-        for mut listener in self.listeners.drain(..) {
+        for mut listener in self.accept.listeners.drain(..) {
             let _ = self.poll.registry().deregister(&mut listener);
         }
-        let keys: Vec<(usize, Phase)> = self.conns.iter().map(|(k, c)| (k, c.phase)).collect();
-        for (key, phase) in keys {
-            match phase {
-                Phase::Http => self.drop_conn(key),
-                Phase::Open => self.close_with(key, close_code::GOING_AWAY, "server shutting down"),
-                Phase::Closing | Phase::Lingering => {}
+        let keys: Vec<(usize, bool)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.phase == Phase::Active)
+            .map(|(k, c)| (k, c.session.is_counted()))
+            .collect();
+        for (key, open) in keys {
+            if open {
+                self.close_with(key, CloseReason::Shutdown);
+            } else {
+                self.drop_conn(key);
             }
         }
     }
@@ -819,125 +625,5 @@ fn set_deadline(wheel: &mut TimerWheel, key: usize, conn: &mut Conn, due: Tick) 
     }
     if conn.timer_slot == NEVER || due < conn.timer_slot {
         conn.timer_slot = wheel.schedule(key as u32, due);
-    }
-}
-
-/// Writes `bytes` to the connection, queueing whatever the socket does not take.
-fn send(conn: &mut Conn, bytes: &[u8]) -> Result<(), ()> {
-    match conn.out.as_mut() {
-        Some(queue) => queue.push(Bytes::copy_from_slice(bytes)),
-        None => {
-            let written = write_direct(&mut conn.socket, bytes).map_err(|_| ())?;
-            if written < bytes.len() {
-                conn.out = Some(Box::new(OutQueue::with_partial(
-                    Bytes::copy_from_slice(&bytes[written..]),
-                    written > 0,
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn feed_websocket(
-    conn: &mut Conn,
-    data: &mut [u8],
-    out: &mut Vec<u8>,
-    shared: &Shared,
-    turn: &mut TurnCounts,
-) -> After {
-    out.clear();
-    feed_websocket_appending(conn, data, out, shared, turn)
-}
-
-/// Runs the decoder over `data`, appending every answer (echoes, pongs, close) to `out`.
-fn feed_websocket_appending(
-    conn: &mut Conn,
-    data: &mut [u8],
-    out: &mut Vec<u8>,
-    shared: &Shared,
-    turn: &mut TurnCounts,
-) -> After {
-    let config = &shared.config;
-    let mut decoder = match conn.read.take().map(|b| *b) {
-        Some(ReadState::Ws(d)) => d,
-        _ => Decoder::default(),
-    };
-    let prefix = config.echo_prefix.as_bytes();
-    let subscription = conn
-        .sub
-        .as_ref()
-        .map(|s| (Arc::clone(&s.channel), s.client));
-    let mut after = After::Nothing;
-    let mut echoed = 0u64;
-    let result = decoder.feed(data, config.max_message_size, |event| match event {
-        Event::Message { kind, payload } => match &subscription {
-            None => {
-                let op = kind.opcode();
-                if op == opcode::TEXT && !prefix.is_empty() {
-                    encode_header(out, op, prefix.len() + payload.len());
-                    out.extend_from_slice(prefix);
-                    out.extend_from_slice(payload);
-                } else {
-                    encode_frame(out, op, payload);
-                }
-                echoed += 1;
-                Flow::Continue
-            }
-            Some((channel, client)) if channel.kind().client_publish => {
-                let from = hub::client_name(*client);
-                let message = Outgoing {
-                    payload,
-                    kind,
-                    from: Some(&from),
-                };
-                match shared.broker.publish(channel, message) {
-                    Ok(_) => Flow::Continue,
-                    Err(e) => {
-                        encode_close(out, close_code::TRY_AGAIN_LATER, &e.to_string());
-                        after = After::Close;
-                        Flow::Stop
-                    }
-                }
-            }
-            Some(_) => {
-                encode_close(
-                    out,
-                    close_code::POLICY_VIOLATION,
-                    "push-only channel: clients cannot publish",
-                );
-                after = After::Close;
-                Flow::Stop
-            }
-        },
-        Event::Ping(payload) => {
-            encode_frame(out, opcode::PONG, payload);
-            Flow::Continue
-        }
-        Event::Pong(_) => Flow::Continue,
-        Event::Close { code, .. } => {
-            match code {
-                Some(code) => encode_close(out, code, ""),
-                None => encode_frame(out, opcode::CLOSE, b""),
-            }
-            after = After::Close;
-            Flow::Stop
-        }
-    });
-    turn.messages_out += echoed;
-    match result {
-        Ok(stats) => {
-            turn.frames_in += stats.frames;
-            turn.messages_in += stats.messages;
-            if after == After::Nothing && !decoder.is_idle() {
-                conn.read = Some(Box::new(ReadState::Ws(decoder)));
-            }
-            after
-        }
-        Err(error) => {
-            tracing::debug!(peer = %conn.peer, %error, "protocol error");
-            encode_close(out, error.close_code(), &error.to_string());
-            After::Close
-        }
     }
 }

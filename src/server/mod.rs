@@ -9,13 +9,15 @@
 
 pub mod conn;
 pub mod event_loop;
+pub mod http;
 pub mod routes;
+pub mod subscribers;
 pub mod timer;
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -26,6 +28,7 @@ use crate::broker::{Broker, MemoryBroker};
 use crate::config::ServeConfig;
 use crate::hub::Hub;
 use crate::stats::ServerStats;
+use crate::transport::Format;
 
 /// Pending connections the kernel may queue per listener (capped by somaxconn).
 const LISTEN_BACKLOG: i32 = 4096;
@@ -128,12 +131,31 @@ pub struct Shared {
     pub stats: ServerStats,
     pub hub: Arc<Hub>,
     pub broker: Arc<dyn Broker>,
+    /// The next client id (a chat member's name is `c<id>`).
+    next_client: AtomicU64,
+}
+
+impl Shared {
+    fn new(config: ServeConfig, hub: Arc<Hub>, broker: Arc<dyn Broker>) -> Self {
+        Shared {
+            admission: Admission::new(config.max_conns, config.max_conns_per_ip),
+            shutdown: AtomicBool::new(false),
+            stats: ServerStats::new(config.threads),
+            config,
+            hub,
+            broker,
+            next_client: AtomicU64::new(1),
+        }
+    }
+
+    pub fn next_client_id(&self) -> u64 {
+        self.next_client.fetch_add(1, Ordering::Relaxed)
+    }
 }
 
 /// A running server.
 pub struct ServerHandle {
-    shared: Arc<Shared>,
-    wakers: Vec<Arc<Waker>>,
+    stopper: Stopper,
     threads: Vec<JoinHandle<io::Result<()>>>,
     local_addrs: Vec<SocketAddr>,
 }
@@ -145,27 +167,26 @@ impl ServerHandle {
     }
 
     pub fn stats(&self) -> &ServerStats {
-        &self.shared.stats
+        &self.stopper.shared.stats
+    }
+
+    /// The broker in use, as logs and stats name it.
+    pub fn broker(&self) -> String {
+        self.stopper.shared.broker.describe()
     }
 
     pub fn is_shutting_down(&self) -> bool {
-        self.shared.shutdown.load(Ordering::Acquire)
+        self.stopper.shared.shutdown.load(Ordering::Acquire)
     }
 
     /// A cheap, thread-safe way to request shutdown from elsewhere (signal handler).
     pub fn stopper(&self) -> Stopper {
-        Stopper {
-            shared: Arc::clone(&self.shared),
-            wakers: self.wakers.clone(),
-        }
+        self.stopper.clone()
     }
 
     /// Stops accepting, closes every client with 1001 and lets the loops drain.
     pub fn shutdown(&self) {
-        self.shared.shutdown.store(true, Ordering::Release);
-        for waker in &self.wakers {
-            let _ = waker.wake();
-        }
+        self.stopper.stop();
     }
 
     /// Waits for every I/O thread to finish.
@@ -183,6 +204,7 @@ impl ServerHandle {
 }
 
 /// Requests shutdown; can be moved to a signal-handling thread.
+#[derive(Clone)]
 pub struct Stopper {
     shared: Arc<Shared>,
     wakers: Vec<Arc<Waker>>,
@@ -240,16 +262,9 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         polls.push(poll);
         wakers.push(Arc::new(waker));
     }
-    let hub = Arc::new(Hub::new(wakers.clone()));
-    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new(Arc::clone(&hub)));
-    let shared = Arc::new(Shared {
-        admission: Admission::new(config.max_conns, config.max_conns_per_ip),
-        shutdown: AtomicBool::new(false),
-        stats: ServerStats::new(threads),
-        config,
-        hub,
-        broker,
-    });
+    let hub = Arc::new(Hub::new(wakers.clone(), Format::COUNT));
+    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new(Arc::clone(&hub), 0));
+    let shared = Arc::new(Shared::new(config, hub, broker));
     let mut handles = Vec::with_capacity(threads);
     for (index, (listeners, poll)) in per_thread.into_iter().zip(polls).enumerate() {
         let event_loop = event_loop::EventLoop::new(poll, listeners, Arc::clone(&shared), index)
@@ -261,8 +276,7 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         handles.push(handle);
     }
     Ok(ServerHandle {
-        shared,
-        wakers,
+        stopper: Stopper { shared, wakers },
         threads: handles,
         local_addrs,
     })
@@ -279,19 +293,14 @@ pub(crate) mod tests_support {
             .iter()
             .map(|p| Arc::new(Waker::new(p.registry(), event_loop::WAKER).unwrap()))
             .collect();
-        let hub = Arc::new(Hub::new(wakers));
+        let hub = Arc::new(Hub::new(wakers, Format::COUNT));
         let config = ServeConfig {
             api_key: api_key.map(String::from),
+            threads: 2,
             ..ServeConfig::default()
         };
-        let shared = Shared {
-            admission: Admission::new(None, None),
-            shutdown: AtomicBool::new(false),
-            stats: ServerStats::new(2),
-            config,
-            broker: Arc::new(MemoryBroker::new(Arc::clone(&hub))),
-            hub,
-        };
+        let broker = Arc::new(MemoryBroker::new(Arc::clone(&hub), 0));
+        let shared = Shared::new(config, hub, broker);
         (shared, polls)
     }
 }

@@ -8,14 +8,14 @@
 //! the event loop applies admission limits and does the writing.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Shared;
-use crate::broker::{BrokerError, Outgoing};
-use crate::hub::validate_channel_name;
+use crate::broker::Outgoing;
 use crate::protocol::DataKind;
-use crate::protocol::handshake::{self, HandshakeError, Request};
+use crate::protocol::handshake::{self, HandshakeError};
+use crate::protocol::http::{self, Request};
+use crate::rules::validate_channel_name;
 
 /// What an upgraded connection does with its messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,9 +107,9 @@ pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Out
         "/healthz" => {
             if only_get(req, out) {
                 if ctx.shared.shutdown.load(Ordering::Relaxed) {
-                    handshake::write_error(out, 503, "draining: the server is shutting down", &[]);
+                    http::write_error(out, 503, "draining: the server is shutting down", &[]);
                 } else if !ctx.shared.broker.healthy() {
-                    handshake::write_error(out, 503, "broker unreachable", &[]);
+                    http::write_error(out, 503, "broker unreachable", &[]);
                 } else {
                     return ok(req, ctx, out, "text/plain", b"ok", 0);
                 }
@@ -117,7 +117,7 @@ pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Out
         }
         _ => {
             let reason = format!("no route for {}", truncate(path, 200));
-            handshake::write_error(out, 404, &reason, &[]);
+            http::write_error(out, 404, &reason, &[]);
         }
     }
     Outcome::Responded
@@ -128,7 +128,7 @@ fn only_get(req: &Request<'_>, out: &mut Vec<u8>) -> bool {
     if req.method == "GET" {
         return true;
     }
-    handshake::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
+    http::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
     false
 }
 
@@ -143,7 +143,7 @@ fn ok(
     body_len: usize,
 ) -> Outcome {
     let keep_alive = ctx.keep_alive(req);
-    handshake::write_response_conn(out, 200, content_type, &[], body, keep_alive);
+    http::write_response_conn(out, 200, content_type, &[], body, keep_alive);
     if keep_alive {
         Outcome::KeepAlive {
             consumed: ctx.head_len + body_len,
@@ -167,9 +167,9 @@ fn ok_json(
 fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> Outcome {
     if !req.wants_upgrade() {
         if req.method != "GET" {
-            handshake::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
+            http::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
         } else if req.path() == "/" {
-            handshake::write_response(
+            http::write_response(
                 out,
                 200,
                 "text/plain; charset=utf-8",
@@ -177,7 +177,7 @@ fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> O
                 INFO_PAGE.as_bytes(),
             );
         } else {
-            handshake::write_error(
+            http::write_error(
                 out,
                 426,
                 "this is a WebSocket endpoint: send an Upgrade: websocket request",
@@ -194,7 +194,7 @@ fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> O
                 HandshakeError::NotGet => &[("Allow", "GET")],
                 _ => &[],
             };
-            handshake::write_error(out, err.status(), &err.to_string(), extra);
+            http::write_error(out, err.status(), &err.to_string(), extra);
             Outcome::Responded
         }
     }
@@ -211,7 +211,7 @@ fn query_param<'a>(req: &Request<'a>, key: &str) -> Option<&'a str> {
 
 fn subscribe_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome {
     if let Err(e) = validate_channel_name(channel) {
-        handshake::write_error(out, 400, &e.to_string(), &[]);
+        http::write_error(out, 400, &e.to_string(), &[]);
         return Outcome::Responded;
     }
     let json = match query_param(req, "format") {
@@ -219,12 +219,12 @@ fn subscribe_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Ou
         Some("json") => true,
         Some(other) => {
             let reason = format!("format must be raw or json, not '{}'", truncate(other, 40));
-            handshake::write_error(out, 400, &reason, &[]);
+            http::write_error(out, 400, &reason, &[]);
             return Outcome::Responded;
         }
     };
     if query_param(req, "since").is_some() {
-        handshake::write_error(
+        http::write_error(
             out,
             400,
             "since= replays channel history, which this server does not keep yet",
@@ -258,7 +258,7 @@ fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bo
             match given {
                 Some(given) if constant_time_eq(given, key.as_bytes()) => true,
                 _ => {
-                    handshake::write_error(
+                    http::write_error(
                         out,
                         401,
                         "missing or wrong API key: send Authorization: Bearer KEY",
@@ -270,7 +270,7 @@ fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bo
         }
         None if ctx.peer.is_loopback() => true,
         None => {
-            handshake::write_error(
+            http::write_error(
                 out,
                 403,
                 "publishing without --api-key is allowed from loopback peers only",
@@ -283,7 +283,7 @@ fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bo
 
 fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
     if req.method != "POST" {
-        handshake::write_error(
+        http::write_error(
             out,
             405,
             "method not allowed: use POST",
@@ -295,11 +295,11 @@ fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Ve
         return Outcome::Responded;
     }
     if let Err(e) = validate_channel_name(channel) {
-        handshake::write_error(out, 400, &e.to_string(), &[]);
+        http::write_error(out, 400, &e.to_string(), &[]);
         return Outcome::Responded;
     }
     if req.header("transfer-encoding").is_some() {
-        handshake::write_error(out, 411, "send the body with Content-Length", &[]);
+        http::write_error(out, 411, "send the body with Content-Length", &[]);
         return Outcome::Responded;
     }
     let length = match req.header("content-length") {
@@ -310,7 +310,7 @@ fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Ve
         {
             Some(n) => n,
             None => {
-                handshake::write_error(out, 400, "Content-Length is not a number", &[]);
+                http::write_error(out, 400, "Content-Length is not a number", &[]);
                 return Outcome::Responded;
             }
         },
@@ -318,7 +318,7 @@ fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Ve
     let max = ctx.shared.config.max_message_size;
     if length > max {
         let reason = format!("message is {length} bytes; --max-message-size is {max}");
-        handshake::write_error(out, 413, &reason, &[]);
+        http::write_error(out, 413, &reason, &[]);
         return Outcome::Responded;
     }
     if ctx.body.len() < length {
@@ -330,23 +330,22 @@ fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Ve
         .is_some_and(|v| v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"text/"));
     let kind = if is_text {
         if std::str::from_utf8(body).is_err() {
-            handshake::write_error(out, 400, "text/* body is not valid UTF-8", &[]);
+            http::write_error(out, 400, "text/* body is not valid UTF-8", &[]);
             return Outcome::Responded;
         }
         DataKind::Text
     } else {
         DataKind::Binary
     };
-    let channel = ctx.shared.hub.channel(channel);
     let message = Outgoing {
         payload: body,
         kind,
         from: None,
     };
-    match ctx.shared.broker.publish(&channel, message) {
+    match ctx.shared.broker.publish(channel, message) {
         Ok(seq) => ok_json(req, ctx, out, &serde_json::json!({ "seq": seq }), length),
-        Err(e @ BrokerError::Publish(_)) | Err(e @ BrokerError::Unavailable(_)) => {
-            handshake::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);
+        Err(e) => {
+            http::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);
             Outcome::Responded
         }
     }
@@ -359,21 +358,19 @@ fn channel_info(
     out: &mut Vec<u8>,
 ) -> Outcome {
     if let Err(e) = validate_channel_name(channel) {
-        handshake::write_error(out, 400, &e.to_string(), &[]);
+        http::write_error(out, 400, &e.to_string(), &[]);
         return Outcome::Responded;
     }
-    let found = ctx.shared.hub.find(channel);
-    let (subscribers, last_seq) = found.map_or((0, 0), |c| (c.subscribers(), c.last_seq()));
+    let info = ctx.shared.broker.channel_info(channel);
     let value = serde_json::json!({
         "channel": channel,
-        "subscribers": subscribers,
-        "last_seq": last_seq,
+        "subscribers": info.subscribers,
+        "last_seq": info.last_seq,
     });
     ok_json(req, ctx, out, &value, 0)
 }
 
 fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
-    let shared: &Arc<_> = &ctx.shared.hub;
     let snap = ctx.shared.stats.snapshot();
     let uptime = ctx.shared.stats.started.elapsed().as_secs_f64();
     ok_json(
@@ -382,7 +379,7 @@ fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome
         out,
         &serde_json::json!({
             "connections": { "websocket": snap.sockets },
-            "channels": shared.channel_count(),
+            "channels": ctx.shared.broker.channel_count(),
             "frames_in": snap.frames_in,
             "messages_in": snap.messages_in,
             "messages_out": snap.messages_out,
@@ -406,7 +403,7 @@ fn truncate(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::handshake::parse_request;
+    use crate::protocol::http::parse_request;
     use crate::server::tests_support::test_shared;
 
     fn answer_from(raw: &str, peer: IpAddr, shared: &Shared) -> (Outcome, String) {

@@ -1,0 +1,290 @@
+//! The one write path for every socket the project writes to, the server's and the
+//! load generator's alike.
+//!
+//! Bytes go straight to the socket, gathered into as few `writev` calls as it takes;
+//! only what the socket does not take is kept, in an [`OutQueue`] of shared chunks
+//! (`Bytes`), so a broadcast frame waits in many queues by reference and an idle
+//! connection owns no buffer at all ([`Outbound`] is one null pointer then). This
+//! module must not know what the bytes mean: framing belongs to `protocol` and the
+//! transports, deciding when a queue is too long to the caller.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+
+use bytes::{Buf, Bytes};
+
+/// Most chunks handed to one `writev`.
+const MAX_IOVECS: usize = 64;
+
+/// Writes `chunks` in order with as few `writev` calls as the socket allows.
+/// Returns how many bytes it took before it would block (all of them: the sum).
+pub fn write_chunks<W: Write, B: AsRef<[u8]>>(mut socket: W, chunks: &[B]) -> io::Result<usize> {
+    let mut written = 0;
+    let mut first = 0;
+    let mut offset = 0;
+    loop {
+        while first < chunks.len() && chunks[first].as_ref().len() == offset {
+            first += 1;
+            offset = 0;
+        }
+        if first == chunks.len() {
+            return Ok(written);
+        }
+        let mut slices = [IoSlice::new(&[]); MAX_IOVECS];
+        let mut count = 0;
+        for (i, (slot, chunk)) in slices.iter_mut().zip(&chunks[first..]).enumerate() {
+            let chunk = chunk.as_ref();
+            *slot = IoSlice::new(if i == 0 { &chunk[offset..] } else { chunk });
+            count += 1;
+        }
+        match socket.write_vectored(&slices[..count]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(mut n) => {
+                written += n;
+                while n > 0 && first < chunks.len() {
+                    let rest = chunks[first].as_ref().len() - offset;
+                    if n >= rest {
+                        n -= rest;
+                        first += 1;
+                        offset = 0;
+                    } else {
+                        offset += n;
+                        n = 0;
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(written),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Outbound bytes the socket would not take yet.
+#[derive(Debug, Default)]
+pub struct OutQueue {
+    chunks: VecDeque<Bytes>,
+    bytes: usize,
+    /// The front chunk is partly on the wire already.
+    front_started: bool,
+}
+
+impl OutQueue {
+    fn push(&mut self, chunk: Bytes) {
+        if chunk.is_empty() {
+            return;
+        }
+        self.bytes += chunk.len();
+        self.chunks.push_back(chunk);
+    }
+
+    /// Drops `n` bytes from the front: they are on the wire.
+    fn consume(&mut self, mut n: usize) {
+        self.bytes -= n;
+        while n > 0 {
+            let Some(front) = self.chunks.front_mut() else {
+                break;
+            };
+            if n >= front.len() {
+                n -= front.len();
+                self.chunks.pop_front();
+                self.front_started = false;
+            } else {
+                front.advance(n);
+                self.front_started = true;
+                n = 0;
+            }
+        }
+    }
+}
+
+/// A connection's outbound side: nothing while everything is on the wire, a boxed
+/// [`OutQueue`] while the socket is behind.
+#[derive(Debug, Default)]
+pub struct Outbound(Option<Box<OutQueue>>);
+
+impl Outbound {
+    /// Whether nothing waits for the socket.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Bytes waiting for the socket.
+    pub fn queued_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.bytes)
+    }
+
+    /// Sends `bytes` (copied only if the socket does not take them all now).
+    pub fn send<W: Write>(&mut self, socket: W, bytes: &[u8]) -> io::Result<()> {
+        if let Some(queue) = self.0.as_mut() {
+            queue.push(Bytes::copy_from_slice(bytes));
+            return Ok(());
+        }
+        let written = write_chunks(socket, &[bytes])?;
+        if written < bytes.len() {
+            self.queue_rest(&[bytes], written, |b: &&[u8]| Bytes::copy_from_slice(b));
+        }
+        Ok(())
+    }
+
+    /// Sends shared chunks (a broadcast) in order: straight to the socket when nothing
+    /// waits; whatever the socket does not take is queued by reference, so fan-out
+    /// copies no payload per subscriber.
+    pub fn send_shared<W: Write>(&mut self, socket: W, chunks: &[&Bytes]) -> io::Result<()> {
+        if let Some(queue) = self.0.as_mut() {
+            for chunk in chunks {
+                queue.push(Bytes::clone(chunk));
+            }
+            return Ok(());
+        }
+        let written = write_chunks(socket, chunks)?;
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        if written < total {
+            self.queue_rest(chunks, written, |c: &&Bytes| Bytes::clone(c));
+        }
+        Ok(())
+    }
+
+    /// Queues what is left of `chunks` after the first `written` bytes.
+    fn queue_rest<B: AsRef<[u8]>>(
+        &mut self,
+        chunks: &[B],
+        mut written: usize,
+        to_bytes: impl Fn(&B) -> Bytes,
+    ) {
+        let mut queue = OutQueue::default();
+        for chunk in chunks {
+            let len = chunk.as_ref().len();
+            if written >= len {
+                written -= len;
+                continue;
+            }
+            let bytes = to_bytes(chunk);
+            if written > 0 {
+                queue.front_started = true;
+                queue.push(bytes.slice(written..));
+            } else {
+                queue.push(bytes);
+            }
+            written = 0;
+        }
+        self.0 = Some(Box::new(queue));
+    }
+
+    /// Writes what waits, as far as the socket takes it. `Ok(true)`: nothing is left
+    /// and the queue is gone.
+    pub fn flush<W: Write>(&mut self, mut socket: W) -> io::Result<bool> {
+        let Some(queue) = self.0.as_mut() else {
+            return Ok(true);
+        };
+        while !queue.chunks.is_empty() {
+            let mut batch: [&[u8]; MAX_IOVECS] = [&[]; MAX_IOVECS];
+            let mut count = 0;
+            for (slot, chunk) in batch.iter_mut().zip(&queue.chunks) {
+                *slot = chunk;
+                count += 1;
+            }
+            let offered: usize = batch[..count].iter().map(|c| c.len()).sum();
+            let written = write_chunks(&mut socket, &batch[..count])?;
+            queue.consume(written);
+            if written < offered {
+                return Ok(false);
+            }
+        }
+        self.0 = None;
+        Ok(true)
+    }
+
+    /// Drops everything not yet started, keeping the front chunk if it is partly
+    /// written (cutting a frame in half would corrupt the stream).
+    pub fn truncate_unstarted(&mut self) {
+        let Some(queue) = self.0.as_mut() else {
+            return;
+        };
+        let keep = usize::from(queue.front_started).min(queue.chunks.len());
+        queue.chunks.truncate(keep);
+        queue.bytes = queue.chunks.iter().map(Bytes::len).sum();
+        if queue.chunks.is_empty() {
+            self.0 = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A socket that takes at most `room` bytes, then would block.
+    struct Tight {
+        taken: Vec<u8>,
+        room: usize,
+    }
+
+    impl Write for Tight {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.room == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(self.room);
+            self.taken.extend_from_slice(&buf[..n]);
+            self.room -= n;
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn tight(room: usize) -> Tight {
+        Tight {
+            taken: Vec::new(),
+            room,
+        }
+    }
+
+    #[test]
+    fn what_the_socket_takes_is_never_queued() {
+        let mut out = Outbound::default();
+        let mut socket = tight(100);
+        out.send(&mut socket, b"hello").unwrap();
+        assert!(out.is_empty());
+        assert_eq!(socket.taken, b"hello");
+    }
+
+    #[test]
+    fn the_rest_is_queued_in_order_and_flushed_later() {
+        let mut out = Outbound::default();
+        let mut socket = tight(3);
+        let a = Bytes::from_static(b"abcde");
+        let b = Bytes::from_static(b"fg");
+        out.send_shared(&mut socket, &[&a, &b]).unwrap();
+        assert_eq!(out.queued_bytes(), 4);
+        out.send(&mut socket, b"hi").unwrap();
+        assert_eq!(out.queued_bytes(), 6);
+        socket.room = 2;
+        assert!(!out.flush(&mut socket).unwrap());
+        socket.room = 100;
+        assert!(out.flush(&mut socket).unwrap());
+        assert!(out.is_empty());
+        assert_eq!(socket.taken, b"abcdefghi");
+    }
+
+    #[test]
+    fn truncate_keeps_a_started_front_chunk() {
+        let mut out = Outbound::default();
+        let mut socket = tight(1);
+        let a = Bytes::from_static(b"abc");
+        let b = Bytes::from_static(b"defg");
+        out.send_shared(&mut socket, &[&a, &b]).unwrap();
+        assert_eq!(out.queued_bytes(), 6);
+        out.truncate_unstarted();
+        assert_eq!(out.queued_bytes(), 2);
+        socket.room = 2;
+        assert!(out.flush(&mut socket).unwrap());
+        assert_eq!(socket.taken, b"abc");
+        out.send(tight(0), b"xyz").unwrap();
+        out.truncate_unstarted();
+        assert!(out.is_empty());
+    }
+}

@@ -1,0 +1,136 @@
+//! The application's rules: which channel names are valid, what a namespace makes a
+//! channel (a chat room or push-only), what clients are called, and what a client's
+//! data message asks for.
+//!
+//! Everything here is a pure decision that returns a value; the transports carry it
+//! out. This module must not do I/O, touch connections, or know any wire format.
+
+/// Longest channel name in bytes.
+pub const MAX_CHANNEL_NAME: usize = 128;
+
+/// Why a channel name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("channel name is empty")]
+    Empty,
+    #[error("channel name is longer than {MAX_CHANNEL_NAME} bytes")]
+    TooLong,
+    #[error("channel name has '{0}': allowed are A-Z a-z 0-9 _ - . : @")]
+    BadChar(char),
+}
+
+/// Checks a channel name: 1–128 bytes of `A-Z a-z 0-9 _ - . : @`.
+pub fn validate_channel_name(name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if name.len() > MAX_CHANNEL_NAME {
+        return Err(NameError::TooLong);
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@')))
+    {
+        return Err(NameError::BadChar(c));
+    }
+    Ok(())
+}
+
+/// The part of a channel name before its first `:` (empty if there is none).
+pub fn namespace(name: &str) -> &str {
+    name.split_once(':').map_or("", |(ns, _)| ns)
+}
+
+/// How a channel behaves, decided by its namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelRules {
+    /// Subscribers' data messages are published to the channel (a chat room).
+    pub client_publish: bool,
+    /// Members are announced: a welcome on joining, join/leave events with the count.
+    pub join_leave: bool,
+}
+
+impl ChannelRules {
+    pub fn for_name(name: &str) -> Self {
+        let chat = namespace(name) == "chat";
+        ChannelRules {
+            client_publish: chat,
+            join_leave: chat,
+        }
+    }
+}
+
+/// A client's name in chat events and envelopes.
+pub fn client_name(id: u64) -> String {
+    format!("c{id}")
+}
+
+/// What a connection is for, as far as its own messages go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `/` and `/echo`: every message comes back.
+    Echo,
+    /// A channel subscription (`/ws/{channel}`).
+    Subscriber(ChannelRules),
+}
+
+/// What a client's data message asks the server to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Send it back, text prefixed with `--echo-prefix`.
+    Echo,
+    /// Publish it to the client's channel, in its name.
+    Publish,
+    /// Refuse it and close the connection, saying why.
+    Refuse(&'static str),
+}
+
+/// Decides what a data message from a client in `role` means.
+pub fn on_client_message(role: Role) -> Action {
+    match role {
+        Role::Echo => Action::Echo,
+        Role::Subscriber(rules) if rules.client_publish => Action::Publish,
+        Role::Subscriber(_) => Action::Refuse("push-only channel: clients cannot publish"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names() {
+        assert!(validate_channel_name("news").is_ok());
+        assert!(validate_channel_name("chat:lobby-1.x@y_z").is_ok());
+        assert_eq!(validate_channel_name(""), Err(NameError::Empty));
+        assert_eq!(
+            validate_channel_name(&"a".repeat(129)),
+            Err(NameError::TooLong)
+        );
+        assert!(validate_channel_name(&"a".repeat(128)).is_ok());
+        assert_eq!(validate_channel_name("a b"), Err(NameError::BadChar(' ')));
+        assert_eq!(validate_channel_name("a/b"), Err(NameError::BadChar('/')));
+        assert_eq!(validate_channel_name("é"), Err(NameError::BadChar('é')));
+        assert_eq!(namespace("chat:lobby"), "chat");
+        assert_eq!(namespace("news"), "");
+    }
+
+    #[test]
+    fn chat_rooms_take_client_messages_and_push_channels_refuse_them() {
+        let chat = ChannelRules::for_name("chat:x");
+        assert!(chat.client_publish && chat.join_leave);
+        let push = ChannelRules::for_name("chatx");
+        assert!(!push.client_publish && !push.join_leave);
+        assert_eq!(on_client_message(Role::Subscriber(chat)), Action::Publish);
+        assert!(matches!(
+            on_client_message(Role::Subscriber(push)),
+            Action::Refuse(reason) if reason.contains("push-only")
+        ));
+        assert_eq!(on_client_message(Role::Echo), Action::Echo);
+    }
+
+    #[test]
+    fn client_names() {
+        assert_eq!(client_name(42), "c42");
+    }
+}

@@ -1,0 +1,174 @@
+//! HTTP/1.1 connections: a request that arrives in pieces is buffered, each whole
+//! request is routed and answered, successful API answers keep the connection for
+//! the next request (keep-alive), and requests sent back to back are answered in
+//! order (pipelining). A request that asks for a WebSocket is handed back to the
+//! event loop with whatever bytes followed it.
+//!
+//! It owns the request buffering and the keep-alive rules' mechanics; `routes` owns
+//! what each path means and `protocol::http` the bytes of each response. It must not
+//! touch the socket: answers go into the caller's output buffer.
+
+use std::net::IpAddr;
+
+use super::Shared;
+use super::routes::{self, Outcome, RouteContext, Upgrade};
+use crate::protocol::http::{ParseError, parse_request, write_error};
+
+/// What to do with the connection once its input is served.
+#[derive(Debug)]
+pub enum Next {
+    /// Keep it open: wait for the rest of a request, or for the next one.
+    /// `answered`: at least one request was answered (its timer starts again).
+    KeepOpen { answered: bool },
+    /// The last answer is in the output; close after sending it.
+    Close,
+    /// Open a WebSocket; `leftover` are the bytes the client sent after its request.
+    Upgrade { upgrade: Upgrade, leftover: Vec<u8> },
+}
+
+/// Serves every whole request in `pending` followed by `input`, appending the
+/// answers to `out`; whatever is left of an unfinished request stays in `pending`.
+pub fn serve(
+    pending: &mut Vec<u8>,
+    input: &[u8],
+    shared: &Shared,
+    peer: IpAddr,
+    out: &mut Vec<u8>,
+) -> Next {
+    let joined;
+    let data: &[u8] = if pending.is_empty() {
+        input
+    } else {
+        pending.extend_from_slice(input);
+        joined = std::mem::take(pending);
+        &joined
+    };
+    let mut start = 0;
+    let mut answered = false;
+    loop {
+        let rest = &data[start..];
+        let (request, head_len) = match parse_request(rest) {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) => {
+                *pending = rest.to_vec();
+                return Next::KeepOpen { answered };
+            }
+            Err(e @ ParseError::TooLarge) => {
+                write_error(out, 431, &e.to_string(), &[]);
+                return Next::Close;
+            }
+            Err(e @ ParseError::Malformed(_)) => {
+                write_error(out, 400, &e.to_string(), &[]);
+                return Next::Close;
+            }
+        };
+        let ctx = RouteContext {
+            shared,
+            peer,
+            body: &rest[head_len..],
+            head_len,
+        };
+        match routes::route(&request, ctx, out) {
+            Outcome::NeedBody => {
+                *pending = rest.to_vec();
+                return Next::KeepOpen { answered };
+            }
+            Outcome::Responded => return Next::Close,
+            Outcome::KeepAlive { consumed } => {
+                answered = true;
+                start += consumed;
+                if start >= data.len() {
+                    return Next::KeepOpen { answered };
+                }
+            }
+            Outcome::Upgrade(upgrade) => {
+                return Next::Upgrade {
+                    upgrade,
+                    leftover: rest[head_len..].to_vec(),
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::tests_support::test_shared;
+
+    const LOCAL: [u8; 4] = [127, 0, 0, 1];
+
+    #[test]
+    fn a_request_in_pieces_is_answered_once_whole() {
+        let (shared, _polls) = test_shared(None);
+        let mut pending = Vec::new();
+        let mut out = Vec::new();
+        let next = serve(
+            &mut pending,
+            b"GET /healthz HT",
+            &shared,
+            LOCAL.into(),
+            &mut out,
+        );
+        assert!(matches!(next, Next::KeepOpen { answered: false }));
+        assert!(out.is_empty() && !pending.is_empty());
+        let next = serve(
+            &mut pending,
+            b"TP/1.1\r\nHost: x\r\n\r\n",
+            &shared,
+            LOCAL.into(),
+            &mut out,
+        );
+        assert!(matches!(next, Next::KeepOpen { answered: true }));
+        assert!(pending.is_empty());
+        assert!(String::from_utf8_lossy(&out).ends_with("ok"));
+    }
+
+    #[test]
+    fn pipelined_requests_are_answered_in_order() {
+        let (shared, _polls) = test_shared(None);
+        let mut pending = Vec::new();
+        let mut out = Vec::new();
+        let two = b"GET /api/channels/a HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let next = serve(&mut pending, two, &shared, LOCAL.into(), &mut out);
+        assert!(matches!(next, Next::Close));
+        let text = String::from_utf8_lossy(&out);
+        let first = text.find("\"channel\":\"a\"").unwrap();
+        let second = text.rfind("\r\n\r\nok").unwrap();
+        assert!(first < second, "{text}");
+    }
+
+    #[test]
+    fn bytes_after_an_upgrade_request_are_kept_for_the_websocket() {
+        let (shared, _polls) = test_shared(None);
+        let mut pending = Vec::new();
+        let mut out = Vec::new();
+        let mut raw = b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".to_vec();
+        raw.extend_from_slice(&[0x81, 0x80, 1, 2, 3, 4]);
+        match serve(&mut pending, &raw, &shared, LOCAL.into(), &mut out) {
+            Next::Upgrade { leftover, .. } => assert_eq!(leftover, [0x81, 0x80, 1, 2, 3, 4]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn garbage_gets_400_and_a_huge_head_431() {
+        let (shared, _polls) = test_shared(None);
+        let mut out = Vec::new();
+        let next = serve(
+            &mut Vec::new(),
+            b"\x16\x03\x01garbage\r\n\r\n",
+            &shared,
+            LOCAL.into(),
+            &mut out,
+        );
+        assert!(matches!(next, Next::Close));
+        assert!(out.starts_with(b"HTTP/1.1 400"));
+        let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        big.resize(20_000, b'a');
+        out.clear();
+        let next = serve(&mut Vec::new(), &big, &shared, LOCAL.into(), &mut out);
+        assert!(matches!(next, Next::Close));
+        assert!(out.starts_with(b"HTTP/1.1 431"));
+    }
+}

@@ -1,0 +1,214 @@
+//! One event loop's subscribers: which of its connections listen to which channel,
+//! joining and leaving through the broker, and writing each inbox batch to them.
+//!
+//! Fan-out is the hot path: a run of one channel's deliveries reaches each
+//! subscriber as one gathered write of shared frames, each format encoded once per
+//! message (by the transport, cached in the message), nothing allocated per
+//! subscriber. Joining and leaving are O(1): a subscriber knows its position in its
+//! channel's list, and leaving swaps the last one into its place. This module must
+//! not decide what messages mean or how connections close; it reports the
+//! subscribers it could not write to, and the loop deals with them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use slab::Slab;
+
+use super::conn::{Conn, Phase};
+use crate::broker::{Broker, BrokerError, Member};
+use crate::hub::{Channel, ConnRef, Delivery, Inbox};
+use crate::rules::{self, ChannelRules};
+use crate::stats::TurnCounts;
+use crate::transport::{Format, Subscription};
+
+/// Deliveries of one channel gathered into one write per subscriber.
+const MAX_FRAMES_PER_WRITE: usize = 64;
+
+/// A loop's subscribers of one channel.
+struct LocalChannel {
+    /// Keeps the channel alive while this loop has subscribers.
+    _channel: Arc<Channel>,
+    conns: Vec<u32>,
+}
+
+/// Channels are keyed by the address of their shared state: unique while alive.
+fn channel_key(channel: &Arc<Channel>) -> usize {
+    Arc::as_ptr(channel) as usize
+}
+
+/// A subscriber that could not take its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    /// Its socket failed.
+    Dead(usize),
+    /// More than `--max-queue` bytes wait for it.
+    Slow(usize),
+}
+
+pub struct LocalSubscribers {
+    /// The loop these subscribers belong to.
+    loop_index: usize,
+    lists: HashMap<usize, LocalChannel>,
+    /// Reused buffer for inbox batches.
+    batch: Vec<Delivery>,
+}
+
+impl LocalSubscribers {
+    pub fn new(loop_index: usize) -> Self {
+        LocalSubscribers {
+            loop_index,
+            lists: HashMap::new(),
+            batch: Vec::new(),
+        }
+    }
+
+    fn member<'a>(&self, key: usize, format: Format, announce: Option<&'a str>) -> Member<'a> {
+        Member {
+            conn: ConnRef {
+                loop_index: self.loop_index,
+                key,
+            },
+            listens: format.listens(),
+            announce,
+        }
+    }
+
+    /// Subscribes connection `key` to `channel` through the broker; returns its
+    /// subscription and the channel's member count.
+    pub fn join(
+        &mut self,
+        broker: &dyn Broker,
+        key: usize,
+        channel: &str,
+        format: Format,
+        client: u64,
+    ) -> Result<(Subscription, u64), BrokerError> {
+        let rules = ChannelRules::for_name(channel);
+        let name = rules.join_leave.then(|| rules::client_name(client));
+        let joined = broker.subscribe(channel, self.member(key, format, name.as_deref()))?;
+        let list = self
+            .lists
+            .entry(channel_key(&joined.channel))
+            .or_insert_with(|| LocalChannel {
+                _channel: Arc::clone(&joined.channel),
+                conns: Vec::new(),
+            });
+        let index = list.conns.len() as u32;
+        list.conns.push(key as u32);
+        let sub = Subscription {
+            channel: joined.channel,
+            client,
+            index,
+            format,
+            rules,
+        };
+        Ok((sub, joined.count))
+    }
+
+    /// Takes connection `key` out of its channel, if it has one.
+    pub fn leave(&mut self, broker: &dyn Broker, key: usize, conns: &mut Slab<Conn>) {
+        let Some(sub) = conns
+            .get_mut(key)
+            .and_then(|c| c.session.take_subscription())
+        else {
+            return;
+        };
+        let ckey = channel_key(&sub.channel);
+        if let Some(list) = self.lists.get_mut(&ckey) {
+            let index = sub.index as usize;
+            if list.conns.get(index).is_some_and(|&k| k as usize == key) {
+                list.conns.swap_remove(index);
+                if let Some(&moved) = list.conns.get(index)
+                    && let Some(other) = conns
+                        .get_mut(moved as usize)
+                        .and_then(|c| c.session.subscription_mut())
+                {
+                    other.index = index as u32;
+                }
+            }
+            if list.conns.is_empty() {
+                self.lists.remove(&ckey);
+            }
+        }
+        let name = sub.rules.join_leave.then(|| rules::client_name(sub.client));
+        broker.unsubscribe(&sub.channel, self.member(key, sub.format, name.as_deref()));
+    }
+
+    /// Writes every delivery waiting in `inbox` to this loop's subscribers, and
+    /// lists in `failed` those that could not take them.
+    pub fn deliver(
+        &mut self,
+        inbox: &Inbox,
+        conns: &mut Slab<Conn>,
+        max_queue: usize,
+        counts: &mut TurnCounts,
+        failed: &mut Vec<Failed>,
+    ) {
+        let mut batch = std::mem::take(&mut self.batch);
+        inbox.take(&mut batch);
+        let mut start = 0;
+        while start < batch.len() {
+            let ckey = channel_key(&batch[start].channel);
+            let mut end = start + 1;
+            while end < batch.len()
+                && end - start < MAX_FRAMES_PER_WRITE
+                && channel_key(&batch[end].channel) == ckey
+                && batch[end].exclude.is_none()
+                && batch[start].exclude.is_none()
+            {
+                end += 1;
+            }
+            self.fan_out(ckey, &batch[start..end], conns, max_queue, counts, failed);
+            start = end;
+        }
+        batch.clear();
+        self.batch = batch;
+    }
+
+    /// Sends a run of deliveries of one channel to this loop's subscribers: each
+    /// subscriber gets all of them in one write, by reference to the shared frames.
+    fn fan_out(
+        &self,
+        ckey: usize,
+        group: &[Delivery],
+        conns: &mut Slab<Conn>,
+        max_queue: usize,
+        counts: &mut TurnCounts,
+        failed: &mut Vec<Failed>,
+    ) {
+        let Some(list) = self.lists.get(&ckey) else {
+            return;
+        };
+        // Each format's frames are gathered (and encoded) only if a subscriber here
+        // uses it.
+        let mut by_format: [Option<Vec<&bytes::Bytes>>; Format::COUNT] = Default::default();
+        let exclude = group
+            .first()
+            .and_then(|d| d.exclude)
+            .filter(|e| e.loop_index == self.loop_index)
+            .map(|e| e.key);
+        for &key in &list.conns {
+            let key = key as usize;
+            if Some(key) == exclude {
+                continue;
+            }
+            let Some(conn) = conns.get_mut(key) else {
+                continue;
+            };
+            let Some(format) = conn.session.subscription().map(|s| s.format) else {
+                continue;
+            };
+            let frames = by_format[format as usize]
+                .get_or_insert_with(|| group.iter().filter_map(|m| format.frame(m)).collect());
+            if frames.is_empty() || conn.phase != Phase::Active {
+                continue;
+            }
+            counts.messages_out += frames.len() as u64;
+            if conn.out.send_shared(&mut conn.socket, frames).is_err() {
+                failed.push(Failed::Dead(key));
+            } else if conn.out.queued_bytes() > max_queue {
+                failed.push(Failed::Slow(key));
+            }
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The transport seam: how a connection receives channel messages and is kept alive
+//! and closed, one file per transport (WebSocket today; SSE and long-poll later).
+//!
+//! A transport contributes its [`Format`]s (each an encoding of a hub message, made
+//! once per message and shared by every subscriber that uses it), its per-connection
+//! state (kept in the server's connection record; only what an idle connection needs),
+//! and how it heartbeats and closes. Registering a transport means adding its
+//! formats to [`Format`] and its state to the server's session enum; the hub and the
+//! event loop's core stay untouched. This module must not own sockets or decide
+//! routes: the server hands a transport bytes and a place to put its answers.
+
+pub mod websocket;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::broker::Broker;
+use crate::config::ServeConfig;
+use crate::hub::{Channel, Message};
+use crate::rules::ChannelRules;
+use crate::stats::TurnCounts;
+
+/// How a subscriber receives messages: one encoding of a [`Message`] each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// WebSocket, the payload alone (text or binary as published).
+    WsRaw,
+    /// WebSocket, `{"channel","seq","data"}` envelopes and channel events.
+    WsJson,
+}
+
+impl Format {
+    /// How many formats exist: the encodings a message can cache.
+    pub const COUNT: usize = 2;
+
+    /// Whether subscribers in this format see channel events (welcome/join/leave).
+    pub fn listens(self) -> bool {
+        match self {
+            Format::WsRaw => false,
+            Format::WsJson => true,
+        }
+    }
+
+    /// The message in this format, encoded by the first caller and then shared;
+    /// `None` when the format does not show it.
+    pub fn frame(self, message: &Message) -> Option<&Bytes> {
+        message.encoded(self as usize, |m| match self {
+            Format::WsRaw | Format::WsJson => websocket::encode(self, m),
+        })
+    }
+}
+
+/// A subscriber's place in its channel.
+#[derive(Debug)]
+pub struct Subscription {
+    pub channel: Arc<Channel>,
+    /// The client's id (its name in chat: `c<id>`).
+    pub client: u64,
+    /// Position in its loop's subscriber list of the channel, for O(1) removal.
+    pub index: u32,
+    pub format: Format,
+    pub rules: ChannelRules,
+}
+
+/// What a connection asked the server to do after its input was handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    Nothing,
+    /// A final answer (a close frame, a last response) is in the output: flush it,
+    /// then shut the connection down.
+    Close,
+}
+
+/// Why the server ends a connection on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The server is draining (SIGTERM/SIGINT).
+    Shutdown,
+    /// Nothing heard from the client for `--idle-timeout`.
+    IdleTimeout,
+    /// More than `--max-queue` bytes waited for the client.
+    SlowConsumer,
+}
+
+/// What a transport may use while handling a connection's input.
+pub struct Ctx<'a> {
+    /// Answers to this connection, written out once the input is handled.
+    pub out: &'a mut Vec<u8>,
+    pub broker: &'a dyn Broker,
+    pub config: &'a ServeConfig,
+    pub counts: &'a mut TurnCounts,
+}

@@ -1,0 +1,292 @@
+//! WebSocket as a transport: the raw and json encodings of hub messages, what an open
+//! WebSocket keeps between reads, and how its input is answered (echo, chat publish,
+//! refusal, pongs, the close handshake), how it heartbeats (pings) and closes.
+//!
+//! Framing itself is `protocol`'s; what a client's message means is `rules`'. This
+//! module turns both into bytes in the caller's output buffer. It must not own the
+//! socket, keep time, or decide routes.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::{After, CloseReason, Ctx, Format, Subscription};
+use crate::broker::Outgoing;
+use crate::hub::{Body, Message};
+use crate::protocol::{
+    DataKind, Decoder, Event, Flow, close_code, encode_close, encode_frame, encode_header, opcode,
+};
+use crate::rules::{self, Action, Role};
+
+/// An open WebSocket: a decoder only while a frame or message is half received,
+/// and the channel it subscribes to, if any.
+#[derive(Debug, Default)]
+pub struct WsState {
+    decoder: Option<Box<Decoder>>,
+    pub sub: Option<Subscription>,
+}
+
+impl WsState {
+    pub fn new(sub: Option<Subscription>) -> Self {
+        WsState { decoder: None, sub }
+    }
+
+    /// Drops the decoder: after our close frame the peer's bytes are of no use.
+    pub fn stop_reading(&mut self) {
+        self.decoder = None;
+    }
+}
+
+/// The 101 response that completes the handshake.
+pub fn write_opening(out: &mut Vec<u8>, accept: &[u8; 28]) {
+    crate::protocol::handshake::write_switching_protocols(out, accept);
+}
+
+/// A json subscriber's greeting in a channel that announces members.
+pub fn write_welcome(out: &mut Vec<u8>, sub: &Subscription, count: u64) {
+    if sub.format.listens() && sub.rules.join_leave {
+        let name = rules::client_name(sub.client);
+        out.extend_from_slice(&json_event_frame(
+            sub.channel.name(),
+            "welcome",
+            &name,
+            count,
+        ));
+    }
+}
+
+/// A heartbeat: an empty ping.
+pub fn write_heartbeat(out: &mut Vec<u8>) {
+    encode_frame(out, opcode::PING, b"");
+}
+
+/// The close frame the server starts a close handshake with.
+pub fn write_close(out: &mut Vec<u8>, reason: CloseReason) {
+    let (code, text) = match reason {
+        CloseReason::Shutdown => (close_code::GOING_AWAY, "server shutting down"),
+        CloseReason::IdleTimeout => (close_code::GOING_AWAY, "idle timeout"),
+        CloseReason::SlowConsumer => (close_code::POLICY_VIOLATION, "slow consumer"),
+    };
+    encode_close(out, code, text);
+}
+
+/// The message in `format` as one complete frame; `None` for events in raw.
+pub fn encode(format: Format, message: &Message) -> Option<Bytes> {
+    let name = message.channel.name();
+    match (&message.body, format) {
+        (Body::Data { payload, kind, .. }, Format::WsRaw) => {
+            Some(frame_bytes(kind.opcode(), payload))
+        }
+        (
+            Body::Data {
+                seq,
+                payload,
+                kind,
+                from,
+            },
+            Format::WsJson,
+        ) => Some(json_message_frame(
+            name,
+            *seq,
+            payload,
+            *kind,
+            from.as_deref(),
+        )),
+        (Body::Event { .. }, Format::WsRaw) => None,
+        (
+            Body::Event {
+                event,
+                client,
+                count,
+            },
+            Format::WsJson,
+        ) => Some(json_event_frame(name, event, client, *count)),
+    }
+}
+
+/// The text of a message as JSON: a string for text, base64 for binary.
+fn json_data(out: &mut Vec<u8>, payload: &[u8], kind: DataKind) {
+    match kind {
+        DataKind::Text => {
+            let text = String::from_utf8_lossy(payload);
+            // Serializing a str into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, text.as_ref());
+        }
+        DataKind::Binary => {
+            out.push(b'"');
+            out.extend_from_slice(BASE64.encode(payload).as_bytes());
+            out.extend_from_slice(b"\",\"encoding\":\"base64");
+            out.push(b'"');
+        }
+    }
+}
+
+/// A whole server frame around `payload`, as shareable bytes.
+fn frame_bytes(op: u8, payload: &[u8]) -> Bytes {
+    let mut head = Vec::with_capacity(10);
+    encode_header(&mut head, op, payload.len());
+    let mut buf = BytesMut::with_capacity(head.len() + payload.len());
+    buf.put_slice(&head);
+    buf.put_slice(payload);
+    buf.freeze()
+}
+
+/// `{"channel":…,"seq":…,"data":…[,"from":…]}` as a text frame.
+fn json_message_frame(
+    channel: &str,
+    seq: u64,
+    payload: &[u8],
+    kind: DataKind,
+    from: Option<&str>,
+) -> Bytes {
+    let mut body = Vec::with_capacity(payload.len() + channel.len() + 48);
+    body.extend_from_slice(b"{\"channel\":\"");
+    // Channel names are validated to need no escaping.
+    body.extend_from_slice(channel.as_bytes());
+    body.extend_from_slice(b"\",\"seq\":");
+    body.extend_from_slice(seq.to_string().as_bytes());
+    body.extend_from_slice(b",\"data\":");
+    json_data(&mut body, payload, kind);
+    if let Some(from) = from {
+        body.extend_from_slice(b",\"from\":");
+        let _ = serde_json::to_writer(&mut body, from);
+    }
+    body.push(b'}');
+    frame_bytes(opcode::TEXT, &body)
+}
+
+/// `{"channel":…,"event":…,"client":…,"count":…}` as a text frame.
+fn json_event_frame(channel: &str, event: &str, client: &str, count: u64) -> Bytes {
+    let body = serde_json::json!({
+        "channel": channel,
+        "event": event,
+        "client": client,
+        "count": count,
+    })
+    .to_string();
+    frame_bytes(opcode::TEXT, body.as_bytes())
+}
+
+/// Runs the decoder over `data` (unmasked in place), appending every answer
+/// (echoes, pongs, a close frame) to `ctx.out`.
+pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
+    let mut decoder = state.decoder.take().map(|b| *b).unwrap_or_default();
+    let config = ctx.config;
+    let prefix = config.echo_prefix.as_bytes();
+    let role = state
+        .sub
+        .as_ref()
+        .map_or(Role::Echo, |s| Role::Subscriber(s.rules));
+    let from = state.sub.as_ref().map(|s| rules::client_name(s.client));
+    let out = &mut *ctx.out;
+    let broker = ctx.broker;
+    let mut after = After::Nothing;
+    let mut echoed = 0u64;
+    let result = decoder.feed(data, config.max_message_size, |event| match event {
+        Event::Message { kind, payload } => match rules::on_client_message(role) {
+            Action::Echo => {
+                let op = kind.opcode();
+                if op == opcode::TEXT && !prefix.is_empty() {
+                    encode_header(out, op, prefix.len() + payload.len());
+                    out.extend_from_slice(prefix);
+                    out.extend_from_slice(payload);
+                } else {
+                    encode_frame(out, op, payload);
+                }
+                echoed += 1;
+                Flow::Continue
+            }
+            Action::Publish => {
+                let channel = state.sub.as_ref().map_or("", |s| s.channel.name());
+                let message = Outgoing {
+                    payload,
+                    kind,
+                    from: from.as_deref(),
+                };
+                match broker.publish(channel, message) {
+                    Ok(_) => Flow::Continue,
+                    Err(e) => {
+                        encode_close(out, close_code::TRY_AGAIN_LATER, &e.to_string());
+                        after = After::Close;
+                        Flow::Stop
+                    }
+                }
+            }
+            Action::Refuse(reason) => {
+                encode_close(out, close_code::POLICY_VIOLATION, reason);
+                after = After::Close;
+                Flow::Stop
+            }
+        },
+        Event::Ping(payload) => {
+            encode_frame(out, opcode::PONG, payload);
+            Flow::Continue
+        }
+        Event::Pong(_) => Flow::Continue,
+        Event::Close { code, .. } => {
+            match code {
+                Some(code) => encode_close(out, code, ""),
+                None => encode_frame(out, opcode::CLOSE, b""),
+            }
+            after = After::Close;
+            Flow::Stop
+        }
+    });
+    ctx.counts.messages_out += echoed;
+    match result {
+        Ok(stats) => {
+            ctx.counts.frames_in += stats.frames;
+            ctx.counts.messages_in += stats.messages;
+            if after == After::Nothing && !decoder.is_idle() {
+                state.decoder = Some(Box::new(decoder));
+            }
+            after
+        }
+        Err(error) => {
+            tracing::debug!(%error, "protocol error");
+            encode_close(ctx.out, error.close_code(), &error.to_string());
+            After::Close
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_envelopes() {
+        let f = json_message_frame("news", 7, b"he said \"hi\"", DataKind::Text, None);
+        assert_eq!(
+            &f[2..],
+            br#"{"channel":"news","seq":7,"data":"he said \"hi\""}"#
+        );
+        let f = json_message_frame("chat:r", 1, &[0, 255], DataKind::Binary, Some("c9"));
+        assert_eq!(
+            &f[2..],
+            br#"{"channel":"chat:r","seq":1,"data":"AP8=","encoding":"base64","from":"c9"}"#
+        );
+        let f = json_event_frame("chat:r", "join", "c2", 3);
+        assert_eq!(f[0], 0x81);
+        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(v["event"], "join");
+        assert_eq!(v["count"], 3);
+    }
+
+    #[test]
+    fn raw_frames_carry_the_payload_alone() {
+        assert_eq!(&frame_bytes(opcode::TEXT, b"x")[..], b"\x81\x01x");
+        assert_eq!(
+            &frame_bytes(opcode::BINARY, &[1, 2])[..],
+            b"\x82\x02\x01\x02"
+        );
+    }
+
+    #[test]
+    fn server_closes_say_why() {
+        let mut out = Vec::new();
+        write_close(&mut out, CloseReason::SlowConsumer);
+        assert_eq!(&out[..4], &[0x88, 15, 0x03, 0xF0]);
+        assert_eq!(&out[4..], b"slow consumer");
+    }
+}
