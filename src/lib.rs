@@ -1,21 +1,30 @@
 //! throng: one binary that holds huge numbers of concurrent real-time connections.
 //!
 //! # Layout
-//! - [`protocol`]: RFC 6455 framing and the HTTP upgrade, as pure functions and a
-//!   per-connection decoder (no I/O), so they can be unit-tested and fuzzed.
-//! - [`server`]: listeners, one mio event loop per I/O thread, per-connection state
-//!   ([`server::conn`]), the timer wheel, routes, admission limits, shutdown.
-//! - [`hub`]: channels, per-channel `seq`, subscriber counts per loop, fan-out of
-//!   frames encoded once; [`broker`]: the seam publishing goes through (memory now,
-//!   Redis later).
+//! A published message travels one way: `server::routes` (or a chat member's
+//! frame in `transport::websocket`) → [`broker`] (chooses `seq`) → [`hub`] (the loops
+//! with subscribers) → `server::subscribers` on each loop → [`transport`] (encodes
+//! each format once) → [`outbound`] → the socket.
+//!
+//! - [`protocol`]: RFC 6455 framing, the upgrade handshake and HTTP/1.1 heads and
+//!   responses, as pure functions and a per-connection decoder (no I/O).
+//! - [`server`]: listeners, one mio event loop per I/O thread, per-connection
+//!   state, HTTP connections, routes, per-loop subscribers, admission, shutdown.
+//! - [`transport`]: the transport seam; WebSocket today (SSE and long-poll are
+//!   further files there): formats, what a connection holds while idle, heartbeat,
+//!   close.
+//! - [`rules`]: channel names, namespaces (chat rooms, push-only channels), client
+//!   names, and what a client's message means, as pure decisions.
+//! - [`broker`]: a channel's life: `seq`, subscribe/unsubscribe, presence, history
+//!   (in memory now, Redis later); [`hub`]: the local, transport-neutral hand-off
+//!   of each message to the event loops with subscribers.
+//! - [`outbound`]: the one write path (writev, a queue of shared chunks only while
+//!   the socket is behind), used by the server and the load generator.
 //! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file.
 //! - [`stats`]: per-loop counters and the seeds' stats block.
-//! - [`client`]: a minimal HTTP/1.1 client for the API (`throng pub`).
+//! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1
+//!   client for the API (`throng pub`).
 //! - [`os`]: the open-files limit and the connection ceiling it gives.
-//!
-//! Later capabilities slot in beside these: history in the hub, a Redis broker behind
-//! the broker seam, SSE and long-poll transports as further routes, `bench` and
-//! `tune` as commands in `main`.
 
 pub mod bench;
 pub mod broker;

@@ -10,10 +10,13 @@ use std::net::IpAddr;
 
 use mio::net::TcpStream;
 
+use super::http::{self, Next};
+use super::shared::Shared;
 use super::timer::Tick;
 use crate::outbound::Outbound;
+use crate::stats::TurnCounts;
 use crate::transport::websocket::{self, WsState};
-use crate::transport::{CloseReason, Subscription};
+use crate::transport::{After, CloseReason, Ctx, Handover, Subscription};
 
 /// A tick value meaning "no deadline" / "no wheel entry".
 pub const NEVER: Tick = Tick::MAX;
@@ -39,7 +42,58 @@ pub enum Session {
     WebSocket(WsState),
 }
 
+/// What a session's handler made of its input.
+#[derive(Debug)]
+pub enum Handled {
+    /// An HTTP connection's requests were served.
+    Http(Next),
+    /// A transport handled its client's input.
+    Transport(After),
+}
+
 impl Session {
+    /// The session a handed-over connection continues in.
+    pub fn opened(handover: &Handover, sub: Option<Subscription>) -> Session {
+        match handover {
+            Handover::WebSocket { .. } => Session::WebSocket(WsState::new(sub)),
+        }
+    }
+
+    /// Hands what the client sent to this session's handler; answers go to `out`.
+    pub fn on_input(
+        &mut self,
+        input: &mut [u8],
+        peer: IpAddr,
+        shared: &Shared,
+        out: &mut Vec<u8>,
+        counts: &mut TurnCounts,
+    ) -> Handled {
+        match self {
+            Session::Http(pending) => Handled::Http(http::serve(pending, input, shared, peer, out)),
+            Session::WebSocket(ws) => {
+                let mut ctx = Ctx {
+                    out,
+                    broker: &*shared.broker,
+                    config: &shared.config,
+                    counts,
+                };
+                Handled::Transport(websocket::feed(ws, input, &mut ctx))
+            }
+        }
+    }
+
+    /// Appends a new subscriber's greeting (a chat welcome), if its transport has one.
+    pub fn write_welcome(&self, out: &mut Vec<u8>, count: u64) {
+        match self {
+            Session::Http(_) => {}
+            Session::WebSocket(ws) => {
+                if let Some(sub) = &ws.sub {
+                    websocket::write_welcome(out, sub, count);
+                }
+            }
+        }
+    }
+
     /// Counted as an open connection (admission, SOCKETS), to be released.
     pub fn is_counted(&self) -> bool {
         !matches!(self, Session::Http(_))

@@ -19,17 +19,15 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::Shared;
-use super::conn::{Conn, NEVER, Phase, Session};
-use super::http::{self, Next};
-use super::routes::{Upgrade, WsRoute};
+use super::conn::{Conn, Handled, NEVER, Phase, Session};
+use super::http::Next;
+use super::shared::Shared;
 use super::subscribers::{Failed, LocalSubscribers};
 use super::timer::{Tick, TimerWheel, ticks};
 use crate::hub;
 use crate::protocol::http::write_error;
 use crate::stats::{LoopCounters, TurnCounts};
-use crate::transport::websocket::{self, WsState};
-use crate::transport::{After, CloseReason, Ctx, Format};
+use crate::transport::{After, CloseReason, Opening};
 
 /// Bytes read per `read` call, shared by every connection of the loop.
 const READ_BUF: usize = 128 * 1024;
@@ -323,37 +321,21 @@ impl EventLoop {
 
     /// Hands `read_buf[..n]` to the connection's handler.
     fn on_input(&mut self, key: usize, n: usize) {
-        /// What the handler made of the input.
-        enum Handled {
-            Http(Next),
-            Transport(After),
-        }
-        let EventLoop {
-            conns,
-            read_buf,
-            out,
-            shared,
-            turn,
-            ..
-        } = self;
-        let Some(conn) = conns.get_mut(key) else {
+        let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        out.clear();
-        let handled = match &mut conn.session {
-            Session::Http(pending) => {
-                Handled::Http(http::serve(pending, &read_buf[..n], shared, conn.peer, out))
-            }
-            Session::WebSocket(ws) => {
-                let mut ctx = Ctx {
-                    out,
-                    broker: &*shared.broker,
-                    config: &shared.config,
-                    counts: turn,
-                };
-                Handled::Transport(websocket::feed(ws, &mut read_buf[..n], &mut ctx))
-            }
-        };
+        self.out.clear();
+        let handled = conn.session.on_input(
+            &mut self.read_buf[..n],
+            conn.peer,
+            &self.shared,
+            &mut self.out,
+            &mut self.turn,
+        );
+        self.after_input(key, handled);
+    }
+
+    fn after_input(&mut self, key: usize, handled: Handled) {
         match handled {
             Handled::Http(Next::KeepOpen { answered }) => {
                 if answered && let Some(conn) = self.conns.get_mut(key) {
@@ -363,17 +345,18 @@ impl EventLoop {
                 self.send_out(key, After::Nothing);
             }
             Handled::Http(Next::Close) => self.send_out(key, After::Close),
-            Handled::Http(Next::Upgrade { upgrade, leftover }) => {
-                self.open_websocket(key, upgrade, leftover)
+            Handled::Http(Next::Open { opening, leftover }) => {
+                self.open_session(key, opening, leftover)
             }
             Handled::Transport(after) => self.send_out(key, after),
         }
     }
 
-    /// Completes an upgrade: admission, the 101, the subscription (with a chat
-    /// welcome), the first ping; then answers frames the client sent right behind
-    /// its request. `out` may already hold answers to pipelined requests.
-    fn open_websocket(&mut self, key: usize, upgrade: Upgrade, mut leftover: Vec<u8>) {
+    /// Hands a connection over to its transport: admission, the transport's answer
+    /// (the 101), the subscription (with its greeting), the first heartbeat; then
+    /// handles what the client sent right behind its request. `out` may already
+    /// hold answers to pipelined requests.
+    fn open_session(&mut self, key: usize, opening: Opening, mut leftover: Vec<u8>) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -382,29 +365,26 @@ impl EventLoop {
             self.send_out(key, After::Close);
             return;
         }
-        conn.session = Session::WebSocket(WsState::default());
+        conn.session = Session::opened(&opening.handover, None);
         self.counters.sockets.fetch_add(1, Ordering::Relaxed);
-        websocket::write_opening(&mut self.out, &upgrade.accept);
-        if let WsRoute::Subscribe { channel, json } = upgrade.route {
-            let format = if json { Format::WsJson } else { Format::WsRaw };
+        opening.handover.write_head(&mut self.out);
+        if let Some((channel, format)) = opening.subscribe {
             let client = self.shared.next_client_id();
-            match self
+            let joined = self
                 .subscribers
-                .join(&*self.shared.broker, key, &channel, format, client)
-            {
+                .join(&*self.shared.broker, key, &channel, format, client);
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            match joined {
                 Ok((sub, count)) => {
-                    websocket::write_welcome(&mut self.out, &sub, count);
-                    if let Some(conn) = self.conns.get_mut(key) {
-                        conn.session = Session::WebSocket(WsState::new(Some(sub)));
-                    }
+                    conn.session = Session::opened(&opening.handover, Some(sub));
+                    conn.session.write_welcome(&mut self.out, count);
                 }
                 Err(e) => {
-                    // The 101 is out: say why in a close frame the client can read.
-                    crate::protocol::encode_close(
-                        &mut self.out,
-                        crate::protocol::close_code::TRY_AGAIN_LATER,
-                        &e.to_string(),
-                    );
+                    tracing::warn!(error = %e, channel, "subscribe failed");
+                    conn.session
+                        .write_close(&mut self.out, CloseReason::Unavailable);
                     self.send_out(key, After::Close);
                     return;
                 }
@@ -425,19 +405,18 @@ impl EventLoop {
         }
         let due = next_due(conn, self.idle_ticks);
         set_deadline(&mut self.wheel, key, conn, due);
-        let mut after = After::Nothing;
-        if !leftover.is_empty()
-            && let Session::WebSocket(ws) = &mut conn.session
-        {
-            let mut ctx = Ctx {
-                out: &mut self.out,
-                broker: &*self.shared.broker,
-                config: &self.shared.config,
-                counts: &mut self.turn,
-            };
-            after = websocket::feed(ws, &mut leftover, &mut ctx);
+        if leftover.is_empty() {
+            self.send_out(key, After::Nothing);
+            return;
         }
-        self.send_out(key, after);
+        let handled = conn.session.on_input(
+            &mut leftover,
+            conn.peer,
+            &self.shared,
+            &mut self.out,
+            &mut self.turn,
+        );
+        self.after_input(key, handled);
     }
 
     /// Writes every delivery waiting in this loop's inbox to its subscribers.

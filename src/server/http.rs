@@ -1,8 +1,8 @@
 //! HTTP/1.1 connections: a request that arrives in pieces is buffered, each whole
 //! request is routed and answered, successful API answers keep the connection for
 //! the next request (keep-alive), and requests sent back to back are answered in
-//! order (pipelining). A request that asks for a WebSocket is handed back to the
-//! event loop with whatever bytes followed it.
+//! order (pipelining). A request that asks for a transport (a WebSocket) is handed back
+//! to the event loop with whatever bytes followed it.
 //!
 //! It owns the request buffering and the keep-alive rules' mechanics; `routes` owns
 //! what each path means and `protocol::http` the bytes of each response. It must not
@@ -10,9 +10,10 @@
 
 use std::net::IpAddr;
 
-use super::Shared;
-use super::routes::{self, Outcome, RouteContext, Upgrade};
+use super::routes::{self, Outcome, RouteContext};
+use super::shared::Shared;
 use crate::protocol::http::{ParseError, parse_request, write_error};
+use crate::transport::Opening;
 
 /// What to do with the connection once its input is served.
 #[derive(Debug)]
@@ -22,8 +23,9 @@ pub enum Next {
     KeepOpen { answered: bool },
     /// The last answer is in the output; close after sending it.
     Close,
-    /// Open a WebSocket; `leftover` are the bytes the client sent after its request.
-    Upgrade { upgrade: Upgrade, leftover: Vec<u8> },
+    /// Hand the connection to a transport; `leftover` are the bytes the client sent
+    /// after its request.
+    Open { opening: Opening, leftover: Vec<u8> },
 }
 
 /// Serves every whole request in `pending` followed by `input`, appending the
@@ -81,9 +83,9 @@ pub fn serve(
                     return Next::KeepOpen { answered };
                 }
             }
-            Outcome::Upgrade(upgrade) => {
-                return Next::Upgrade {
-                    upgrade,
+            Outcome::Open(opening) => {
+                return Next::Open {
+                    opening,
                     leftover: rest[head_len..].to_vec(),
                 };
             }
@@ -146,7 +148,7 @@ mod tests {
         let mut raw = b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".to_vec();
         raw.extend_from_slice(&[0x81, 0x80, 1, 2, 3, 4]);
         match serve(&mut pending, &raw, &shared, LOCAL.into(), &mut out) {
-            Next::Upgrade { leftover, .. } => assert_eq!(leftover, [0x81, 0x80, 1, 2, 3, 4]),
+            Next::Open { leftover, .. } => assert_eq!(leftover, [0x81, 0x80, 1, 2, 3, 4]),
             other => panic!("{other:?}"),
         }
     }

@@ -1,24 +1,30 @@
-//! The server: listeners, I/O threads, admission limits and shutdown.
+//! The server: listeners, I/O threads and shutdown.
 //!
 //! [`start`] binds every listen address once per I/O thread (SO_REUSEPORT, so the
 //! kernel spreads accepted connections over the threads and, later, over worker
 //! processes), runs one [`event_loop::EventLoop`] per thread, and returns a
 //! [`ServerHandle`] that can stop it. Tests start it on port 0 and stop it through
-//! the handle; `main` stops it on SIGINT/SIGTERM. This module must not parse bytes
-//! (that is `protocol`) or decide routes (that is `routes`).
+//! the handle; `main` stops it on SIGINT/SIGTERM.
+//!
+//! Inside: [`event_loop`] polls, dispatches and keeps time; [`conn`] is the
+//! per-connection record and its transport session; [`http`] serves HTTP
+//! connections (buffering, keep-alive, pipelining) and [`routes`] decides what each
+//! path means; [`subscribers`] holds a loop's subscriber lists and fans out its
+//! inbox; [`shared`] is what every loop reads; [`timer`] the deadline wheel. This
+//! module must not parse bytes (that is `protocol`) or decide routes.
 
 pub mod conn;
 pub mod event_loop;
 pub mod http;
 pub mod routes;
+pub mod shared;
 pub mod subscribers;
 pub mod timer;
 
-use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
 use mio::{Poll, Waker};
@@ -29,6 +35,8 @@ use crate::config::ServeConfig;
 use crate::hub::Hub;
 use crate::stats::ServerStats;
 use crate::transport::Format;
+use shared::Shared;
+pub use shared::{Admission, Refusal};
 
 /// Pending connections the kernel may queue per listener (capped by somaxconn).
 const LISTEN_BACKLOG: i32 = 4096;
@@ -45,112 +53,6 @@ pub enum ServerError {
     Thread(io::Error),
     #[error("I/O thread panicked")]
     Panicked,
-}
-
-/// A handshake refused by a connection limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub status: u16,
-    pub reason: String,
-}
-
-/// `--max-conns` and `--max-conns-per-ip`, shared by every I/O thread.
-#[derive(Debug)]
-pub struct Admission {
-    open: AtomicUsize,
-    max: Option<usize>,
-    per_ip_max: Option<u32>,
-    /// Only touched at handshake and close, never per message: a std Mutex is enough.
-    per_ip: Mutex<HashMap<IpAddr, u32>>,
-}
-
-impl Admission {
-    pub fn new(max: Option<usize>, per_ip_max: Option<u32>) -> Self {
-        Admission {
-            open: AtomicUsize::new(0),
-            max,
-            per_ip_max,
-            per_ip: Mutex::new(HashMap::new()),
-        }
-    }
-
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-
-    /// Counts one more WebSocket from `ip`, or says which limit refuses it.
-    pub fn try_admit(&self, ip: IpAddr) -> Result<(), Refusal> {
-        let before = self.open.fetch_add(1, Ordering::AcqRel);
-        if let Some(max) = self.max
-            && before >= max
-        {
-            self.open.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refusal {
-                status: 503,
-                reason: format!("server is full: --max-conns {max} connections are open"),
-            });
-        }
-        if let Some(per_ip_max) = self.per_ip_max {
-            let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
-            let count = map.entry(ip).or_insert(0);
-            if *count >= per_ip_max {
-                self.open.fetch_sub(1, Ordering::AcqRel);
-                return Err(Refusal {
-                    status: 429,
-                    reason: format!(
-                        "too many connections from {ip}: --max-conns-per-ip is {per_ip_max}"
-                    ),
-                });
-            }
-            *count += 1;
-        }
-        Ok(())
-    }
-
-    pub fn release(&self, ip: IpAddr) {
-        self.open.fetch_sub(1, Ordering::AcqRel);
-        if self.per_ip_max.is_some() {
-            let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(count) = map.get_mut(&ip) {
-                *count -= 1;
-                if *count == 0 {
-                    map.remove(&ip);
-                }
-            }
-        }
-    }
-}
-
-/// State every I/O thread reads.
-#[derive(Debug)]
-pub struct Shared {
-    pub config: ServeConfig,
-    pub admission: Admission,
-    /// Set once on SIGINT/SIGTERM or [`ServerHandle::shutdown`]; loops then drain.
-    pub shutdown: AtomicBool,
-    pub stats: ServerStats,
-    pub hub: Arc<Hub>,
-    pub broker: Arc<dyn Broker>,
-    /// The next client id (a chat member's name is `c<id>`).
-    next_client: AtomicU64,
-}
-
-impl Shared {
-    fn new(config: ServeConfig, hub: Arc<Hub>, broker: Arc<dyn Broker>) -> Self {
-        Shared {
-            admission: Admission::new(config.max_conns, config.max_conns_per_ip),
-            shutdown: AtomicBool::new(false),
-            stats: ServerStats::new(config.threads),
-            config,
-            hub,
-            broker,
-            next_client: AtomicU64::new(1),
-        }
-    }
-
-    pub fn next_client_id(&self) -> u64 {
-        self.next_client.fetch_add(1, Ordering::Relaxed)
-    }
 }
 
 /// A running server.
@@ -302,25 +204,5 @@ pub(crate) mod tests_support {
         let broker = Arc::new(MemoryBroker::new(Arc::clone(&hub), 0));
         let shared = Shared::new(config, hub, broker);
         (shared, polls)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn admission_limits_total_and_per_ip() {
-        let a = Admission::new(Some(3), Some(2));
-        let one: IpAddr = [127, 0, 0, 1].into();
-        let two: IpAddr = [127, 0, 0, 2].into();
-        assert!(a.try_admit(one).is_ok());
-        assert!(a.try_admit(one).is_ok());
-        assert_eq!(a.try_admit(one).unwrap_err().status, 429);
-        assert!(a.try_admit(two).is_ok());
-        assert_eq!(a.try_admit(two).unwrap_err().status, 503);
-        a.release(one);
-        assert!(a.try_admit(two).is_ok());
-        assert_eq!(a.open(), 3);
     }
 }

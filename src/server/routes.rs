@@ -10,44 +10,26 @@
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 
-use super::Shared;
+use super::shared::Shared;
 use crate::broker::Outgoing;
 use crate::protocol::DataKind;
 use crate::protocol::handshake::{self, HandshakeError};
 use crate::protocol::http::{self, Request};
 use crate::rules::validate_channel_name;
-
-/// What an upgraded connection does with its messages.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WsRoute {
-    Echo,
-    /// `/ws/{channel}`: receive the channel's messages (as json envelopes or raw).
-    Subscribe {
-        channel: String,
-        json: bool,
-    },
-}
-
-/// A request the loop should upgrade.
-#[derive(Debug)]
-pub struct Upgrade {
-    pub accept: [u8; 28],
-    pub route: WsRoute,
-}
+use crate::transport::{Format, Handover, Opening};
 
 /// What the router decided.
 #[derive(Debug)]
 pub enum Outcome {
     /// A complete response is in `out`; close after sending it.
     Responded,
-    Upgrade(Upgrade),
+    /// Hand the connection to a transport (a WebSocket upgrade).
+    Open(Opening),
     /// The request announced a body that has not fully arrived: read more.
     NeedBody,
     /// A complete response is in `out` and the connection stays open (HTTP/1.1
     /// keep-alive); the request took the first `consumed` bytes of the input.
-    KeepAlive {
-        consumed: usize,
-    },
+    KeepAlive { consumed: usize },
 }
 
 /// What the router needs to know about the request's connection and the server.
@@ -84,7 +66,7 @@ Health:               GET /healthz\n";
 pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
     let path = req.path();
     if path == "/" || path == "/echo" {
-        return websocket_endpoint(req, WsRoute::Echo, out);
+        return websocket_endpoint(req, None, out);
     }
     if let Some(channel) = path.strip_prefix("/ws/") {
         return subscribe_endpoint(req, channel, out);
@@ -164,7 +146,12 @@ fn ok_json(
     ok(req, ctx, out, "application/json", text.as_bytes(), body_len)
 }
 
-fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> Outcome {
+/// A WebSocket request: echo (`subscribe` is `None`) or a channel subscription.
+fn websocket_endpoint(
+    req: &Request<'_>,
+    subscribe: Option<(String, Format)>,
+    out: &mut Vec<u8>,
+) -> Outcome {
     if !req.wants_upgrade() {
         if req.method != "GET" {
             http::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
@@ -187,7 +174,10 @@ fn websocket_endpoint(req: &Request<'_>, route: WsRoute, out: &mut Vec<u8>) -> O
         return Outcome::Responded;
     }
     match handshake::validate_upgrade(req) {
-        Ok(accept) => Outcome::Upgrade(Upgrade { accept, route }),
+        Ok(accept) => Outcome::Open(Opening {
+            handover: Handover::WebSocket { accept },
+            subscribe,
+        }),
         Err(err) => {
             let extra: &[(&str, &str)] = match err {
                 HandshakeError::UnsupportedVersion => &[("Sec-WebSocket-Version", "13")],
@@ -214,9 +204,9 @@ fn subscribe_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Ou
         http::write_error(out, 400, &e.to_string(), &[]);
         return Outcome::Responded;
     }
-    let json = match query_param(req, "format") {
-        None | Some("raw") => false,
-        Some("json") => true,
+    let format = match query_param(req, "format") {
+        None | Some("raw") => Format::WsRaw,
+        Some("json") => Format::WsJson,
         Some(other) => {
             let reason = format!("format must be raw or json, not '{}'", truncate(other, 40));
             http::write_error(out, 400, &reason, &[]);
@@ -232,11 +222,7 @@ fn subscribe_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Ou
         );
         return Outcome::Responded;
     }
-    let route = WsRoute::Subscribe {
-        channel: channel.to_string(),
-        json,
-    };
-    websocket_endpoint(req, route, out)
+    websocket_endpoint(req, Some((channel.to_string(), format)), out)
 }
 
 /// Compares secrets in time that does not depend on where they differ.
@@ -448,20 +434,20 @@ mod tests {
         let (outcome, out) = answer(&format!("GET /echo?x=1 {UPGRADE}"));
         assert!(matches!(
             outcome,
-            Outcome::Upgrade(Upgrade {
-                route: WsRoute::Echo,
-                ..
+            Outcome::Open(Opening {
+                handover: Handover::WebSocket { .. },
+                subscribe: None,
             })
         ));
         assert!(out.is_empty());
         let (outcome, _) = answer(&format!("GET /ws/chat:lobby?format=json {UPGRADE}"));
         match outcome {
-            Outcome::Upgrade(Upgrade {
-                route: WsRoute::Subscribe { channel, json },
+            Outcome::Open(Opening {
+                subscribe: Some((channel, format)),
                 ..
             }) => {
                 assert_eq!(channel, "chat:lobby");
-                assert!(json);
+                assert_eq!(format, Format::WsJson);
             }
             other => panic!("{other:?}"),
         }

@@ -51,6 +51,30 @@ impl Format {
     }
 }
 
+/// A connection a route hands to a transport.
+#[derive(Debug)]
+pub struct Opening {
+    pub handover: Handover,
+    /// The channel to subscribe to, and in which format; `None`: echo.
+    pub subscribe: Option<(String, Format)>,
+}
+
+/// What a transport needs to take a connection over from HTTP.
+#[derive(Debug)]
+pub enum Handover {
+    /// A valid upgrade request; its `Sec-WebSocket-Accept` value.
+    WebSocket { accept: [u8; 28] },
+}
+
+impl Handover {
+    /// Appends the response that hands the connection over (the 101).
+    pub fn write_head(&self, out: &mut Vec<u8>) {
+        match self {
+            Handover::WebSocket { accept } => websocket::write_opening(out, accept),
+        }
+    }
+}
+
 /// A subscriber's place in its channel.
 #[derive(Debug)]
 pub struct Subscription {
@@ -81,6 +105,8 @@ pub enum CloseReason {
     IdleTimeout,
     /// More than `--max-queue` bytes waited for the client.
     SlowConsumer,
+    /// The broker could not take the subscription.
+    Unavailable,
 }
 
 /// What a transport may use while handling a connection's input.

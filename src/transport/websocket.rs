@@ -66,6 +66,10 @@ pub fn write_close(out: &mut Vec<u8>, reason: CloseReason) {
         CloseReason::Shutdown => (close_code::GOING_AWAY, "server shutting down"),
         CloseReason::IdleTimeout => (close_code::GOING_AWAY, "idle timeout"),
         CloseReason::SlowConsumer => (close_code::POLICY_VIOLATION, "slow consumer"),
+        CloseReason::Unavailable => (
+            close_code::TRY_AGAIN_LATER,
+            "broker unavailable, retry later",
+        ),
     };
     encode_close(out, code, text);
 }
