@@ -13,16 +13,22 @@
 #
 # Servers: throng; gorilla (Go gorilla/websocket); tungstenite (tokio-tungstenite,
 # default config: a 128 KiB read buffer per connection); tungstenite4k (the same with
-# a 4 KiB read buffer, the fair peer for many idle connections); node (ws).
+# a 4 KiB read buffer, the fair peer for many idle connections); node (ws);
+# throng-base (not in the default list): a second throng binary, $THRONG_BASE_BIN,
+# run with the same flags as throng and interleaved with it like any other server,
+# to compare two builds (say the previous commit and this one) in one run; its rows
+# in the tables are labelled throng-base, and "÷ throng-base" is the A/B ratio.
 # Usage: bench/engine.sh [--servers throng,gorilla,tungstenite,tungstenite4k,node]
 #                        [--conns-idle 15000] [--rate 2000] [--echo-duration 10s]
 #                        [--echo-conns 100,1000] [--rounds 2] [--results-dir DIR]
-# Env:   THRONG_BIN (default <repo>/target/release/throng)
+# A/B:   THRONG_BASE_BIN=/path/to/old/throng bench/engine.sh --servers throng,throng-base
+# Env:   THRONG_BIN (default <repo>/target/release/throng);
+#        THRONG_BASE_BIN (the throng-base binary; needed for --servers ...throng-base)
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
-THRONG_BIN=${THRONG_BIN:-$REPO_DIR/target/release/throng}
+# REPO_DIR, THRONG_BIN; options, logging, builds, servers, machine, report helpers
+. "$BENCH_DIR/lib.sh"
 
 SERVERS=throng,gorilla,tungstenite,tungstenite4k,node
 RESULTS_DIR=$BENCH_DIR/results
@@ -36,49 +42,13 @@ START_SETTLE=2      # seconds between readiness and the "before" RSS samples
 SOURCE_IPS=127.0.0.2-127.0.0.254
 ROUNDS=2            # echo rounds per server (interleaved); the table shows the median
 
-usage() { awk 'NR > 1 && /^set /{exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --servers) SERVERS=$2; shift 2 ;;
-    --servers=*) SERVERS=${1#*=}; shift ;;
-    --conns-idle) CONNS_IDLE=$2; shift 2 ;;
-    --conns-idle=*) CONNS_IDLE=${1#*=}; shift ;;
-    --rate) RATE=$2; shift 2 ;;
-    --rate=*) RATE=${1#*=}; shift ;;
-    --echo-duration) ECHO_DURATION=$2; shift 2 ;;
-    --echo-duration=*) ECHO_DURATION=${1#*=}; shift ;;
-    --echo-conns) ECHO_CONNS=$2; shift 2 ;;
-    --echo-conns=*) ECHO_CONNS=${1#*=}; shift ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
-    --rounds=*) ROUNDS=${1#*=}; shift ;;
-    --results-dir) RESULTS_DIR=$2; shift 2 ;;
-    --results-dir=*) RESULTS_DIR=${1#*=}; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "engine.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
-  esac
-done
-for s in ${SERVERS//,/ }; do
-  case "$s" in throng|gorilla|tungstenite|tungstenite4k|node) ;; *) echo "engine.sh: unknown server '$s'" >&2; exit 2 ;; esac
-done
-
-log() { printf '[engine %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-# stop_server, busy_pct, wait_quiet: shared with the other harnesses.
-. "$BENCH_DIR/lib.sh"
-need() { command -v "$1" >/dev/null 2>&1 || { echo "engine.sh: needs $1" >&2; exit 1; }; }
+parse_options "--servers=SERVERS --conns-idle=CONNS_IDLE --rate=RATE --echo-duration=ECHO_DURATION
+  --echo-conns=ECHO_CONNS --rounds=ROUNDS --results-dir=RESULTS_DIR" "$@"
+check_names server "$SERVERS" throng throng-base gorilla tungstenite tungstenite4k node
+check_throng_base
 need jq
 
-RUN_START=$(date +%s)
-STAMP=$(date +%Y%m%d-%H%M%S)
-WORK=$(mktemp -d /tmp/throng-engine.XXXXXX)
-mkdir -p "$RESULTS_DIR"
-SERVER_PID=
-cleanup() {
-  if [ -n "${SERVER_PID:-}" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+begin_run engine
 
 # ---------------------------------------------------------------- build
 WSLOAD=$BENCH_DIR/clients/wsload/wsload
@@ -87,17 +57,7 @@ TUNG_DIR=$BENCH_DIR/peers/tungstenite-echo
 TUNGSTENITE=$TUNG_DIR/target/release/tungstenite-echo
 NODE_DIR=$BENCH_DIR/peers/node-ws-echo
 
-go_build() { # dir out
-  if [ ! -x "$1/$2" ] || [ -n "$(find "$1" -maxdepth 1 \( -name '*.go' -o -name go.mod -o -name go.sum \) -newer "$1/$2")" ]; then
-    need go
-    log "go build $1"
-    (cd "$1" && go build -o "$2" .)
-  fi
-}
 go_build "$BENCH_DIR/clients/wsload" wsload
-
-want() { case ",$SERVERS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-SKIPPED=()
 if want gorilla; then go_build "$BENCH_DIR/peers/gorilla-echo" gorilla-echo; fi
 if want tungstenite || want tungstenite4k; then
   need cargo
@@ -112,54 +72,22 @@ if want node; then
     (cd "$NODE_DIR" && npm install --no-audit --no-fund --silent) || SKIPPED+=("node: npm install failed")
   fi
 fi
-if want throng; then copy_throng; fi
+copy_throngs
 
 # ---------------------------------------------------------------- machine
-NPROC=$(nproc)
-MODEL=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-KERNEL=$(uname -r)
-DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-MEM=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
-CLK_TCK=$(getconf CLK_TCK)
+describe_machine
 NOFILE=$(ulimit -n)
 
 # ---------------------------------------------------------------- servers
-free_port() {
-  local p
-  for _ in $(seq 1 50); do
-    p=$(( 20000 + RANDOM % 12000 ))   # below the ephemeral range (32768+)
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-
 server_cmd() { # name port -> prints nothing, sets CMD array
   case "$1" in
-    throng) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s) ;;
+    throng|throng-base) CMD=("$WORK/$1" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s) ;;
     gorilla) CMD=("$GORILLA" -addr "127.0.0.1:$2") ;;
     tungstenite) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2") ;;
     tungstenite4k) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2" --read-buffer 4096) ;;
     node) CMD=(node "$NODE_DIR/server.js" --addr "127.0.0.1:$2") ;;
   esac
 }
-
-start_server() { # name tag -> sets SERVER_PID, PORT; returns 1 if not ready
-  local name=$1 tag=$2
-  PORT=$(free_port) || { log "no free port"; return 1; }
-  server_cmd "$name" "$PORT"
-  "${CMD[@]}" >"$WORK/$name-$tag.log" 2>&1 &
-  SERVER_PID=$!
-  local i
-  for i in $(seq 1 100); do   # up to 10 s
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-      log "$name exited during start-up; log:"; tail -5 "$WORK/$name-$tag.log" >&2; SERVER_PID=; return 1
-    fi
-    if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  log "$name not ready on :$PORT after 10 s"; stop_server; return 1
-}
-
 
 # Other sessions may share this machine. Before each measurement wait (up to
 # QUIET_WAIT_MAX s each, QUIET_BUDGET s per run) until the machine is < 25%
@@ -180,20 +108,14 @@ run_client() { # outfile args...
 
 server_version() {
   case "$1" in
-    throng) echo "$("$WORK/throng" --version 2>/dev/null), $THRONG_BIN (mtime $THRONG_MTIME, sha256 $THRONG_SHA)" ;;
+    throng|throng-base) throng_version "$1" ;;
     gorilla) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$BENCH_DIR/peers/gorilla-echo/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
     tungstenite|tungstenite4k) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
     node) echo "ws $(jq -r .version "$NODE_DIR/node_modules/ws/package.json" 2>/dev/null), node $(node --version 2>/dev/null)" ;;
   esac
 }
 
-# Which servers run: requested, minus skipped.
-RAN=()
-for name in ${SERVERS//,/ }; do
-  skip=
-  for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do case "$s" in "$name:"*) skip=1 ;; esac; done
-  if [ -n "$skip" ]; then log "skipping $name"; else RAN+=("$name"); fi
-done
+select_servers
 
 # (a) idle RSS: one fresh server per name.
 for name in "${RAN[@]+"${RAN[@]}"}"; do
@@ -274,23 +196,16 @@ for name in "${RAN[@]+"${RAN[@]}"}"; do
 done
 
 # ---------------------------------------------------------------- report
-RUN_SECONDS=$(( $(date +%s) - RUN_START ))
-OUT_JSON=$RESULTS_DIR/engine-$STAMP.json
-OUT_MD=$RESULTS_DIR/engine-$STAMP.md
-{
-  jq -n --arg nproc "$NPROC" --arg model "$MODEL" --arg kernel "$KERNEL" --arg date "$DATE" --arg mem "$MEM" \
-    --arg nofile "$NOFILE" --arg clk "$CLK_TCK" --argjson conns_idle "$CONNS_IDLE" --arg rate "$RATE" \
-    --arg echo_duration "$ECHO_DURATION" --arg echo_conns "$ECHO_CONNS" --argjson rounds "$ROUNDS" --arg src "$SOURCE_IPS" \
-    --argjson run_seconds "$RUN_SECONDS" --arg skipped "$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}")" \
-    --argjson retries "$RETRIES_USED" --argjson quiet_waited "$QUIET_WAITED" \
-    '{machine:{nproc:($nproc|tonumber), model:$model, kernel:$kernel, memory:$mem, nofile:$nofile, clk_tck:($clk|tonumber), date:$date},
-      params:{conns_idle:$conns_idle, rate:$rate, echo_duration:$echo_duration, echo_conns:$echo_conns, source_ips:$src,
-              idle_hold:"'"$IDLE_HOLD"'", idle_settle:"'"$IDLE_SETTLE"'", start_settle_s:'"$START_SETTLE"', message_size:32, warmup:"1s", rounds:$rounds},
-      skipped:($skipped|split("\n")|map(select(length>0))), run_seconds:$run_seconds, retries_used:$retries, quiet_wait_seconds:$quiet_waited, servers:[]}'
-} >"$WORK/all.json"
-for name in "${RAN[@]+"${RAN[@]}"}"; do
-  jq --slurpfile s "$WORK/$name.json" '.servers += $s' "$WORK/all.json" >"$WORK/all.tmp" && mv "$WORK/all.tmp" "$WORK/all.json"
-done
+report_paths engine
+jq -n --argjson machine "$(machine_json nofile)" --argjson conns_idle "$CONNS_IDLE" --arg rate "$RATE" \
+  --arg echo_duration "$ECHO_DURATION" --arg echo_conns "$ECHO_CONNS" --argjson rounds "$ROUNDS" --arg src "$SOURCE_IPS" \
+  --argjson run_seconds "$RUN_SECONDS" --argjson skipped "$(skipped_json)" \
+  --argjson retries "$RETRIES_USED" --argjson quiet_waited "$QUIET_WAITED" \
+  '{machine:$machine,
+    params:{conns_idle:$conns_idle, rate:$rate, echo_duration:$echo_duration, echo_conns:$echo_conns, source_ips:$src,
+            idle_hold:"'"$IDLE_HOLD"'", idle_settle:"'"$IDLE_SETTLE"'", start_settle_s:'"$START_SETTLE"', message_size:32, warmup:"1s", rounds:$rounds},
+    skipped:$skipped, run_seconds:$run_seconds, retries_used:$retries, quiet_wait_seconds:$quiet_waited, servers:[]}' >"$WORK/all.json"
+for name in "${RAN[@]+"${RAN[@]}"}"; do add_server "$WORK/$name.json"; done
 cp "$WORK/all.json" "$OUT_JSON"
 
 E1=${ECHO_CONNS%%,*}; E2=${ECHO_CONNS##*,}
@@ -303,27 +218,18 @@ render() {
   echo "  idle: $CONNS_IDLE conns @ ${RATE}/s, RSS = median of 5 VmRSS samples before / ${IDLE_SETTLE} after all open;"
   echo "  echo: 32 B text, 1 in flight per conn, 1 s warmup + $ECHO_DURATION window, $ROUNDS interleaved rounds (median shown);"
   echo "  fresh server process per measurement; server CPU = utime+stime of the server pid over the window."
-  for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do echo "- skipped: $s"; done
+  print_skipped
   echo
-  jq -r --arg e1 "$E1" --arg e2 "$E2" '
-    def f0: if . == null then "n/a" else (. + 0.5 | floor | tostring) end;
-    def f1: if . == null then "n/a" else ((. * 10 + 0.5 | floor) / 10 | tostring) end;
-    def f2: if . == null then "n/a" else ((. * 100 + 0.5 | floor) / 100 | tostring) end;
-    def sig3: if . == null then "n/a" elif . == 0 then "0" else (. as $x | ($x|fabs|log10|floor) as $e | pow(10; 2 - $e) as $m | (($x * $m + 0.5 | floor) / $m) | tostring) end;
-    def ok(e): if e == null or e.error != null then null else e end;
+  jq -r --arg e1 "$E1" --arg e2 "$E2" "$JQ_DEFS"'
     "| server | idle B/conn @\(.params.conns_idle) | msgs/s @\($e1) | msgs/s @\($e2) | server CPU µs/msg @\($e1) | server CPU µs/msg @\($e2) |",
     "|---|---:|---:|---:|---:|---:|",
     (.servers[] |
       "| \(.name) | \(ok(.idle).server_rss_bytes_per_conn | f0) | \(ok(.echo[$e1]).msgs_per_sec | f0) | \(ok(.echo[$e2]).msgs_per_sec | f0) | \(ok(.echo[$e1]).server_cpu_us_per_msg | f2) | \(ok(.echo[$e2]).server_cpu_us_per_msg | f2) |"),
     "",
-    ( (.servers | map(select(.name == "throng")) | .[0]) as $t |
-      if $t == null then "(throng not measured: no ratios)" else
+    ratio_table(
       "| throng ÷ peer | RSS/conn ratio | msgs/s ratio @\($e1) | msgs/s ratio @\($e2) | CPU/msg ratio @\($e1) | CPU/msg ratio @\($e2) |",
-      "|---|---:|---:|---:|---:|---:|",
-      (.servers[] | select(.name != "throng") as $p |
-        def r(a; b): if a == null or b == null or b == 0 then null else a / b end;
-        "| ÷ \($p.name) | \(r(ok($t.idle).server_rss_bytes_per_conn; ok($p.idle).server_rss_bytes_per_conn) | sig3) | \(r(ok($t.echo[$e1]).msgs_per_sec; ok($p.echo[$e1]).msgs_per_sec) | f2) | \(r(ok($t.echo[$e2]).msgs_per_sec; ok($p.echo[$e2]).msgs_per_sec) | f2) | \(r(ok($t.echo[$e1]).server_cpu_us_per_msg; ok($p.echo[$e1]).server_cpu_us_per_msg) | f2) | \(r(ok($t.echo[$e2]).server_cpu_us_per_msg; ok($p.echo[$e2]).server_cpu_us_per_msg) | f2) |")
-      end ),
+      "|---|---:|---:|---:|---:|---:|";
+      "| ÷ \(.p.name) | \(r(ok(.t.idle).server_rss_bytes_per_conn; ok(.p.idle).server_rss_bytes_per_conn) | sig3) | \(r(ok(.t.echo[$e1]).msgs_per_sec; ok(.p.echo[$e1]).msgs_per_sec) | f2) | \(r(ok(.t.echo[$e2]).msgs_per_sec; ok(.p.echo[$e2]).msgs_per_sec) | f2) | \(r(ok(.t.echo[$e1]).server_cpu_us_per_msg; ok(.p.echo[$e1]).server_cpu_us_per_msg) | f2) | \(r(ok(.t.echo[$e2]).server_cpu_us_per_msg; ok(.p.echo[$e2]).server_cpu_us_per_msg) | f2) |"),
     "",
     "Details: idle validity; echo medians over valid rounds, with the min–max of msgs/s and server CPU µs/msg across rounds:",
     "",

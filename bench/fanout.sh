@@ -4,7 +4,11 @@
 #
 # Servers: throng, gorilla-hub (Go, gorilla/websocket, hub + per-client send
 # buffer and writer goroutine), tokio-broadcast (Rust, axum + one
-# tokio::sync::broadcast channel per channel name). A fresh server process on a
+# tokio::sync::broadcast channel per channel name); throng-base (not in the
+# default list): a second throng binary, $THRONG_BASE_BIN, run with the same flags
+# as throng and measured alongside it like any other server, to compare two builds
+# (say the previous commit and this one) in one run; its rows are labelled
+# throng-base, and "÷ throng-base" is the A/B ratio. A fresh server process on a
 # free loopback port for every scenario; the client is bench/clients/fanload
 # (Go, gorilla/websocket), sources spread over 127.0.0.2-127.0.0.254:
 #   (A) one channel, --subs subscribers, --publish-rate msg/s
@@ -23,12 +27,14 @@
 #                        [--channels-b 10000] [--publish-rate-b 10000]
 #                        [--idle-conns 15000] [--duration 10s] [--rate 3000]
 #                        [--no-keepalive] [--scenarios A,B,C] [--results-dir DIR]
-# Env:   THRONG_BIN (default <repo>/target/release/throng)
+# A/B:   THRONG_BASE_BIN=/path/to/old/throng bench/fanout.sh --servers throng,throng-base
+# Env:   THRONG_BIN (default <repo>/target/release/throng);
+#        THRONG_BASE_BIN (the throng-base binary; needed for --servers ...throng-base)
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
-THRONG_BIN=${THRONG_BIN:-$REPO_DIR/target/release/throng}
+# REPO_DIR, THRONG_BIN; options, logging, builds, servers, machine, report helpers
+. "$BENCH_DIR/lib.sh"
 
 SERVERS=throng,gorilla-hub,tokio-broadcast
 SCENARIOS=A,B,C
@@ -47,59 +53,17 @@ PUBLISHERS=16
 KEEPALIVE=true       # --no-keepalive: a new TCP connection per publish for every server
 SOURCE_IPS=127.0.0.2-127.0.0.254
 
-usage() { awk 'NR > 1 && /^set /{exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --servers|--scenarios|--subs|--publish-rate|--channels-b|--publish-rate-b|--idle-conns|--duration|--rate|--results-dir)
-      [ $# -ge 2 ] || { echo "fanout.sh: $1 needs a value" >&2; exit 2; }
-      v=$2; k=$1; shift 2 ;;
-    --*=*) k=${1%%=*}; v=${1#*=}; shift ;;
-    --no-keepalive) KEEPALIVE=false; shift; continue ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "fanout.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
-  esac
-  case "$k" in
-    --servers) SERVERS=$v ;;
-    --scenarios) SCENARIOS=$v ;;
-    --subs) SUBS=$v ;;
-    --publish-rate) PUBLISH_RATE=$v ;;
-    --channels-b) CHANNELS_B=$v ;;
-    --publish-rate-b) PUBLISH_RATE_B=$v ;;
-    --idle-conns) IDLE_CONNS=$v ;;
-    --duration) DURATION=$v ;;
-    --rate) RATE=$v ;;
-    --results-dir) RESULTS_DIR=$v ;;
-    *) echo "fanout.sh: unknown option $k" >&2; usage >&2; exit 2 ;;
-  esac
-done
-for s in ${SERVERS//,/ }; do
-  case "$s" in throng|gorilla-hub|tokio-broadcast) ;; *) echo "fanout.sh: unknown server '$s'" >&2; exit 2 ;; esac
-done
-for s in ${SCENARIOS//,/ }; do
-  case "$s" in A|B|C) ;; *) echo "fanout.sh: unknown scenario '$s'" >&2; exit 2 ;; esac
-done
+parse_options "--servers=SERVERS --scenarios=SCENARIOS --subs=SUBS --publish-rate=PUBLISH_RATE
+  --channels-b=CHANNELS_B --publish-rate-b=PUBLISH_RATE_B --idle-conns=IDLE_CONNS --duration=DURATION
+  --rate=RATE --results-dir=RESULTS_DIR --no-keepalive=KEEPALIVE=false" "$@"
+check_names server "$SERVERS" throng throng-base gorilla-hub tokio-broadcast
+check_names scenario "$SCENARIOS" A B C
+check_throng_base
 wantsc() { case ",$SCENARIOS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-
-log() { printf '[fanout %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-# stop_server, busy_pct, wait_quiet: shared with the other harnesses.
-. "$BENCH_DIR/lib.sh"
-need() { command -v "$1" >/dev/null 2>&1 || { echo "fanout.sh: needs $1" >&2; exit 1; }; }
 need jq
 need curl
 
-RUN_START=$(date +%s)
-STAMP=$(date +%Y%m%d-%H%M%S)
-WORK=$(mktemp -d /tmp/throng-fanout.XXXXXX)
-mkdir -p "$RESULTS_DIR"
-SERVER_PID=
-cleanup() {
-  if [ -n "${SERVER_PID:-}" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-  fi
-  [ -z "${WORK:-}" ] || rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+begin_run fanout rm
 
 # ---------------------------------------------------------------- build
 FANLOAD=$BENCH_DIR/clients/fanload/fanload
@@ -108,70 +72,31 @@ HUB=$HUB_DIR/gorilla-hub
 TB_DIR=$BENCH_DIR/peers/tokio-broadcast
 TB=$TB_DIR/target/release/tokio-broadcast
 
-go_build() { # dir out
-  if [ ! -x "$1/$2" ] || [ -n "$(find "$1" -maxdepth 1 \( -name '*.go' -o -name go.mod -o -name go.sum \) -newer "$1/$2")" ]; then
-    need go
-    log "go build $1"
-    (cd "$1" && go build -o "$2" .)
-  fi
-}
 go_build "$BENCH_DIR/clients/fanload" fanload
-
-want() { case ",$SERVERS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-SKIPPED=()
 if want gorilla-hub; then go_build "$HUB_DIR" gorilla-hub; fi
 if want tokio-broadcast; then
   need cargo
   log "cargo build --release (tokio-broadcast)"
   cargo build --release --quiet --manifest-path "$TB_DIR/Cargo.toml" --target-dir "$TB_DIR/target"
 fi
-if want throng; then copy_throng; fi
+copy_throngs
 
 # ---------------------------------------------------------------- machine
-NPROC=$(nproc)
-MODEL=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-KERNEL=$(uname -r)
-DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-MEM=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
-CLK_TCK=$(getconf CLK_TCK)
+describe_machine
 NOFILE=$(ulimit -Hn)
 LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- servers
-free_port() {
-  local p
-  for _ in $(seq 1 50); do
-    p=$(( 20000 + RANDOM % 12000 ))   # below the ephemeral range (32768+)
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-
 server_cmd() { # name port -> sets CMD array
   case "$1" in
-    throng) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0) ;;
+    throng|throng-base) CMD=("$WORK/$1" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0) ;;
     gorilla-hub) CMD=("$HUB" -addr "127.0.0.1:$2") ;;
     tokio-broadcast) CMD=("$TB" --addr "127.0.0.1:$2") ;;
   esac
 }
 
-start_server() { # name tag -> sets SERVER_PID, PORT; returns 1 if not ready
-  local name=$1 tag=$2
-  PORT=$(free_port) || { log "no free port"; return 1; }
-  server_cmd "$name" "$PORT"
-  "${CMD[@]}" >"$WORK/$name-$tag.log" 2>&1 &
-  SERVER_PID=$!
-  local i
-  for i in $(seq 1 100); do   # up to 10 s
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-      log "$name exited during start-up; log:"; tail -5 "$WORK/$name-$tag.log" >&2; SERVER_PID=; return 1
-    fi
-    if curl -sf -m 1 "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; then return 0; fi
-    sleep 0.1
-  done
-  log "$name not ready on :$PORT after 10 s"; stop_server; return 1
-}
-
+# ready when /healthz answers
+server_ready() { curl -sf -m 1 "http://127.0.0.1:$1/healthz" >/dev/null 2>&1; }
 
 # The machine may be shared with other sessions: before each measurement wait
 # (up to 5 s each, 30 s per run) until it is < 25% busy over 1 s. The load of
@@ -203,18 +128,13 @@ run_scenario() { # name scenario fanload-args...
 
 server_version() {
   case "$1" in
-    throng) echo "$("$WORK/throng" --version 2>/dev/null), $THRONG_BIN (mtime $THRONG_MTIME, sha256 $THRONG_SHA)" ;;
+    throng|throng-base) throng_version "$1" ;;
     gorilla-hub) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$HUB_DIR/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
     tokio-broadcast) echo "axum $(awk '/^name = "axum"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock"), tokio-tungstenite $(awk '/^name = "tokio-tungstenite"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock")" ;;
   esac
 }
 
-RAN=()
-for name in ${SERVERS//,/ }; do
-  skip=
-  for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do case "$s" in "$name:"*) skip=1 ;; esac; done
-  if [ -n "$skip" ]; then log "skipping $name"; else RAN+=("$name"); fi
-done
+select_servers
 
 summary='{opened,failed,deliveries_per_sec,publish_per_sec,server_cpu_us_per_delivery,p50:.latency_us.p50,p99:.latency_us.p99,lost,duplicated,out_of_order,closed:.subscribers_closed_by_server,publish_failed,other_cores,error}'
 # Scenarios run one after the other for all servers, so that a slow phase of
@@ -238,32 +158,27 @@ wantsc C && for name in "${RAN[@]+"${RAN[@]}"}"; do
 done
 
 # ---------------------------------------------------------------- report
-RUN_SECONDS=$(( $(date +%s) - RUN_START ))
+report_paths fanout
 LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
-OUT_JSON=$RESULTS_DIR/fanout-$STAMP.json
-OUT_MD=$RESULTS_DIR/fanout-$STAMP.md
-jq -n --arg nproc "$NPROC" --arg model "$MODEL" --arg kernel "$KERNEL" --arg date "$DATE" --arg mem "$MEM" \
-  --arg nofile "$NOFILE" --arg clk "$CLK_TCK" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
+jq -n --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
   --argjson subs "$SUBS" --argjson pr "$PUBLISH_RATE" --argjson chb "$CHANNELS_B" --argjson prb "$PUBLISH_RATE_B" \
   --argjson idle "$IDLE_CONNS" --arg dur "$DURATION" --arg rate "$RATE" --arg src "$SOURCE_IPS" \
   --argjson size "$SIZE" --arg grace "$GRACE" --arg warmup "$WARMUP" --argjson pubs "$PUBLISHERS" --argjson ka "$KEEPALIVE" \
-  --argjson run_seconds "$RUN_SECONDS" --argjson quiet "$QUIET_WAITED" \
-  --arg skipped "$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}")" \
-  '{machine:{nproc:($nproc|tonumber), model:$model, kernel:$kernel, memory:$mem, nofile_hard:$nofile, clk_tck:($clk|tonumber),
-             date:$date, loadavg_start:$la0, loadavg_end:$la1},
+  --argjson run_seconds "$RUN_SECONDS" --argjson quiet "$QUIET_WAITED" --argjson skipped "$(skipped_json)" \
+  '{machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}),
     params:{A:{subscribers:$subs, channels:1, publish_rate:$pr, publishers:1},
             B:{subscribers:$chb, channels:$chb, publish_rate:$prb, publishers:$pubs},
             publish_keepalive:$ka,
             C:{subscribers:$idle, channels:1},
             scenarios:"'"$SCENARIOS"'", duration:$dur, warmup:$warmup, grace:$grace, size:$size, conn_rate:$rate, source_ips:$src},
-    skipped:($skipped|split("\n")|map(select(length>0))), run_seconds:$run_seconds, quiet_wait_seconds:$quiet, servers:[]}' >"$WORK/all.json"
+    skipped:$skipped, run_seconds:$run_seconds, quiet_wait_seconds:$quiet, servers:[]}' >"$WORK/all.json"
 for name in "${RAN[@]+"${RAN[@]}"}"; do
   for sc in A B C; do [ -f "$WORK/$name-$sc.json" ] || echo '{"error":"not run"}' >"$WORK/$name-$sc.json"; done
   server_cmd "$name" PORT
-  jq --arg name "$name" --arg version "$(server_version "$name")" --arg cmd "${CMD[*]}" \
+  jq -n --arg name "$name" --arg version "$(server_version "$name")" --arg cmd "${CMD[*]}" \
     --slurpfile a "$WORK/$name-A.json" --slurpfile b "$WORK/$name-B.json" --slurpfile c "$WORK/$name-C.json" \
-    '.servers += [{name:$name, version:$version, command:$cmd, A:$a[0], B:$b[0], C:$c[0]}]' "$WORK/all.json" >"$WORK/all.tmp"
-  mv "$WORK/all.tmp" "$WORK/all.json"
+    '{name:$name, version:$version, command:$cmd, A:$a[0], B:$b[0], C:$c[0]}' >"$WORK/$name.json"
+  add_server "$WORK/$name.json"
 done
 cp "$WORK/all.json" "$OUT_JSON"
 
@@ -275,13 +190,9 @@ render() {
   echo "- (A) $SUBS subscribers of one channel, $PUBLISH_RATE msg/s; (B) $CHANNELS_B channels x 1 subscriber, $PUBLISH_RATE_B msg/s"
   echo "  round-robin ($PUBLISHERS publishers, HTTP keep-alive: $KEEPALIVE (where the server allows it)); $SIZE B text, $WARMUP warmup + $DURATION window + $GRACE grace;"
   echo "  (C) $IDLE_CONNS idle subscribers of one channel: server VmRSS delta / connections. Fresh server process per scenario."
-  for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do echo "- skipped: $s"; done
+  print_skipped
   echo
-  jq -r '
-    def f0: if . == null then "n/a" else (. + 0.5 | floor | tostring) end;
-    def f2: if . == null then "n/a" else ((. * 100 + 0.5 | floor) / 100 | tostring) end;
-    def sig3: if . == null then "n/a" elif . == 0 then "0" else (. as $x | ($x|fabs|log10|floor) as $e | pow(10; 2 - $e) as $m | (($x * $m + 0.5 | floor) / $m) | tostring) end;
-    def ok(e): if e == null or e.error != null then null else e end;
+  jq -r "$JQ_DEFS"'
     def ldo(e): if ok(e) == null then "n/a" else "\(e.lost)/\(e.duplicated)/\(e.out_of_order)" end;
     def lat(e): if ok(e) == null then "n/a" else "\(e.latency_us.p50 | f0) / \(e.latency_us.p99 | f0)" end;
     "| server | A deliveries/s | A server CPU µs/delivery | A latency p50 / p99 µs | A lost/dup/ooo | B publish/s | B deliveries/s | B server CPU µs/delivery | B latency p50 / p99 µs | B lost/dup/ooo | C idle B/conn |",
@@ -289,14 +200,10 @@ render() {
     (.servers[] |
       "| \(.name) | \(ok(.A).deliveries_per_sec | f0) | \(ok(.A).server_cpu_us_per_delivery | f2) | \(lat(.A)) | \(ldo(.A)) | \(ok(.B).publish_per_sec | f0) | \(ok(.B).deliveries_per_sec | f0) | \(ok(.B).server_cpu_us_per_delivery | f2) | \(lat(.B)) | \(ldo(.B)) | \(ok(.C).server_rss_bytes_per_conn | f0) |"),
     "",
-    ( (.servers | map(select(.name == "throng")) | .[0]) as $t |
-      if $t == null then "(throng not measured: no ratios)" else
+    ratio_table(
       "| throng ÷ peer | A deliveries/s | A CPU/delivery | A p99 | B deliveries/s | B CPU/delivery | B p99 | C B/conn |",
-      "|---|---:|---:|---:|---:|---:|---:|---:|",
-      (.servers[] | select(.name != "throng") as $p |
-        def r(a; b): if a == null or b == null or b == 0 then null else a / b end;
-        "| ÷ \($p.name) | \(r(ok($t.A).deliveries_per_sec; ok($p.A).deliveries_per_sec) | f2) | \(r(ok($t.A).server_cpu_us_per_delivery; ok($p.A).server_cpu_us_per_delivery) | f2) | \(r(ok($t.A).latency_us.p99; ok($p.A).latency_us.p99) | f2) | \(r(ok($t.B).deliveries_per_sec; ok($p.B).deliveries_per_sec) | f2) | \(r(ok($t.B).server_cpu_us_per_delivery; ok($p.B).server_cpu_us_per_delivery) | f2) | \(r(ok($t.B).latency_us.p99; ok($p.B).latency_us.p99) | f2) | \(r(ok($t.C).server_rss_bytes_per_conn; ok($p.C).server_rss_bytes_per_conn) | sig3) |")
-      end ),
+      "|---|---:|---:|---:|---:|---:|---:|---:|";
+      "| ÷ \(.p.name) | \(r(ok(.t.A).deliveries_per_sec; ok(.p.A).deliveries_per_sec) | f2) | \(r(ok(.t.A).server_cpu_us_per_delivery; ok(.p.A).server_cpu_us_per_delivery) | f2) | \(r(ok(.t.A).latency_us.p99; ok(.p.A).latency_us.p99) | f2) | \(r(ok(.t.B).deliveries_per_sec; ok(.p.B).deliveries_per_sec) | f2) | \(r(ok(.t.B).server_cpu_us_per_delivery; ok(.p.B).server_cpu_us_per_delivery) | f2) | \(r(ok(.t.B).latency_us.p99; ok(.p.B).latency_us.p99) | f2) | \(r(ok(.t.C).server_rss_bytes_per_conn; ok(.p.C).server_rss_bytes_per_conn) | sig3) |"),
     "",
     "Details per window (cores = CPU seconds / window seconds; other = CPU of other user processes, capped by busy − server − client;",
     "busy − server − client = machine CPU (/proc/stat) not charged to server or client: other processes plus kernel softirq work):",

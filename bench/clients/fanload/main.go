@@ -35,7 +35,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -44,25 +43,25 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"throng-bench/clients/internal/loadkit"
 )
 
 type config struct {
+	loadkit.Common
 	addr        string
 	prefix      string
 	format      string
 	conns       int
 	channels    int
 	rate        float64
-	sourceIPs   string
 	publishRate float64
 	publishers  int
 	keepAlive   bool
@@ -71,328 +70,18 @@ type config struct {
 	duration    time.Duration
 	grace       time.Duration
 	settle      time.Duration
-	serverPID   int
-	clkTck      int
-	rssSamples  int
-	dialTimeout time.Duration
 	reqTimeout  time.Duration
 	label       string
 }
 
-// ---------------------------------------------------------------- /proc
-
-func procStatFields(pid int) ([]string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return nil, errors.New("bad stat")
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 15 {
-		return nil, errors.New("short stat")
-	}
-	return f, nil // f[0] is field 3 (state)
-}
-
-// procCPUTicks: utime+stime of pid (clock ticks).
-func procCPUTicks(pid int) (int64, error) {
-	f, err := procStatFields(pid)
-	if err != nil {
-		return 0, err
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("bad stat numbers")
-	}
-	return ut + st, nil
-}
-
-func procRSSKB(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			if f := strings.Fields(line); len(f) >= 2 {
-				return strconv.ParseInt(f[1], 10, 64)
-			}
-		}
-	}
-	return 0, errors.New("no VmRSS")
-}
-
-func sampleRSS(pid, n int, gap time.Duration) ([]int64, int64) {
-	var out []int64
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			time.Sleep(gap)
-		}
-		if v, err := procRSSKB(pid); err == nil {
-			out = append(out, v)
-		}
-	}
-	if len(out) == 0 {
-		return nil, -1
-	}
-	s := append([]int64(nil), out...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return out, s[len(s)/2]
-}
-
-// machineStat: machine-wide busy (all but idle, iowait, steal), irq+softirq,
-// steal, in ticks of USER_HZ, from /proc/stat's first line.
-type machine struct{ busy, irq, steal int64 }
-
-func machineStat() machine {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return machine{}
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return machine{}
-	}
-	n := func(i int) int64 { v, _ := strconv.ParseInt(f[i], 10, 64); return v }
-	var tot int64
-	for i := 1; i <= 8; i++ {
-		tot += n(i)
-	}
-	return machine{busy: tot - n(4) - n(5) - n(8), irq: n(6) + n(7), steal: n(8)}
-}
-
-// othersCPU: utime+stime+cutime+cstime per user-space process except the
-// excluded pids (kernel threads skipped).
-func othersCPU(exclude ...int) map[int]int64 {
-	out := map[int]int64{}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return out
-	}
-next:
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		for _, x := range exclude {
-			if pid == x {
-				continue next
-			}
-		}
-		f, err := procStatFields(pid)
-		if err != nil {
-			continue
-		}
-		flags, _ := strconv.ParseUint(f[6], 10, 64)
-		if flags&0x00200000 != 0 { // PF_KTHREAD
-			continue
-		}
-		var sum int64
-		for _, k := range []int{11, 12, 13, 14} {
-			v, _ := strconv.ParseInt(f[k], 10, 64)
-			sum += v
-		}
-		out[pid] = sum
-	}
-	return out
-}
-
-func othersDelta(a, b map[int]int64) int64 {
-	var d int64
-	for pid, v := range b {
-		if v0, ok := a[pid]; ok {
-			if v > v0 {
-				d += v - v0
-			}
-		} else {
-			d += v
-		}
-	}
-	return d
-}
-
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// ---------------------------------------------------------------- addresses
-
-func parseSourceIPs(spec string) ([]net.IP, error) {
-	if spec == "" {
-		return nil, nil
-	}
-	var out []net.IP
-	for _, part := range strings.Split(spec, ",") {
-		part = strings.TrimSpace(part)
-		lo, hi, isRange := strings.Cut(part, "-")
-		a := net.ParseIP(lo).To4()
-		if a == nil {
-			return nil, fmt.Errorf("bad source ip %q", lo)
-		}
-		if !isRange {
-			out = append(out, a)
-			continue
-		}
-		b := net.ParseIP(hi).To4()
-		if b == nil {
-			return nil, fmt.Errorf("bad source ip %q", hi)
-		}
-		x := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-		y := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-		if y < x || y-x > 1<<16 {
-			return nil, fmt.Errorf("bad source range %q", part)
-		}
-		for v := x; v <= y; v++ {
-			out = append(out, net.IPv4(byte(v>>24), byte(v>>16), byte(v>>8), byte(v)).To4())
-		}
-	}
-	return out, nil
-}
-
-// ---------------------------------------------------------------- histogram
-// Log-linear buckets (64 per power of two, ~1.6% relative error) over ns.
-
-const histBuckets = 4096
-
-type hist [histBuckets]uint64
-
-func bucketOf(v uint64) int {
-	if v < 128 {
-		return int(v)
-	}
-	e := bits.Len64(v) - 7
-	b := e*64 + int(v>>uint(e))
-	if b >= histBuckets {
-		b = histBuckets - 1
-	}
-	return b
-}
-
-func bucketValue(b int) uint64 {
-	if b < 128 {
-		return uint64(b)
-	}
-	e := b/64 - 1
-	return uint64(b-e*64) << uint(e)
-}
-
-func (h *hist) count() (n uint64) {
-	for _, c := range h {
-		n += c
-	}
-	return
-}
-
-func (h *hist) quantile(q float64) uint64 {
-	total := h.count()
-	if total == 0 {
-		return 0
-	}
-	rank := uint64(q * float64(total))
-	if rank >= total {
-		rank = total - 1
-	}
-	var acc uint64
-	for i, c := range h {
-		acc += c
-		if acc > rank {
-			return bucketValue(i)
-		}
-	}
-	return bucketValue(histBuckets - 1)
-}
-
-func (h *hist) max() uint64 {
-	for i := histBuckets - 1; i >= 0; i-- {
-		if h[i] > 0 {
-			return bucketValue(i)
-		}
-	}
-	return 0
-}
-
-// shardedHist: concurrent adds with atomics, spread over shards.
-const histShards = 16
-
-type shardedHist struct{ s [histShards]hist }
-
-func (h *shardedHist) add(shard int, ns int64) {
-	if ns < 0 {
-		ns = 0
-	}
-	atomic.AddUint64(&h.s[shard%histShards][bucketOf(uint64(ns))], 1)
-}
-
-func (h *shardedHist) merged() *hist {
-	var out hist
-	for i := range h.s {
-		for b := range out {
-			out[b] += atomic.LoadUint64(&h.s[i][b])
-		}
-	}
-	return &out
-}
-
+// latency: the shared percentile summary plus the number of values.
 type latency struct {
-	Count uint64  `json:"count"`
-	P50   float64 `json:"p50"`
-	P90   float64 `json:"p90"`
-	P99   float64 `json:"p99"`
-	P999  float64 `json:"p999"`
-	Max   float64 `json:"max"`
+	Count uint64 `json:"count"`
+	loadkit.Latency
 }
 
-func summarize(h *hist) latency {
-	us := func(ns uint64) float64 { return float64(ns) / 1000 }
-	return latency{Count: h.count(), P50: us(h.quantile(0.5)), P90: us(h.quantile(0.9)), P99: us(h.quantile(0.99)),
-		P999: us(h.quantile(0.999)), Max: us(h.max())}
-}
-
-// ---------------------------------------------------------------- errors
-
-type errCounter struct {
-	mu sync.Mutex
-	m  map[string]int
-}
-
-func (e *errCounter) add(s string) {
-	if i := strings.LastIndex(s, ": "); i >= 0 && len(s) > 120 {
-		s = s[i+2:]
-	}
-	e.mu.Lock()
-	if e.m == nil {
-		e.m = map[string]int{}
-	}
-	if len(e.m) < 20 || e.m[s] > 0 {
-		e.m[s]++
-	} else {
-		e.m["(other)"]++
-	}
-	e.mu.Unlock()
-}
-
-func (e *errCounter) snapshot() map[string]int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.m) == 0 {
-		return nil
-	}
-	out := map[string]int{}
-	for k, v := range e.m {
-		out[k] = v
-	}
-	return out
+func summarize(h *loadkit.Hist) latency {
+	return latency{Count: h.Count(), Latency: loadkit.Summarize(h)}
 }
 
 // ---------------------------------------------------------------- bitsets
@@ -441,11 +130,11 @@ type run struct {
 	ips      []net.IP
 	names    []string
 	subs     []*subscriber
-	lat      shardedHist
+	lat      loadkit.ShardedHist
 	measFrom atomic.Int64 // unix nanos: latency recorded for messages sent at/after this
 	closing  atomic.Bool
 	delivers atomic.Int64
-	connErrs errCounter
+	connErrs loadkit.ErrCounter
 	readers  sync.WaitGroup
 }
 
@@ -473,7 +162,7 @@ func (r *run) read(idx int, s *subscriber) {
 		if err != nil {
 			if !r.closing.Load() {
 				s.lostConn = true
-				r.connErrs.add(err.Error())
+				r.connErrs.Add(err.Error())
 			}
 			return
 		}
@@ -507,7 +196,7 @@ func (r *run) read(idx int, s *subscriber) {
 		r.delivers.Add(1)
 		s.n++
 		if int64(sent) >= r.measFrom.Load() {
-			r.lat.add(idx, now-int64(sent))
+			r.lat.Add(idx, now-int64(sent))
 		}
 		if s.recv.set(seq) {
 			s.dup++
@@ -521,104 +210,40 @@ func (r *run) read(idx int, s *subscriber) {
 	}
 }
 
-func (r *run) openAll(dialErrs *errCounter) (opened, failed int64, took time.Duration) {
+func (r *run) openAll() loadkit.Opening {
 	cfg := r.cfg
-	mk := func(local net.Addr) *websocket.Dialer {
-		nd := &net.Dialer{Timeout: cfg.dialTimeout, LocalAddr: local}
-		return &websocket.Dialer{NetDialContext: nd.DialContext, HandshakeTimeout: cfg.dialTimeout,
-			ReadBufferSize: 1024, WriteBufferSize: 256}
-	}
-	var dialers []*websocket.Dialer
-	if len(r.ips) == 0 {
-		dialers = append(dialers, mk(nil))
-	}
-	for _, ip := range r.ips {
-		dialers = append(dialers, mk(&net.TCPAddr{IP: ip}))
-	}
 	q := ""
 	if cfg.format == "json" {
 		q = "?format=json"
 	}
-	var wg sync.WaitGroup
-	var nOK, nFail atomic.Int64
-	start := time.Now()
-	for i := 0; i < cfg.conns; i++ {
-		if cfg.rate > 0 {
-			due := start.Add(time.Duration(float64(i) / cfg.rate * float64(time.Second)))
-			if d := time.Until(due); d > 0 {
-				time.Sleep(d)
-			}
-		}
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			s := r.subs[i]
-			url := "ws://" + cfg.addr + "/ws/" + r.names[s.ch] + q
-			c, resp, err := dialers[i%len(dialers)].Dial(url, nil)
-			if err != nil {
-				if resp != nil {
-					err = fmt.Errorf("%w (HTTP %d)", err, resp.StatusCode)
-				}
-				dialErrs.add(err.Error())
-				nFail.Add(1)
-				return
-			}
-			s.conn = c
-			nOK.Add(1)
-			r.readers.Add(1)
-			go r.read(i, s)
-		}(i)
-		if (i+1)%5000 == 0 {
-			fmt.Fprintf(os.Stderr, "fanload: dialed %d/%d\n", i+1, cfg.conns)
-		}
-	}
-	wg.Wait()
-	return nOK.Load(), nFail.Load(), time.Since(start)
+	o := loadkit.Opener{Prog: "fanload", Conns: cfg.conns, Rate: cfg.rate, IPs: r.ips, Timeout: cfg.DialTimeout,
+		ReadBuf: 1024, WriteBuf: 256,
+		URL: func(i int) string { return "ws://" + cfg.addr + "/ws/" + r.names[r.subs[i].ch] + q }}
+	return o.Open(func(i int, c *websocket.Conn) {
+		s := r.subs[i]
+		s.conn = c
+		r.readers.Add(1)
+		go r.read(i, s)
+	})
 }
 
 func (r *run) closeAll() (forced bool) {
 	r.closing.Store(true)
-	msg := websocket.FormatCloseMessage(websocket.CloseNormalClosure, "")
-	var cw sync.WaitGroup
-	sem := make(chan struct{}, 256)
+	var conns []*websocket.Conn
 	for _, s := range r.subs {
-		if s.conn == nil {
-			continue
+		if s.conn != nil {
+			conns = append(conns, s.conn)
 		}
-		cw.Add(1)
-		sem <- struct{}{}
-		go func(c *websocket.Conn) {
-			defer func() { <-sem; cw.Done() }()
-			c.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		}(s.conn)
 	}
-	cw.Wait()
-	done := make(chan struct{})
-	go func() { r.readers.Wait(); close(done) }()
-	select {
-	case <-done:
-		return false
-	case <-time.After(4 * time.Second):
-		for _, s := range r.subs {
-			if s.conn != nil {
-				s.conn.Close()
-			}
-		}
-		select {
-		case <-done:
-		case <-time.After(2 * time.Second):
-		}
-		return true
-	}
+	return loadkit.CloseAll(conns, &r.readers)
 }
 
 // ---------------------------------------------------------------- publishing
 
 type pubStats struct {
 	ok, failed, skipped, seqMismatch, dials atomic.Int64
-	errs                                    errCounter
-	rtt                                     shardedHist
+	errs                                    loadkit.ErrCounter
+	rtt                                     loadkit.ShardedHist
 }
 
 type chanState struct {
@@ -627,24 +252,15 @@ type chanState struct {
 }
 
 type result struct {
-	Label              string         `json:"label,omitempty"`
-	Mode               string         `json:"mode"`
-	Addr               string         `json:"addr"`
-	Format             string         `json:"format"`
-	Conns              int            `json:"conns_requested"`
-	Channels           int            `json:"channels"`
-	Rate               float64        `json:"rate"`
-	SourceIPs          int            `json:"source_ips"`
-	Opened             int64          `json:"opened"`
-	Failed             int64          `json:"failed"`
-	DialErrors         map[string]int `json:"dial_errors,omitempty"`
-	OpenSeconds        float64        `json:"open_seconds"`
-	ServerPID          int            `json:"server_pid,omitempty"`
-	RSSBeforeKB        int64          `json:"server_rss_before_kb,omitempty"`
-	RSSAfterKB         int64          `json:"server_rss_after_kb,omitempty"`
-	RSSBeforeSamples   []int64        `json:"server_rss_before_kb_samples,omitempty"`
-	RSSAfterSamples    []int64        `json:"server_rss_after_kb_samples,omitempty"`
-	RSSBytesPerConn    float64        `json:"server_rss_bytes_per_conn,omitempty"`
+	Label    string  `json:"label,omitempty"`
+	Mode     string  `json:"mode"`
+	Addr     string  `json:"addr"`
+	Format   string  `json:"format"`
+	Conns    int     `json:"conns_requested"`
+	Channels int     `json:"channels"`
+	Rate     float64 `json:"rate"`
+	loadkit.Opening
+	loadkit.RSSDelta
 	RSSEndKB           int64          `json:"server_rss_end_kb,omitempty"`
 	HoldSeconds        float64        `json:"hold_seconds,omitempty"`
 	ClosedByServer     int64          `json:"subscribers_closed_by_server"`
@@ -700,7 +316,7 @@ func postClient(cfg *config, ips []net.IP, ps *pubStats) *http.Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			ps.dials.Add(1)
-			d := net.Dialer{Timeout: cfg.dialTimeout}
+			d := net.Dialer{Timeout: cfg.DialTimeout}
 			if len(ips) > 0 {
 				d.LocalAddr = &net.TCPAddr{IP: ips[next.Add(1)%uint64(len(ips))]}
 			}
@@ -734,15 +350,15 @@ func (r *run) publishOne(hc *http.Client, ps *pubStats, ch int, st *chanState, p
 	resp, err := hc.Do(req)
 	if err != nil {
 		ps.failed.Add(1)
-		ps.errs.add(err.Error())
+		ps.errs.Add(err.Error())
 		return
 	}
 	rb, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
-	ps.rtt.add(p, int64(time.Since(t0)))
+	ps.rtt.Add(p, int64(time.Since(t0)))
 	if resp.StatusCode != 200 {
 		ps.failed.Add(1)
-		ps.errs.add(fmt.Sprintf("HTTP %d: %.80s", resp.StatusCode, strings.TrimSpace(string(rb))))
+		ps.errs.Add(fmt.Sprintf("HTTP %d: %.80s", resp.StatusCode, strings.TrimSpace(string(rb))))
 		return
 	}
 	var ans struct {
@@ -763,7 +379,6 @@ func main() {
 	flag.IntVar(&cfg.conns, "conns", 1000, "subscriber connections")
 	flag.IntVar(&cfg.channels, "channels", 1, "channels; subscriber i joins channel i%K")
 	flag.Float64Var(&cfg.rate, "rate", 3000, "subscriber connection opening rate per second (0 = unpaced)")
-	flag.StringVar(&cfg.sourceIPs, "source-ips", "", "source addresses to bind before connect, e.g. 127.0.0.2-127.0.0.254")
 	flag.Float64Var(&cfg.publishRate, "publish-rate", 10, "messages per second in total, round-robin over channels (0 = idle mode)")
 	flag.IntVar(&cfg.publishers, "publishers", 16, "publisher goroutines (each owns channels c with c%P == p)")
 	flag.BoolVar(&cfg.keepAlive, "keepalive", true, "reuse publish connections where the server allows it")
@@ -772,12 +387,9 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured publishing window (idle mode: hold time)")
 	flag.DurationVar(&cfg.grace, "grace", 2*time.Second, "wait after publishing stops for the last deliveries")
 	flag.DurationVar(&cfg.settle, "settle", time.Second, "wait after all subscribers are open (before RSS sample / publishing)")
-	flag.IntVar(&cfg.serverPID, "server-pid", 0, "server pid: VmRSS and utime+stime from /proc")
-	flag.IntVar(&cfg.clkTck, "clk-tck", 100, "clock ticks per second (getconf CLK_TCK)")
-	flag.IntVar(&cfg.rssSamples, "rss-samples", 5, "server RSS samples (200 ms apart) before and after; median used")
-	flag.DurationVar(&cfg.dialTimeout, "dial-timeout", 10*time.Second, "TCP connect + handshake timeout")
 	flag.DurationVar(&cfg.reqTimeout, "request-timeout", 5*time.Second, "publish request timeout")
 	flag.StringVar(&cfg.label, "label", "", "copied into the output")
+	cfg.Register()
 	flag.Parse()
 
 	switch {
@@ -800,13 +412,7 @@ func main() {
 	case cfg.format != "raw" && cfg.format != "json":
 		fail("-format must be raw or json")
 	}
-	if cfg.rssSamples < 1 {
-		cfg.rssSamples = 1
-	}
-	ips, err := parseSourceIPs(cfg.sourceIPs)
-	if err != nil {
-		fail(err.Error())
-	}
+	ips := cfg.Check("fanload")
 	r := &run{cfg: cfg, ips: ips}
 	for i := 0; i < cfg.channels; i++ {
 		r.names = append(r.names, cfg.prefix+strconv.Itoa(i))
@@ -817,26 +423,14 @@ func main() {
 	r.measFrom.Store(math.MaxInt64)
 
 	res := result{Label: cfg.label, Mode: "fanout", Addr: cfg.addr, Format: cfg.format, Conns: cfg.conns, Channels: cfg.channels,
-		Rate: cfg.rate, SourceIPs: len(ips), ServerPID: cfg.serverPID}
+		Rate: cfg.rate, RSSDelta: cfg.RSSBefore()}
 	if cfg.publishRate == 0 {
 		res.Mode = "idle"
 	}
-	if cfg.serverPID > 0 {
-		res.RSSBeforeSamples, res.RSSBeforeKB = sampleRSS(cfg.serverPID, cfg.rssSamples, 200*time.Millisecond)
-	}
-	var dialErrs errCounter
-	var took time.Duration
-	res.Opened, res.Failed, took = r.openAll(&dialErrs)
-	res.OpenSeconds = took.Seconds()
-	res.DialErrors = dialErrs.snapshot()
+	res.Opening = r.openAll()
 	fmt.Fprintf(os.Stderr, "fanload: opened %d failed %d; settle %s\n", res.Opened, res.Failed, cfg.settle)
 	time.Sleep(cfg.settle)
-	if cfg.serverPID > 0 {
-		res.RSSAfterSamples, res.RSSAfterKB = sampleRSS(cfg.serverPID, cfg.rssSamples, 200*time.Millisecond)
-		if res.Opened > 0 && res.RSSBeforeKB > 0 && res.RSSAfterKB > 0 {
-			res.RSSBytesPerConn = float64(res.RSSAfterKB-res.RSSBeforeKB) * 1024 / float64(res.Opened)
-		}
-	}
+	cfg.RSSAfter(&res.RSSDelta, res.Opened)
 
 	if cfg.publishRate == 0 {
 		hold := time.Now()
@@ -845,16 +439,16 @@ func main() {
 	} else if res.Opened > 0 {
 		r.publish(&res)
 	}
-	if cfg.serverPID > 0 {
-		if v, err := procRSSKB(cfg.serverPID); err == nil {
+	if cfg.ServerPID > 0 {
+		if v, err := loadkit.ProcRSSKB(cfg.ServerPID); err == nil {
 			res.RSSEndKB = v
 		}
 	}
-	if v, err := procRSSKB(os.Getpid()); err == nil {
+	if v, err := loadkit.ProcRSSKB(os.Getpid()); err == nil {
 		res.ClientRSSKB = v
 	}
 	res.CloseForced = r.closeAll()
-	res.ConnErrors = r.connErrs.snapshot()
+	res.ConnErrors = r.connErrs.Snapshot()
 	for _, s := range r.subs {
 		if s.lostConn {
 			res.ClosedByServer++
@@ -863,10 +457,7 @@ func main() {
 	if res.Opened > 0 && cfg.publishRate > 0 {
 		r.tally(&res)
 	}
-	enc := json.NewEncoder(os.Stdout)
-	if err := enc.Encode(res); err != nil {
-		os.Exit(1)
-	}
+	loadkit.WriteJSON(res)
 }
 
 var chans []chanState
@@ -890,7 +481,7 @@ func (r *run) publish(res *result) {
 		}(p)
 	}
 	res.Size, res.PublishRate, res.Publishers, res.KeepAlive = cfg.size, cfg.publishRate, cfg.publishers, cfg.keepAlive
-	res.WarmupSeconds, res.GraceSeconds, res.ClkTck = cfg.warmup.Seconds(), cfg.grace.Seconds(), cfg.clkTck
+	res.WarmupSeconds, res.GraceSeconds, res.ClkTck = cfg.warmup.Seconds(), cfg.grace.Seconds(), cfg.ClkTck
 
 	pubStart := time.Now().Add(20 * time.Millisecond)
 	tStart := pubStart.Add(cfg.warmup)
@@ -933,36 +524,12 @@ func (r *run) publish(res *result) {
 
 	// Measured window.
 	time.Sleep(time.Until(tStart))
-	var srv0, srv1 int64
-	var srvErr error
-	if cfg.serverPID > 0 {
-		srv0, srvErr = procCPUTicks(cfg.serverPID)
-	}
-	cli0 := selfCPU()
-	m0 := machineStat()
-	oth0 := othersCPU(os.Getpid(), cfg.serverPID)
+	win := loadkit.StartWindow(cfg.ServerPID)
 	d0, p0 := r.delivers.Load(), ps.ok.Load()
-	wall0 := time.Now()
-	last := d0
-	for sec := 1; ; sec++ {
-		next := tStart.Add(time.Duration(sec) * time.Second)
-		if next.After(tEnd) {
-			break
-		}
-		time.Sleep(time.Until(next))
-		v := r.delivers.Load()
-		res.Timeline = append(res.Timeline, v-last)
-		last = v
-	}
-	time.Sleep(time.Until(tEnd))
+	res.Timeline = loadkit.Timeline(tStart, tEnd, d0, r.delivers.Load)
 	d1, p1 := r.delivers.Load(), ps.ok.Load()
-	oth1 := othersCPU(os.Getpid(), cfg.serverPID)
-	m1 := machineStat()
-	cli1 := selfCPU()
-	if cfg.serverPID > 0 && srvErr == nil {
-		srv1, srvErr = procCPUTicks(cfg.serverPID)
-	}
-	window := time.Since(wall0).Seconds()
+	use := win.End()
+	window := use.Seconds
 
 	<-dispDone
 	waitDone := make(chan struct{})
@@ -975,34 +542,34 @@ func (r *run) publish(res *result) {
 	time.Sleep(cfg.grace)
 	dEnd := r.delivers.Load()
 
-	tck := float64(cfg.clkTck)
+	tck := float64(cfg.ClkTck)
 	res.WindowSeconds = window
 	res.PublishedOK = ps.ok.Load()
 	res.PublishFailed, res.PublishSkipped = ps.failed.Load(), ps.skipped.Load()
-	res.PublishErrors = ps.errs.snapshot()
+	res.PublishErrors = ps.errs.Snapshot()
 	res.PublishSeqMismatch, res.PublishDials = ps.seqMismatch.Load(), ps.dials.Load()
 	res.PublishedInWindow = p1 - p0
 	res.PublishPerSec = float64(p1-p0) / window
-	rtt := summarize(ps.rtt.merged())
+	rtt := summarize(ps.rtt.Merged())
 	res.PublishRTTUS = &rtt
 	res.Deliveries = dEnd
 	res.DeliveriesInWindow = d1 - d0
 	res.DeliveriesInGrace = dEnd - dEndPub
 	res.DeliveriesPerSec = float64(d1-d0) / window
-	lat := summarize(r.lat.merged())
+	lat := summarize(r.lat.Merged())
 	res.LatencyUS = &lat
-	res.ClientCPUSeconds = (cli1 - cli0).Seconds()
+	res.ClientCPUSeconds = use.ClientSeconds
 	res.ClientCPUCores = res.ClientCPUSeconds / window
-	res.MachineBusy = float64(m1.busy-m0.busy) / 100 // USER_HZ
-	res.MachineIRQ = float64(m1.irq-m0.irq) / 100
-	res.MachineSteal = float64(m1.steal-m0.steal) / 100
-	res.OtherProcs = float64(othersDelta(oth0, oth1)) / tck
+	res.MachineBusy = loadkit.UserHZSeconds(use.Machine.Busy)
+	res.MachineIRQ = loadkit.UserHZSeconds(use.Machine.IRQ)
+	res.MachineSteal = loadkit.UserHZSeconds(use.Machine.Steal)
+	res.OtherProcs = float64(use.OthersTicks) / tck
 	if d1 > d0 {
 		res.ClientCPUUSPer = res.ClientCPUSeconds * 1e6 / float64(d1-d0)
 	}
 	res.Residual = res.MachineBusy - res.ClientCPUSeconds
-	if cfg.serverPID > 0 && srvErr == nil {
-		res.ServerCPUSeconds = float64(srv1-srv0) / tck
+	if use.ServerOK {
+		res.ServerCPUSeconds = float64(use.ServerTicks) / tck
 		res.ServerCPUCores = res.ServerCPUSeconds / window
 		res.Residual -= res.ServerCPUSeconds
 		if d1 > d0 {
@@ -1044,7 +611,4 @@ func (r *run) tally(res *result) {
 	}
 }
 
-func fail(msg string) {
-	fmt.Fprintln(os.Stderr, "fanload:", msg)
-	os.Exit(2)
-}
+func fail(msg string) { loadkit.Fail("fanload", msg) }

@@ -19,429 +19,78 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
-	"math/bits"
 	"net"
-	"net/http"
 	"os"
 	"runtime"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"throng-bench/clients/internal/loadkit"
 )
 
 type config struct {
-	mode        string
-	url         string
-	conns       int
-	rate        float64
-	duration    time.Duration
-	settle      time.Duration
-	warmup      time.Duration
-	size        int
-	sourceIPs   string
-	serverPID   int
-	clkTck      int
-	dialTimeout time.Duration
-	readBuf     int
-	writeBuf    int
-	rssSamples  int
-}
-
-// ---------- /proc helpers ----------
-
-// procCPUTicks returns utime+stime (clock ticks) of pid from /proc/PID/stat.
-func procCPUTicks(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, errors.New("bad stat")
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); utime is field 14, stime field 15.
-	if len(f) < 13 {
-		return 0, errors.New("short stat")
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("bad stat numbers")
-	}
-	return ut + st, nil
-}
-
-// procRSSKB returns VmRSS in KiB of pid.
-func procRSSKB(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			if len(f) >= 2 {
-				return strconv.ParseInt(f[1], 10, 64)
-			}
-		}
-	}
-	return 0, errors.New("no VmRSS")
-}
-
-// sampleRSS takes n samples spaced by gap and returns them plus the median.
-func sampleRSS(pid, n int, gap time.Duration) ([]int64, int64) {
-	var out []int64
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			time.Sleep(gap)
-		}
-		if v, err := procRSSKB(pid); err == nil {
-			out = append(out, v)
-		}
-	}
-	if len(out) == 0 {
-		return out, -1
-	}
-	s := append([]int64(nil), out...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return out, s[len(s)/2]
-}
-
-// machineStat returns machine-wide idle(+iowait), irq+softirq and steal time
-// (all CPUs) from the first line of /proc/stat.
-func machineStat() (idle, irq, steal time.Duration) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, 0, 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0, 0, 0
-	}
-	n := func(i int) time.Duration {
-		v, _ := strconv.ParseInt(f[i], 10, 64)
-		return time.Duration(v) * 10 * time.Millisecond // USER_HZ is 100 on Linux
-	}
-	return n(4) + n(5), n(6) + n(7), n(8)
-}
-
-// othersCPU returns, per pid, utime+stime+cutime+cstime (ticks) of every
-// user-space process except the excluded pids. Children that exit and are
-// reaped show up in their parent's cutime/cstime. Kernel threads are skipped
-// (ksoftirqd etc. do the loopback work of the benchmark itself).
-func othersCPU(exclude ...int) map[int]int64 {
-	out := map[int]int64{}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return out
-	}
-next:
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		for _, x := range exclude {
-			if pid == x {
-				continue next
-			}
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		st := string(b)
-		i := strings.LastIndexByte(st, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(st[i+1:])
-		if len(f) < 15 {
-			continue
-		}
-		flags, _ := strconv.ParseUint(f[6], 10, 64)
-		if flags&0x00200000 != 0 { // PF_KTHREAD
-			continue
-		}
-		var sum int64
-		for _, k := range []int{11, 12, 13, 14} {
-			v, _ := strconv.ParseInt(f[k], 10, 64)
-			sum += v
-		}
-		out[pid] = sum
-	}
-	return out
-}
-
-func othersDelta(a, b map[int]int64) int64 {
-	var d int64
-	for pid, v := range b {
-		if v0, ok := a[pid]; ok {
-			if v > v0 {
-				d += v - v0
-			}
-		} else {
-			d += v // started during the window
-		}
-	}
-	return d
-}
-
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// ---------- source addresses ----------
-
-func parseSourceIPs(spec string) ([]net.IP, error) {
-	if spec == "" {
-		return nil, nil
-	}
-	var out []net.IP
-	for _, part := range strings.Split(spec, ",") {
-		part = strings.TrimSpace(part)
-		lo, hi, isRange := strings.Cut(part, "-")
-		a := net.ParseIP(lo).To4()
-		if a == nil {
-			return nil, fmt.Errorf("bad source ip %q", lo)
-		}
-		if !isRange {
-			out = append(out, a)
-			continue
-		}
-		b := net.ParseIP(hi).To4()
-		if b == nil {
-			return nil, fmt.Errorf("bad source ip %q", hi)
-		}
-		x := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-		y := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-		if y < x || y-x > 1<<16 {
-			return nil, fmt.Errorf("bad source range %q", part)
-		}
-		for v := x; v <= y; v++ {
-			out = append(out, net.IPv4(byte(v>>24), byte(v>>16), byte(v>>8), byte(v)).To4())
-		}
-	}
-	return out, nil
-}
-
-// ---------- latency histogram (log-linear, ~1.6% relative error) ----------
-
-const histBuckets = 4096
-
-type hist [histBuckets]uint64
-
-func bucketOf(v uint64) int {
-	if v < 128 {
-		return int(v)
-	}
-	e := bits.Len64(v) - 7
-	b := e*64 + int(v>>uint(e))
-	if b >= histBuckets {
-		b = histBuckets - 1
-	}
-	return b
-}
-
-func bucketValue(b int) uint64 {
-	if b < 128 {
-		return uint64(b)
-	}
-	e := b/64 - 1
-	m := uint64(b - e*64)
-	return m << uint(e)
-}
-
-func (h *hist) add(v time.Duration) {
-	if v < 0 {
-		v = 0
-	}
-	h[bucketOf(uint64(v))]++
-}
-
-func (h *hist) merge(o *hist) {
-	for i := range h {
-		h[i] += o[i]
-	}
-}
-
-// quantile returns the value (ns) at quantile q.
-func (h *hist) quantile(q float64) uint64 {
-	var total uint64
-	for _, c := range h {
-		total += c
-	}
-	if total == 0 {
-		return 0
-	}
-	rank := uint64(q * float64(total))
-	if rank >= total {
-		rank = total - 1
-	}
-	var acc uint64
-	for i, c := range h {
-		acc += c
-		if acc > rank {
-			return bucketValue(i)
-		}
-	}
-	return bucketValue(histBuckets - 1)
-}
-
-func (h *hist) max() uint64 {
-	for i := histBuckets - 1; i >= 0; i-- {
-		if h[i] > 0 {
-			return bucketValue(i)
-		}
-	}
-	return 0
+	loadkit.Common
+	mode     string
+	url      string
+	conns    int
+	rate     float64
+	duration time.Duration
+	settle   time.Duration
+	warmup   time.Duration
+	size     int
+	readBuf  int
+	writeBuf int
 }
 
 // ---------- connection opening ----------
 
-type errCounter struct {
-	mu sync.Mutex
-	m  map[string]int
+// opening is what both modes report first: the connections and their opening.
+type opening struct {
+	Mode  string  `json:"mode"`
+	URL   string  `json:"url"`
+	Conns int     `json:"conns_requested"`
+	Rate  float64 `json:"rate"`
+	loadkit.Opening
 }
 
-func (e *errCounter) add(err error) {
-	s := err.Error()
-	// strip per-connection address detail so identical causes group together
-	if i := strings.LastIndex(s, ": "); i >= 0 && len(s) > 120 {
-		s = s[i+2:]
-	}
-	e.mu.Lock()
-	if e.m == nil {
-		e.m = map[string]int{}
-	}
-	if len(e.m) < 20 || e.m[s] > 0 {
-		e.m[s]++
-	} else {
-		e.m["(other)"]++
-	}
-	e.mu.Unlock()
-}
-
-func (e *errCounter) snapshot() map[string]int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range e.m {
-		out[k] = v
-	}
-	return out
-}
-
-// openAll dials cfg.conns connections paced at cfg.rate per second and calls
-// onOpen(i, conn) in the dialing goroutine for each success. It returns when
-// every dial has finished (each bounded by dialTimeout).
-func openAll(cfg *config, ips []net.IP, dialErrs *errCounter, onOpen func(int, *websocket.Conn)) (opened, failed int64, took time.Duration) {
-	dialers := make([]*websocket.Dialer, 0, len(ips)+1)
-	mk := func(local net.Addr) *websocket.Dialer {
-		nd := &net.Dialer{Timeout: cfg.dialTimeout, LocalAddr: local}
-		return &websocket.Dialer{
-			NetDialContext:   nd.DialContext,
-			HandshakeTimeout: cfg.dialTimeout,
-			ReadBufferSize:   cfg.readBuf,
-			WriteBufferSize:  cfg.writeBuf,
-		}
-	}
-	if len(ips) == 0 {
-		dialers = append(dialers, mk(nil))
-	}
-	for _, ip := range ips {
-		dialers = append(dialers, mk(&net.TCPAddr{IP: ip}))
-	}
-	var wg sync.WaitGroup
-	var nOK, nFail atomic.Int64
-	start := time.Now()
-	for i := 0; i < cfg.conns; i++ {
-		if cfg.rate > 0 {
-			due := start.Add(time.Duration(float64(i) / cfg.rate * float64(time.Second)))
-			if d := time.Until(due); d > 0 {
-				time.Sleep(d)
-			}
-		}
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			d := dialers[i%len(dialers)]
-			c, resp, err := d.Dial(cfg.url, http.Header{})
-			if err != nil {
-				if resp != nil {
-					err = fmt.Errorf("%w (HTTP %d)", err, resp.StatusCode)
-				}
-				dialErrs.add(err)
-				nFail.Add(1)
-				return
-			}
-			nOK.Add(1)
-			onOpen(i, c)
-		}(i)
-		if (i+1)%5000 == 0 {
-			fmt.Fprintf(os.Stderr, "wsload: dialed %d/%d\n", i+1, cfg.conns)
-		}
-	}
-	wg.Wait()
-	return nOK.Load(), nFail.Load(), time.Since(start)
+// openAll dials cfg.conns connections paced at cfg.rate per second, spread
+// over the source addresses, and calls onOpen(i, conn) in the dialing
+// goroutine for each success. It returns when every dial has finished (each
+// bounded by dialTimeout).
+func openAll(cfg *config, ips []net.IP, onOpen func(int, *websocket.Conn)) opening {
+	o := loadkit.Opener{Prog: "wsload", Conns: cfg.conns, Rate: cfg.rate, IPs: ips, Timeout: cfg.DialTimeout,
+		ReadBuf: cfg.readBuf, WriteBuf: cfg.writeBuf, URL: func(int) string { return cfg.url }}
+	return opening{Mode: cfg.mode, URL: cfg.url, Conns: cfg.conns, Rate: cfg.rate, Opening: o.Open(onOpen)}
 }
 
 // ---------- idle mode ----------
 
 type idleResult struct {
-	Mode             string         `json:"mode"`
-	URL              string         `json:"url"`
-	Conns            int            `json:"conns_requested"`
-	Rate             float64        `json:"rate"`
-	SourceIPs        int            `json:"source_ips"`
-	Opened           int64          `json:"opened"`
-	Failed           int64          `json:"failed"`
-	DialErrors       map[string]int `json:"dial_errors,omitempty"`
-	OpenSeconds      float64        `json:"open_seconds"`
-	HoldSeconds      float64        `json:"hold_seconds"`
-	PingsSeen        int64          `json:"pings_seen"`
-	MessagesSeen     int64          `json:"messages_seen"`
-	ClosedByPeer     int64          `json:"closed_by_peer_during_hold"`
-	StillOpenAtEnd   int64          `json:"still_open_at_end"`
-	ServerPID        int            `json:"server_pid,omitempty"`
-	RSSBeforeSamples []int64        `json:"server_rss_before_kb_samples,omitempty"`
-	RSSAfterSamples  []int64        `json:"server_rss_after_kb_samples,omitempty"`
-	RSSBeforeKB      int64          `json:"server_rss_before_kb,omitempty"`
-	RSSAfterKB       int64          `json:"server_rss_after_kb,omitempty"`
-	RSSBytesPerConn  float64        `json:"server_rss_bytes_per_conn,omitempty"`
-	ClientRSSKB      int64          `json:"client_rss_kb"`
+	opening
+	HoldSeconds    float64 `json:"hold_seconds"`
+	PingsSeen      int64   `json:"pings_seen"`
+	MessagesSeen   int64   `json:"messages_seen"`
+	ClosedByPeer   int64   `json:"closed_by_peer_during_hold"`
+	StillOpenAtEnd int64   `json:"still_open_at_end"`
+	loadkit.RSSDelta
+	ClientRSSKB int64 `json:"client_rss_kb"`
 }
 
 func runIdle(cfg *config, ips []net.IP) any {
-	res := idleResult{Mode: "idle", URL: cfg.url, Conns: cfg.conns, Rate: cfg.rate, SourceIPs: len(ips), ServerPID: cfg.serverPID}
-	if cfg.serverPID > 0 {
-		res.RSSBeforeSamples, res.RSSBeforeKB = sampleRSS(cfg.serverPID, cfg.rssSamples, 200*time.Millisecond)
-	}
+	res := idleResult{RSSDelta: cfg.RSSBefore()}
 	var pings, msgs, closedByPeer, open atomic.Int64
 	var holding atomic.Bool
 	conns := make([]*websocket.Conn, cfg.conns)
 	var readers sync.WaitGroup
-	var dialErrs errCounter
-	opened, failed, took := openAll(cfg, ips, &dialErrs, func(i int, c *websocket.Conn) {
+	res.opening = openAll(cfg, ips, func(i int, c *websocket.Conn) {
 		conns[i] = c
 		open.Add(1)
 		c.SetPingHandler(func(data string) error {
@@ -470,18 +119,13 @@ func runIdle(cfg *config, ips []net.IP) any {
 			}
 		}()
 	})
-	res.Opened, res.Failed, res.OpenSeconds = opened, failed, took.Seconds()
-	res.DialErrors = dialErrs.snapshot()
-	fmt.Fprintf(os.Stderr, "wsload: idle: opened %d failed %d in %.1fs; holding %s\n", opened, failed, took.Seconds(), cfg.duration)
+	fmt.Fprintf(os.Stderr, "wsload: idle: opened %d failed %d in %.1fs; holding %s\n", res.Opened, res.Failed, res.OpenSeconds, cfg.duration)
 
 	holding.Store(true)
 	holdStart := time.Now()
-	if cfg.serverPID > 0 {
+	if cfg.ServerPID > 0 {
 		time.Sleep(cfg.settle)
-		res.RSSAfterSamples, res.RSSAfterKB = sampleRSS(cfg.serverPID, cfg.rssSamples, 200*time.Millisecond)
-		if res.Opened > 0 && res.RSSBeforeKB > 0 && res.RSSAfterKB > 0 {
-			res.RSSBytesPerConn = float64(res.RSSAfterKB-res.RSSBeforeKB) * 1024 / float64(res.Opened)
-		}
+		cfg.RSSAfter(&res.RSSDelta, res.Opened)
 	}
 	if rest := cfg.duration - time.Since(holdStart); rest > 0 {
 		time.Sleep(rest)
@@ -490,104 +134,66 @@ func runIdle(cfg *config, ips []net.IP) any {
 	res.HoldSeconds = time.Since(holdStart).Seconds()
 	res.PingsSeen, res.MessagesSeen, res.ClosedByPeer = pings.Load(), msgs.Load(), closedByPeer.Load()
 	res.StillOpenAtEnd = open.Load()
-	if v, err := procRSSKB(os.Getpid()); err == nil {
+	if v, err := loadkit.ProcRSSKB(os.Getpid()); err == nil {
 		res.ClientRSSKB = v
 	}
 
 	// Close politely: close frame, give the server a moment to answer, then
 	// force-close whatever is left.
-	closeMsg := websocket.FormatCloseMessage(websocket.CloseNormalClosure, "")
-	var cw sync.WaitGroup
+	var opened []*websocket.Conn
 	for _, c := range conns {
-		if c == nil {
-			continue
-		}
-		cw.Add(1)
-		go func(c *websocket.Conn) {
-			defer cw.Done()
-			c.WriteControl(websocket.CloseMessage, closeMsg, time.Now().Add(time.Second))
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		}(c)
-	}
-	cw.Wait()
-	done := make(chan struct{})
-	go func() { readers.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		for _, c := range conns {
-			if c != nil {
-				c.Close()
-			}
+		if c != nil {
+			opened = append(opened, c)
 		}
 	}
+	loadkit.CloseAll(opened, &readers)
 	return res
 }
 
 // ---------- echo mode ----------
 
-type latency struct {
-	P50  float64 `json:"p50"`
-	P90  float64 `json:"p90"`
-	P99  float64 `json:"p99"`
-	P999 float64 `json:"p999"`
-	Max  float64 `json:"max"`
-}
-
 type echoResult struct {
-	Mode                 string         `json:"mode"`
-	URL                  string         `json:"url"`
-	Conns                int            `json:"conns_requested"`
-	Rate                 float64        `json:"rate"`
-	SourceIPs            int            `json:"source_ips"`
-	Opened               int64          `json:"opened"`
-	Failed               int64          `json:"failed"`
-	DialErrors           map[string]int `json:"dial_errors,omitempty"`
-	OpenSeconds          float64        `json:"open_seconds"`
-	Size                 int            `json:"size"`
-	WarmupSeconds        float64        `json:"warmup_seconds"`
-	WindowSeconds        float64        `json:"window_seconds"`
-	Messages             int64          `json:"messages"`
-	MsgsPerSec           float64        `json:"msgs_per_sec"`
-	LatencyUS            latency        `json:"latency_us"`
-	Errors               int64          `json:"errors"`
-	Mismatches           int64          `json:"mismatches"`
-	ErrorSamples         map[string]int `json:"error_samples,omitempty"`
-	ServerPID            int            `json:"server_pid,omitempty"`
-	ClkTck               int            `json:"clk_tck,omitempty"`
-	ServerCPUTicks       int64          `json:"server_cpu_ticks,omitempty"`
-	ServerCPUSeconds     float64        `json:"server_cpu_seconds,omitempty"`
-	ServerCPUUSPer       float64        `json:"server_cpu_us_per_msg,omitempty"`
-	ServerRSSKB          int64          `json:"server_rss_kb_end,omitempty"`
-	PerSecond            []int64        `json:"msgs_per_second_timeline"`
-	StealSeconds         float64        `json:"machine_steal_seconds"`
-	IdleSeconds          float64        `json:"machine_idle_seconds"`
-	IRQSeconds           float64        `json:"machine_irq_softirq_seconds"`
-	OtherCPUSeconds      float64        `json:"machine_other_cpu_seconds"`
-	OtherProcsCPUSeconds float64        `json:"machine_other_procs_cpu_seconds"`
-	ResidualCPUSeconds   float64        `json:"machine_residual_cpu_seconds,omitempty"`
-	ClientCPUSeconds     float64        `json:"client_cpu_seconds"`
-	ClientCPUUSPer       float64        `json:"client_cpu_us_per_msg"`
+	opening
+	Size                 int             `json:"size"`
+	WarmupSeconds        float64         `json:"warmup_seconds"`
+	WindowSeconds        float64         `json:"window_seconds"`
+	Messages             int64           `json:"messages"`
+	MsgsPerSec           float64         `json:"msgs_per_sec"`
+	LatencyUS            loadkit.Latency `json:"latency_us"`
+	Errors               int64           `json:"errors"`
+	Mismatches           int64           `json:"mismatches"`
+	ErrorSamples         map[string]int  `json:"error_samples,omitempty"`
+	ServerPID            int             `json:"server_pid,omitempty"`
+	ClkTck               int             `json:"clk_tck,omitempty"`
+	ServerCPUTicks       int64           `json:"server_cpu_ticks,omitempty"`
+	ServerCPUSeconds     float64         `json:"server_cpu_seconds,omitempty"`
+	ServerCPUUSPer       float64         `json:"server_cpu_us_per_msg,omitempty"`
+	ServerRSSKB          int64           `json:"server_rss_kb_end,omitempty"`
+	PerSecond            []int64         `json:"msgs_per_second_timeline"`
+	StealSeconds         float64         `json:"machine_steal_seconds"`
+	IdleSeconds          float64         `json:"machine_idle_seconds"`
+	IRQSeconds           float64         `json:"machine_irq_softirq_seconds"`
+	OtherCPUSeconds      float64         `json:"machine_other_cpu_seconds"`
+	OtherProcsCPUSeconds float64         `json:"machine_other_procs_cpu_seconds"`
+	ResidualCPUSeconds   float64         `json:"machine_residual_cpu_seconds,omitempty"`
+	ClientCPUSeconds     float64         `json:"client_cpu_seconds"`
+	ClientCPUUSPer       float64         `json:"client_cpu_us_per_msg"`
 }
 
 func runEcho(cfg *config, ips []net.IP) any {
-	res := echoResult{Mode: "echo", URL: cfg.url, Conns: cfg.conns, Rate: cfg.rate, SourceIPs: len(ips), Size: cfg.size,
-		ServerPID: cfg.serverPID, ClkTck: cfg.clkTck}
+	res := echoResult{Size: cfg.size, ServerPID: cfg.ServerPID, ClkTck: cfg.ClkTck}
 	payload := bytes.Repeat([]byte("x"), cfg.size)
 	for i := range payload {
 		payload[i] = 'a' + byte(i%26)
 	}
 	var mu sync.Mutex
 	var conns []*websocket.Conn
-	var dialErrs errCounter
-	opened, failed, took := openAll(cfg, ips, &dialErrs, func(i int, c *websocket.Conn) {
+	res.opening = openAll(cfg, ips, func(i int, c *websocket.Conn) {
 		mu.Lock()
 		conns = append(conns, c)
 		mu.Unlock()
 	})
-	res.Opened, res.Failed, res.OpenSeconds = opened, failed, took.Seconds()
-	res.DialErrors = dialErrs.snapshot()
-	fmt.Fprintf(os.Stderr, "wsload: echo: opened %d failed %d in %.1fs; warmup %s, window %s\n", opened, failed, took.Seconds(), cfg.warmup, cfg.duration)
+	fmt.Fprintf(os.Stderr, "wsload: echo: opened %d failed %d in %.1fs; warmup %s, window %s\n", res.Opened, res.Failed, res.OpenSeconds, cfg.warmup, cfg.duration)
 	if len(conns) == 0 {
 		return res
 	}
@@ -597,16 +203,16 @@ func runEcho(cfg *config, ips []net.IP) any {
 	tEnd := tStart.Add(cfg.duration)
 	hardDeadline := tEnd.Add(10 * time.Second)
 
-	var total hist
+	var total loadkit.Hist
 	var totalMsgs, nErr, nMismatch, live atomic.Int64
-	var runErrs errCounter
+	var runErrs loadkit.ErrCounter
 	var wg sync.WaitGroup
 	for _, c := range conns {
 		wg.Add(1)
 		go func(c *websocket.Conn) {
 			defer wg.Done()
 			defer c.Close()
-			var h hist
+			var h loadkit.Hist
 			var n int64
 			buf := make([]byte, cfg.size+1)
 			c.SetReadDeadline(hardDeadline)
@@ -619,13 +225,13 @@ func runEcho(cfg *config, ips []net.IP) any {
 				}
 				if err := c.WriteMessage(websocket.TextMessage, payload); err != nil {
 					nErr.Add(1)
-					runErrs.add(err)
+					runErrs.Add(err.Error())
 					break
 				}
 				mt, r, err := c.NextReader()
 				if err != nil {
 					nErr.Add(1)
-					runErrs.add(err)
+					runErrs.Add(err.Error())
 					break
 				}
 				k, err := io.ReadFull(r, buf)
@@ -638,11 +244,11 @@ func runEcho(cfg *config, ips []net.IP) any {
 				if !t1.Before(tStart) && t1.Before(tEnd) {
 					n++
 					live.Add(1)
-					h.add(t1.Sub(t0))
+					h.Add(int64(t1.Sub(t0)))
 				}
 			}
 			mu.Lock()
-			total.merge(&h)
+			total.Merge(&h)
 			mu.Unlock()
 			totalMsgs.Add(n)
 			// polite close, bounded
@@ -657,65 +263,38 @@ func runEcho(cfg *config, ips []net.IP) any {
 	}
 
 	time.Sleep(time.Until(tStart))
-	var srvT0, srvT1 int64
-	var srvErr error
-	if cfg.serverPID > 0 {
-		srvT0, srvErr = procCPUTicks(cfg.serverPID)
-	}
-	cli0 := selfCPU()
-	idle0, irq0, steal0 := machineStat()
-	others0 := othersCPU(os.Getpid(), cfg.serverPID)
-	wallStart := time.Now()
+	win := loadkit.StartWindow(cfg.ServerPID)
 	// per-second timeline of completed echoes, to spot stalls or drift
-	var last int64
-	for sec := 1; ; sec++ {
-		next := tStart.Add(time.Duration(sec) * time.Second)
-		if next.After(tEnd) {
-			break
-		}
-		time.Sleep(time.Until(next))
-		v := live.Load()
-		res.PerSecond = append(res.PerSecond, v-last)
-		last = v
-	}
-	time.Sleep(time.Until(tEnd))
-	others1 := othersCPU(os.Getpid(), cfg.serverPID)
-	idle1, irq1, steal1 := machineStat()
-	res.StealSeconds = (steal1 - steal0).Seconds()
-	res.IdleSeconds = (idle1 - idle0).Seconds()
-	res.IRQSeconds = (irq1 - irq0).Seconds()
+	res.PerSecond = loadkit.Timeline(tStart, tEnd, 0, live.Load)
+	use := win.End()
+	res.StealSeconds = loadkit.UserHZSeconds(use.Machine.Steal)
+	res.IdleSeconds = loadkit.UserHZSeconds(use.Machine.Idle)
+	res.IRQSeconds = loadkit.UserHZSeconds(use.Machine.IRQ)
 	// CPU of other user-space processes during the window: a gauge of
 	// disturbance by other sessions on a shared machine.
-	res.OtherProcsCPUSeconds = float64(othersDelta(others0, others1)) / float64(cfg.clkTck)
+	res.OtherProcsCPUSeconds = float64(use.OthersTicks) / float64(cfg.ClkTck)
 	res.OtherCPUSeconds = res.OtherProcsCPUSeconds
-	if cfg.serverPID > 0 && srvErr == nil {
-		srvT1, srvErr = procCPUTicks(cfg.serverPID)
-	}
-	cli1 := selfCPU()
-	window := time.Since(wallStart)
-	if cfg.serverPID > 0 {
-		if v, err := procRSSKB(cfg.serverPID); err == nil {
+	if cfg.ServerPID > 0 {
+		if v, err := loadkit.ProcRSSKB(cfg.ServerPID); err == nil {
 			res.ServerRSSKB = v
 		}
 	}
 	wg.Wait()
 
 	res.WarmupSeconds = cfg.warmup.Seconds()
-	res.WindowSeconds = window.Seconds()
+	res.WindowSeconds = use.Seconds
 	res.Messages = totalMsgs.Load()
 	res.MsgsPerSec = float64(res.Messages) / cfg.duration.Seconds()
-	us := func(ns uint64) float64 { return float64(ns) / 1000 }
-	res.LatencyUS = latency{P50: us(total.quantile(0.5)), P90: us(total.quantile(0.9)), P99: us(total.quantile(0.99)),
-		P999: us(total.quantile(0.999)), Max: us(total.max())}
+	res.LatencyUS = loadkit.Summarize(&total)
 	res.Errors, res.Mismatches = nErr.Load(), nMismatch.Load()
-	res.ErrorSamples = runErrs.snapshot()
-	res.ClientCPUSeconds = (cli1 - cli0).Seconds()
+	res.ErrorSamples = runErrs.Snapshot()
+	res.ClientCPUSeconds = use.ClientSeconds
 	if res.Messages > 0 {
 		res.ClientCPUUSPer = res.ClientCPUSeconds * 1e6 / float64(res.Messages)
 	}
-	if cfg.serverPID > 0 && srvErr == nil {
-		res.ServerCPUTicks = srvT1 - srvT0
-		res.ServerCPUSeconds = float64(res.ServerCPUTicks) / float64(cfg.clkTck)
+	if use.ServerOK {
+		res.ServerCPUTicks = use.ServerTicks
+		res.ServerCPUSeconds = float64(res.ServerCPUTicks) / float64(cfg.ClkTck)
 		if res.Messages > 0 {
 			res.ServerCPUUSPer = res.ServerCPUSeconds * 1e6 / float64(res.Messages)
 		}
@@ -742,34 +321,21 @@ func main() {
 	flag.DurationVar(&cfg.settle, "settle", 3*time.Second, "idle: wait after all are open before sampling server RSS")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "echo: load before the measured window")
 	flag.IntVar(&cfg.size, "size", 32, "echo: message size in bytes (text)")
-	flag.StringVar(&cfg.sourceIPs, "source-ips", "", "source address list/range to bind before connect, e.g. 127.0.0.2-127.0.0.254")
-	flag.IntVar(&cfg.serverPID, "server-pid", 0, "server pid: sample its RSS (idle) and CPU time (echo) from /proc")
-	flag.IntVar(&cfg.clkTck, "clk-tck", 100, "clock ticks per second for /proc/PID/stat (getconf CLK_TCK)")
-	flag.DurationVar(&cfg.dialTimeout, "dial-timeout", 10*time.Second, "TCP connect + handshake timeout")
 	flag.IntVar(&cfg.readBuf, "read-buf", 0, "gorilla client read buffer size (0 = default 4096)")
 	flag.IntVar(&cfg.writeBuf, "write-buf", 0, "gorilla client write buffer size (0 = default 4096)")
-	flag.IntVar(&cfg.rssSamples, "rss-samples", 5, "idle: server RSS samples (200ms apart) before and after; the median is used")
+	cfg.Register()
 	flag.Parse()
 
 	if cfg.conns <= 0 || cfg.conns > 100000 {
-		fmt.Fprintln(os.Stderr, "wsload: -conns must be 1..100000")
-		os.Exit(2)
+		loadkit.Fail("wsload", "-conns must be 1..100000")
 	}
 	if cfg.duration <= 0 || cfg.duration > time.Hour {
-		fmt.Fprintln(os.Stderr, "wsload: -duration must be >0 and <=1h")
-		os.Exit(2)
+		loadkit.Fail("wsload", "-duration must be >0 and <=1h")
 	}
-	if cfg.mode == "idle" && cfg.serverPID > 0 && cfg.duration < cfg.settle+time.Duration(cfg.rssSamples)*200*time.Millisecond {
-		cfg.duration = cfg.settle + time.Duration(cfg.rssSamples)*200*time.Millisecond
+	if cfg.mode == "idle" && cfg.ServerPID > 0 && cfg.duration < cfg.settle+time.Duration(cfg.RSSSamples)*200*time.Millisecond {
+		cfg.duration = cfg.settle + time.Duration(cfg.RSSSamples)*200*time.Millisecond
 	}
-	if cfg.rssSamples < 1 {
-		cfg.rssSamples = 1
-	}
-	ips, err := parseSourceIPs(cfg.sourceIPs)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "wsload:", err)
-		os.Exit(2)
-	}
+	ips := cfg.Check("wsload")
 	var res any
 	switch cfg.mode {
 	case "idle":
@@ -777,11 +343,7 @@ func main() {
 	case "echo":
 		res = runEcho(cfg, ips)
 	default:
-		fmt.Fprintln(os.Stderr, "wsload: -mode must be idle or echo")
-		os.Exit(2)
+		loadkit.Fail("wsload", "-mode must be idle or echo")
 	}
-	enc := json.NewEncoder(os.Stdout)
-	if err := enc.Encode(res); err != nil {
-		os.Exit(1)
-	}
+	loadkit.WriteJSON(res)
 }

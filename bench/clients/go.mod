@@ -1,4 +1,4 @@
-module throng-bench/wsload
+module throng-bench/clients
 
 go 1.22
 

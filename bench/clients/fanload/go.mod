@@ -1,5 +1,0 @@
-module throng-bench/fanload
-
-go 1.22
-
-require github.com/gorilla/websocket v1.5.3
