@@ -256,7 +256,126 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::broker::{Broker, Member, MemoryBroker};
+    use crate::config::ServeConfig;
+    use crate::hub::{ConnRef, Hub};
+    use crate::protocol::encode_client_frame;
+    use crate::rules::ChannelRules;
+    use crate::stats::TurnCounts;
+
+    /// A broker over a one-loop hub, and a member of `chat:r` listening on it.
+    fn chat_room() -> (MemoryBroker, Arc<Hub>, mio::Poll) {
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let hub = Arc::new(Hub::new(vec![waker], Format::COUNT));
+        let broker = MemoryBroker::new(Arc::clone(&hub), 0);
+        (broker, hub, poll)
+    }
+
+    /// Feeds client frames to a WebSocket in `state`; returns the answer bytes.
+    fn feed_frames(
+        state: &mut WsState,
+        frames: &[(u8, &[u8])],
+        broker: &dyn Broker,
+        config: &ServeConfig,
+    ) -> (Vec<u8>, After) {
+        let mut input = Vec::new();
+        for (op, payload) in frames {
+            encode_client_frame(&mut input, *op, true, payload, [1, 2, 3, 4]);
+        }
+        let mut out = Vec::new();
+        let mut counts = TurnCounts::default();
+        let mut ctx = Ctx {
+            out: &mut out,
+            broker,
+            config,
+            counts: &mut counts,
+        };
+        let after = feed(state, &mut input, &mut ctx);
+        (out, after)
+    }
+
+    fn subscriber(broker: &MemoryBroker, channel: &str) -> WsState {
+        let member = Member {
+            conn: ConnRef {
+                loop_index: 0,
+                key: 1,
+            },
+            listens: true,
+            announce: None,
+        };
+        let joined = broker.subscribe(channel, member).unwrap();
+        WsState::new(Some(Subscription {
+            channel: joined.channel,
+            client: 7,
+            index: 0,
+            format: Format::WsJson,
+            rules: ChannelRules::for_name(channel),
+        }))
+    }
+
+    #[test]
+    fn echo_answers_each_message_with_the_prefix_and_pings_with_pongs() {
+        let (broker, _hub, _poll) = chat_room();
+        let config = ServeConfig {
+            echo_prefix: "> ".into(),
+            ..ServeConfig::default()
+        };
+        let mut state = WsState::default();
+        let frames: [(u8, &[u8]); 3] = [
+            (opcode::TEXT, b"hi"),
+            (opcode::PING, b"p"),
+            (opcode::BINARY, &[0, 1]),
+        ];
+        let (out, after) = feed_frames(&mut state, &frames, &broker, &config);
+        assert_eq!(after, After::Nothing);
+        assert_eq!(out, b"\x81\x04> hi\x8a\x01p\x82\x02\x00\x01");
+    }
+
+    #[test]
+    fn a_chat_member_publishes_in_its_name_and_a_push_subscriber_is_refused() {
+        let (broker, hub, _poll) = chat_room();
+        let config = ServeConfig::default();
+        let mut member = subscriber(&broker, "chat:r");
+        let (out, after) = feed_frames(&mut member, &[(opcode::TEXT, b"yo")], &broker, &config);
+        assert_eq!((out.len(), after), (0, After::Nothing));
+        let mut batch = Vec::new();
+        hub.inbox(0).take(&mut batch);
+        let frame = Format::WsJson.frame(&batch[0]).unwrap();
+        let text = String::from_utf8_lossy(&frame[2..]).into_owned();
+        assert!(
+            text.contains(r#""seq":1"#) && text.contains(r#""from":"c7""#),
+            "{text}"
+        );
+
+        let mut pushed = subscriber(&broker, "news");
+        let (out, after) = feed_frames(&mut pushed, &[(opcode::TEXT, b"no")], &broker, &config);
+        assert_eq!(after, After::Close);
+        assert_eq!(&out[2..4], &close_code::POLICY_VIOLATION.to_be_bytes());
+        assert!(String::from_utf8_lossy(&out).contains("push-only"));
+        assert_eq!(broker.channel_info("news").last_seq, 0);
+    }
+
+    #[test]
+    fn a_protocol_error_closes_with_its_code() {
+        let (broker, _hub, _poll) = chat_room();
+        let mut state = WsState::default();
+        let mut input = vec![0x81, 0x02, b'h', b'i']; // unmasked client frame
+        let mut out = Vec::new();
+        let mut counts = TurnCounts::default();
+        let config = ServeConfig::default();
+        let mut ctx = Ctx {
+            out: &mut out,
+            broker: &broker,
+            config: &config,
+            counts: &mut counts,
+        };
+        assert_eq!(feed(&mut state, &mut input, &mut ctx), After::Close);
+        assert_eq!(&out[2..4], &close_code::PROTOCOL_ERROR.to_be_bytes());
+    }
 
     #[test]
     fn json_envelopes() {
