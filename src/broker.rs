@@ -160,23 +160,18 @@ impl MemoryBroker {
         lock(&self.shards[(self.hasher.hash_one(name) as usize) % SHARDS])
     }
 
-    /// The channel's log, created if new, marked as used now.
+    /// The channel's log, created if new. Whoever uses it marks it used.
     fn log(&self, name: &str) -> Arc<Mutex<Log>> {
         let mut shard = self.shard(name);
-        let log = match shard.get(name) {
-            Some(log) => Arc::clone(log),
-            None => {
-                let log = Arc::new(Mutex::new(Log {
-                    seq: 0,
-                    last_used: Instant::now(),
-                    history: VecDeque::new(),
-                }));
-                shard.insert(name.into(), Arc::clone(&log));
-                log
-            }
-        };
-        drop(shard);
-        lock(&log).last_used = Instant::now();
+        if let Some(log) = shard.get(name) {
+            return Arc::clone(log);
+        }
+        let log = Arc::new(Mutex::new(Log {
+            seq: 0,
+            last_used: Instant::now(),
+            history: VecDeque::new(),
+        }));
+        shard.insert(name.into(), Arc::clone(&log));
         log
     }
 
@@ -228,6 +223,7 @@ impl Broker for MemoryBroker {
         // The log stays locked while the hub hands the message out, so every
         // subscriber sees one channel's messages in `seq` order.
         let mut log = lock(&log);
+        log.last_used = Instant::now();
         let seq = log.seq + 1;
         let keep = self.history_size > 0;
         let payload = keep.then(|| Bytes::copy_from_slice(message.payload));
@@ -256,6 +252,10 @@ impl Broker for MemoryBroker {
 
     fn subscribe(&self, channel: &str, member: Member<'_>) -> Result<Subscribed, BrokerError> {
         let log = self.log(channel);
+        let mut log = lock(&log);
+        log.last_used = Instant::now();
+        // Registered under the log's lock: a publish is delivered either before
+        // this subscriber counts (and history has it) or to it, never neither.
         let (hub_channel, count) =
             self.hub
                 .subscribe(channel, member.conn.loop_index, member.listens);

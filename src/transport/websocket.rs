@@ -181,7 +181,6 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
         .sub
         .as_ref()
         .map_or(Role::Echo, |s| Role::Subscriber(s.rules));
-    let from = state.sub.as_ref().map(|s| rules::client_name(s.client));
     let out = &mut *ctx.out;
     let broker = ctx.broker;
     let mut after = After::Nothing;
@@ -201,7 +200,9 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                 Flow::Continue
             }
             Action::Publish => {
-                let channel = state.sub.as_ref().map_or("", |s| s.channel.name());
+                let (channel, from) = state.sub.as_ref().map_or(("", None), |s| {
+                    (s.channel.name(), Some(rules::client_name(s.client)))
+                });
                 let message = Outgoing {
                     payload,
                     kind,
