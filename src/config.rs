@@ -101,6 +101,20 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 /// Largest server frame header: 2 bytes plus an 8-byte length.
 const MAX_FRAME_HEADER: usize = 10;
 
+/// The built-in defaults, written once: `--help` shows these strings and
+/// [`ServeConfig::default`] parses the same ones.
+pub mod defaults {
+    pub const LISTEN: &str = "127.0.0.1:8080";
+    pub const PING_INTERVAL: &str = "25s";
+    pub const IDLE_TIMEOUT: &str = "60s";
+    pub const HANDSHAKE_TIMEOUT: &str = "10s";
+    pub const MAX_MESSAGE_SIZE: &str = "64KiB";
+    pub const MAX_QUEUE: &str = "1MiB";
+    pub const ECHO_PREFIX: &str = "";
+    pub const DRAIN_TIMEOUT: &str = "10s";
+    pub const STATS_INTERVAL: &str = "10s";
+}
+
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -118,7 +132,7 @@ pub struct ServeArgs {
         long,
         env = "THRONG_LISTEN",
         value_name = "ADDR",
-        default_value = "127.0.0.1:8080",
+        default_value = defaults::LISTEN,
         value_delimiter = ','
     )]
     pub listen: Vec<ListenSpec>,
@@ -128,24 +142,24 @@ pub struct ServeArgs {
     pub threads: Option<usize>,
 
     /// Server pings, spread evenly over this interval; 0 = no pings
-    #[arg(long, env = "THRONG_PING_INTERVAL", value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    #[arg(long, env = "THRONG_PING_INTERVAL", value_name = "DURATION", default_value = defaults::PING_INTERVAL, value_parser = parse_duration)]
     pub ping_interval: Duration,
 
     /// Close a client that sent no frame or pong for this long; 0 = never
-    #[arg(long, env = "THRONG_IDLE_TIMEOUT", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "THRONG_IDLE_TIMEOUT", value_name = "DURATION", default_value = defaults::IDLE_TIMEOUT, value_parser = parse_duration)]
     pub idle_timeout: Duration,
 
     /// Drop a connection whose HTTP request has not completed in this time (slowloris)
-    #[arg(long, env = "THRONG_HANDSHAKE_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "THRONG_HANDSHAKE_TIMEOUT", value_name = "DURATION", default_value = defaults::HANDSHAKE_TIMEOUT, value_parser = parse_duration)]
     pub handshake_timeout: Duration,
 
     /// Largest message a client may send (all fragments together); larger: close 1009
-    #[arg(long, env = "THRONG_MAX_MESSAGE_SIZE", value_name = "BYTES", default_value = "64KiB", value_parser = parse_size)]
+    #[arg(long, env = "THRONG_MAX_MESSAGE_SIZE", value_name = "BYTES", default_value = defaults::MAX_MESSAGE_SIZE, value_parser = parse_size)]
     pub max_message_size: usize,
 
     /// Outbound bytes queued for one connection; past it: close 1008 "slow consumer"
     /// (never below one largest message)
-    #[arg(long, env = "THRONG_MAX_QUEUE", value_name = "BYTES", default_value = "1MiB", value_parser = parse_size)]
+    #[arg(long, env = "THRONG_MAX_QUEUE", value_name = "BYTES", default_value = defaults::MAX_QUEUE, value_parser = parse_size)]
     pub max_queue: usize,
 
     /// Most concurrent WebSocket connections; more handshakes get 503
@@ -165,55 +179,93 @@ pub struct ServeArgs {
         long,
         env = "THRONG_ECHO_PREFIX",
         value_name = "TEXT",
-        default_value = ""
+        default_value = defaults::ECHO_PREFIX
     )]
     pub echo_prefix: String,
 
     /// On SIGTERM/SIGINT: close clients with 1001 and exit within this time
-    #[arg(long, env = "THRONG_DRAIN_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "THRONG_DRAIN_TIMEOUT", value_name = "DURATION", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
     /// Print the stats block this often; 0 = never
-    #[arg(long, env = "THRONG_STATS_INTERVAL", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "THRONG_STATS_INTERVAL", value_name = "DURATION", default_value = defaults::STATS_INTERVAL, value_parser = parse_duration)]
     pub stats_interval: Duration,
 }
 
-/// Validated settings the server runs on.
+/// Validated settings the server runs on. `Default` gives the built-in defaults
+/// ([`defaults`]); the command line, `THRONG_*` variables and the config file
+/// override them through [`ServeArgs::into_config`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServeConfig {
-    /// Every listener address, port ranges expanded.
+    /// Every listener address, port ranges expanded. Default `127.0.0.1:8080`. Each
+    /// I/O thread binds every address (SO_REUSEPORT), so a port range of 500 costs
+    /// 500 descriptors per thread.
     pub listen: Vec<SocketAddr>,
+    /// I/O threads, each one event loop. Default: the number of cores. More threads
+    /// than cores only add context switches.
     pub threads: usize,
+    /// Server pings, spread evenly over this interval. Default 25 s; zero turns pings
+    /// off. Shorter finds dead peers sooner at the cost of a frame per connection per
+    /// interval.
     pub ping_interval: Duration,
+    /// A connection that sent nothing (not even a pong) for this long is closed with
+    /// 1001. Default 60 s; zero: never.
     pub idle_timeout: Duration,
+    /// An HTTP request (or a kept-alive connection's next one) must arrive whole
+    /// within this. Default 10 s; must be above zero (slowloris protection).
     pub handshake_timeout: Duration,
+    /// Largest message a client may send, all fragments together; larger: close 1009.
+    /// Default 64 KiB. A message in progress is buffered, so this bounds the memory
+    /// one client can make the server hold while reading.
     pub max_message_size: usize,
+    /// Outbound bytes that may wait for one connection; past it the client is a slow
+    /// consumer and is closed with 1008. Default 1 MiB, never below one largest echo.
+    /// This bounds the memory a reader that stopped reading can cost.
     pub max_queue: usize,
+    /// Most concurrent WebSocket connections; more handshakes get 503. Default: none
+    /// (the open-files limit is the ceiling).
     pub max_conns: Option<usize>,
+    /// Most concurrent WebSocket connections from one IP address; more get 429.
+    /// Default: none.
     pub max_conns_per_ip: Option<u32>,
-    /// Bearer key for the publish API; `None`: loopback peers only.
+    /// Bearer key for the publish API. Default: none, and then only loopback peers
+    /// may publish.
     pub api_key: Option<String>,
+    /// Prepended to every echoed text message. Default: empty.
     pub echo_prefix: String,
+    /// On SIGTERM/SIGINT, how long clients get to receive their 1001 and go before
+    /// the process exits anyway. Default 10 s.
     pub drain_timeout: Duration,
+    /// How often the stats block is printed. Default 10 s; zero: never.
     pub stats_interval: Duration,
+}
+
+/// A built-in default from [`defaults`]; a unit test proves every one parses.
+fn builtin<T>(parse: fn(&str) -> Result<T, String>, value: &str) -> T {
+    match parse(value) {
+        Ok(v) => v,
+        Err(e) => panic!("built-in default {value:?} does not parse: {e}"),
+    }
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
+        let listen: ListenSpec = builtin(str::parse, defaults::LISTEN);
         ServeConfig {
-            listen: vec![SocketAddr::from(([127, 0, 0, 1], 8080))],
+            listen: listen.addrs().collect(),
             threads: default_threads(),
-            ping_interval: Duration::from_secs(25),
-            idle_timeout: Duration::from_secs(60),
-            handshake_timeout: Duration::from_secs(10),
-            max_message_size: 64 << 10,
-            max_queue: 1 << 20,
+            ping_interval: builtin(parse_duration, defaults::PING_INTERVAL),
+            idle_timeout: builtin(parse_duration, defaults::IDLE_TIMEOUT),
+            handshake_timeout: builtin(parse_duration, defaults::HANDSHAKE_TIMEOUT),
+            max_message_size: builtin(parse_size, defaults::MAX_MESSAGE_SIZE),
+            max_queue: builtin(parse_size, defaults::MAX_QUEUE),
             max_conns: None,
             max_conns_per_ip: None,
             api_key: None,
-            echo_prefix: String::new(),
-            drain_timeout: Duration::from_secs(10),
-            stats_interval: Duration::from_secs(10),
+            echo_prefix: defaults::ECHO_PREFIX.to_string(),
+            drain_timeout: builtin(parse_duration, defaults::DRAIN_TIMEOUT),
+            stats_interval: builtin(parse_duration, defaults::STATS_INTERVAL),
         }
     }
 }
@@ -396,6 +448,45 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn defaults_parse() {
+        let config = ServeConfig::default();
+        assert_eq!(
+            config.listen,
+            vec![SocketAddr::from(([127, 0, 0, 1], 8080))]
+        );
+        assert_eq!(config.ping_interval, Duration::from_secs(25));
+        assert_eq!(config.idle_timeout, Duration::from_secs(60));
+        assert_eq!(config.handshake_timeout, Duration::from_secs(10));
+        assert_eq!(config.max_message_size, 64 << 10);
+        assert_eq!(config.max_queue, 1 << 20);
+        assert_eq!(config.drain_timeout, Duration::from_secs(10));
+        assert_eq!(config.stats_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_command_line_defaults_are_the_config_defaults() {
+        let cmd = ServeArgs::augment_args(Command::new("serve"));
+        // Only the defaults: no THRONG_* variable may leak in from the test's
+        // environment, so every flag's env lookup is switched off.
+        let cmd = cmd.mut_args(|arg| arg.env(None::<&str>));
+        let matches = cmd
+            .try_get_matches_from(["serve"])
+            .expect("no arguments parse");
+        let args = ServeArgs::from_arg_matches(&matches).expect("defaults are valid");
+        let from_flags = args.into_config().expect("defaults are a valid config");
+        let built_in = ServeConfig::default();
+        assert_eq!(from_flags.listen, built_in.listen);
+        assert_eq!(from_flags.ping_interval, built_in.ping_interval);
+        assert_eq!(from_flags.idle_timeout, built_in.idle_timeout);
+        assert_eq!(from_flags.handshake_timeout, built_in.handshake_timeout);
+        assert_eq!(from_flags.max_message_size, built_in.max_message_size);
+        assert_eq!(from_flags.max_queue, built_in.max_queue);
+        assert_eq!(from_flags.echo_prefix, built_in.echo_prefix);
+        assert_eq!(from_flags.drain_timeout, built_in.drain_timeout);
+        assert_eq!(from_flags.stats_interval, built_in.stats_interval);
     }
 
     #[test]
