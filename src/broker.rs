@@ -127,6 +127,10 @@ struct Log {
     seq: u64,
     last_used: Instant,
     history: VecDeque<Stored>,
+    /// The hub's channel while this process has subscribers: set by the first
+    /// subscribe and cleared by the last unsubscribe, both under this log's lock,
+    /// so a publish reaches the hub without a second lookup by name.
+    local: Option<Arc<Channel>>,
 }
 
 /// A shard of channel logs, by name.
@@ -170,6 +174,7 @@ impl MemoryBroker {
             seq: 0,
             last_used: Instant::now(),
             history: VecDeque::new(),
+            local: None,
         }));
         shard.insert(name.into(), Arc::clone(&log));
         log
@@ -181,7 +186,7 @@ impl MemoryBroker {
 
     fn announce(
         &self,
-        channel: &str,
+        channel: &Arc<Channel>,
         event: &'static str,
         client: &str,
         count: u64,
@@ -204,11 +209,12 @@ impl MemoryBroker {
         let now = Instant::now();
         let mut removed = 0;
         for shard in &self.shards {
-            lock(shard).retain(|name, log| {
+            lock(shard).retain(|_, log| {
                 // A log someone holds right now (a publish under way) is in use.
-                let idle = Arc::strong_count(log) == 1
-                    && now.duration_since(lock(log).last_used) >= retention
-                    && self.hub.subscribers(name) == 0;
+                let idle = Arc::strong_count(log) == 1 && {
+                    let log = lock(log);
+                    log.local.is_none() && now.duration_since(log.last_used) >= retention
+                };
                 removed += usize::from(idle);
                 !idle
             });
@@ -227,15 +233,17 @@ impl Broker for MemoryBroker {
         let seq = log.seq + 1;
         let keep = self.history_size > 0;
         let payload = keep.then(|| Bytes::copy_from_slice(message.payload));
-        self.hub
-            .deliver(channel, Audience::Everyone, None, || Body::Data {
-                seq,
-                payload: payload
-                    .clone()
-                    .unwrap_or_else(|| Bytes::copy_from_slice(message.payload)),
-                kind: message.kind,
-                from: message.from.map(Box::from),
-            })?;
+        if let Some(local) = &log.local {
+            self.hub
+                .deliver(local, Audience::Everyone, None, || Body::Data {
+                    seq,
+                    payload: payload
+                        .clone()
+                        .unwrap_or_else(|| Bytes::copy_from_slice(message.payload)),
+                    kind: message.kind,
+                    from: message.from.map(Box::from),
+                })?;
+        }
         log.seq = seq;
         if let Some(payload) = payload {
             if log.history.len() == self.history_size {
@@ -259,9 +267,10 @@ impl Broker for MemoryBroker {
         let (hub_channel, count) =
             self.hub
                 .subscribe(channel, member.conn.loop_index, member.listens);
+        log.local = Some(Arc::clone(&hub_channel));
         drop(log);
         if let Some(name) = member.announce {
-            self.announce(channel, "join", name, count, Some(member.conn));
+            self.announce(&hub_channel, "join", name, count, Some(member.conn));
         }
         Ok(Subscribed {
             channel: hub_channel,
@@ -270,14 +279,22 @@ impl Broker for MemoryBroker {
     }
 
     fn unsubscribe(&self, channel: &Arc<Channel>, member: Member<'_>) {
-        if let Some(log) = self.find(channel.name()) {
-            lock(&log).last_used = Instant::now();
-        }
+        let log = self.find(channel.name());
+        let mut log = log.as_deref().map(lock);
         let left = self
             .hub
             .unsubscribe(channel, member.conn.loop_index, member.listens);
-        if let Some(name) = member.announce {
-            self.announce(channel.name(), "leave", name, left, None);
+        if let Some(log) = log.as_mut() {
+            log.last_used = Instant::now();
+            if left == 0 {
+                log.local = None;
+            }
+        }
+        drop(log);
+        if let Some(name) = member.announce
+            && left > 0
+        {
+            self.announce(channel, "leave", name, left, None);
         }
     }
 
@@ -303,14 +320,14 @@ impl Broker for MemoryBroker {
     }
 
     fn channel_info(&self, channel: &str) -> ChannelInfo {
-        let (last_seq, history_len) = self.find(channel).map_or((0, 0), |log| {
-            let log = lock(&log);
-            (log.seq, log.history.len())
-        });
+        let Some(log) = self.find(channel) else {
+            return ChannelInfo::default();
+        };
+        let log = lock(&log);
         ChannelInfo {
-            subscribers: self.hub.subscribers(channel),
-            last_seq,
-            history_len,
+            subscribers: log.local.as_ref().map_or(0, |c| c.subscribers()),
+            last_seq: log.seq,
+            history_len: log.history.len(),
         }
     }
 

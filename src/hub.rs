@@ -227,11 +227,6 @@ impl Hub {
         self.shard(name).get(name).cloned()
     }
 
-    /// Subscribers of `name` on this process.
-    pub fn subscribers(&self, name: &str) -> u64 {
-        self.find(name).map_or(0, |c| c.subscribers())
-    }
-
     /// Registers a subscriber on `loop_index`; returns its channel and how many
     /// local subscribers the channel has now.
     pub fn subscribe(&self, name: &str, loop_index: usize, listens: bool) -> (Arc<Channel>, u64) {
@@ -278,19 +273,16 @@ impl Hub {
         left
     }
 
-    /// Hands a message to every loop with subscribers of `name` in `audience`.
+    /// Hands a message to every loop with subscribers of `channel` in `audience`.
     /// `body` is called only if someone will get it. Refuses (and delivers nothing)
     /// when one of those loops is too far behind. Returns whether anyone got it.
     pub fn deliver(
         &self,
-        name: &str,
+        channel: &Arc<Channel>,
         audience: Audience,
         exclude: Option<ConnRef>,
         body: impl FnOnce() -> Body,
     ) -> Result<bool, DeliverError> {
-        let Some(channel) = self.find(name) else {
-            return Ok(false);
-        };
         let loops = channel.lock();
         let wanted = |share: &LoopShare| match audience {
             Audience::Everyone => share.subscribers > 0,
@@ -307,7 +299,7 @@ impl Hub {
             return Ok(false);
         }
         let message = Arc::new(Message {
-            channel: Arc::clone(&channel),
+            channel: Arc::clone(channel),
             body: body(),
             exclude,
             encoded: (0..self.formats).map(|_| OnceLock::new()).collect(),
@@ -348,17 +340,21 @@ mod tests {
     #[test]
     fn a_message_is_shared_by_every_loop_and_encoded_once_per_format() {
         let (hub, _polls) = hub(2);
-        hub.subscribe("a", 0, false);
+        let (a, _) = hub.subscribe("a", 0, false);
         hub.subscribe("a", 0, true);
         hub.subscribe("a", 1, false);
         assert_eq!(
-            hub.deliver("a", Audience::Everyone, None, || data(1)),
+            hub.deliver(&a, Audience::Everyone, None, || data(1)),
             Ok(true)
         );
-        assert_eq!(
-            hub.deliver("b", Audience::Everyone, None, || data(1)),
-            Ok(false)
-        );
+        let (b, _) = hub.subscribe("b", 0, false);
+        hub.unsubscribe(&b, 0, false);
+        let mut called = false;
+        let nobody = hub.deliver(&b, Audience::Everyone, None, || {
+            called = true;
+            data(1)
+        });
+        assert_eq!((nobody, called), (Ok(false), false));
         let (mut zero, mut one) = (Vec::new(), Vec::new());
         hub.inbox(0).take(&mut zero);
         hub.inbox(1).take(&mut one);
@@ -373,13 +369,13 @@ mod tests {
         let again = one[0].encoded(1, &mut encode).map(|b| b.as_ptr());
         assert_eq!(first, again);
         assert_eq!(encodings, 1);
-        assert_eq!(hub.subscribers("a"), 3);
+        assert_eq!(a.subscribers(), 3);
     }
 
     #[test]
     fn events_reach_only_loops_with_listeners() {
         let (hub, _polls) = hub(2);
-        hub.subscribe("chat:r", 0, true);
+        let (room, _) = hub.subscribe("chat:r", 0, true);
         hub.subscribe("chat:r", 1, false);
         let event = || Body::Event {
             event: "join",
@@ -387,7 +383,7 @@ mod tests {
             count: 2,
         };
         assert_eq!(
-            hub.deliver("chat:r", Audience::Listeners, None, event),
+            hub.deliver(&room, Audience::Listeners, None, event),
             Ok(true)
         );
         let (mut zero, mut one) = (Vec::new(), Vec::new());
