@@ -10,13 +10,14 @@
 //! implementation of the trait. This module must not touch sockets, connections or
 //! wire formats.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
-
+pub use crate::history::Stored;
+use crate::history::{self, History, Limits};
 use crate::hub::{Audience, Body, Channel, ConnRef, DeliverError, Hub};
 use crate::protocol::DataKind;
 
@@ -70,14 +71,9 @@ pub struct ChannelInfo {
     pub last_seq: u64,
     /// Messages held in history.
     pub history_len: usize,
-}
-
-/// A message kept in a channel's history.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stored {
-    pub seq: u64,
-    pub payload: Bytes,
-    pub kind: DataKind,
+    /// The channel's history epoch (see [`Replay::epoch`]); `None` for a channel
+    /// the broker does not know.
+    pub epoch: Option<u64>,
 }
 
 /// What history holds after a `seq`.
@@ -90,6 +86,11 @@ pub struct Replay {
     /// The oldest `seq` history still holds (`last_seq + 1` when it holds none):
     /// a reader who has seen up to `since` missed messages iff `since + 1 < oldest`.
     pub oldest: u64,
+    /// Which life of the channel these seqs belong to. It changes whenever the
+    /// channel's history starts afresh (this process restarted, or the channel was
+    /// forgotten and its seq starts again at 1), so a reader holding a seq from
+    /// another epoch knows it cannot be told it missed nothing.
+    pub epoch: u64,
 }
 
 pub trait Broker: Send + Sync + std::fmt::Debug {
@@ -126,7 +127,8 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 struct Log {
     seq: u64,
     last_used: Instant,
-    history: VecDeque<Stored>,
+    history: History,
+    epoch: u64,
     /// The hub's channel while this process has subscribers: set by the first
     /// subscribe and cleared by the last unsubscribe, both under this log's lock,
     /// so a publish reaches the hub without a second lookup by name.
@@ -142,8 +144,27 @@ pub struct MemoryBroker {
     hub: Arc<Hub>,
     shards: Vec<LogShard>,
     hasher: std::collections::hash_map::RandomState,
-    /// Messages kept per channel (0: none).
-    history_size: usize,
+    /// How much history each channel keeps.
+    history: Limits,
+}
+
+/// A new history epoch: unique within this process and, with the start time mixed
+/// in, all but certainly different from any epoch of an earlier run.
+fn new_epoch() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        nanos ^ u64::from(std::process::id()).rotate_left(32)
+    });
+    // splitmix64: consecutive counts give unrelated-looking epochs.
+    let count = COUNT.fetch_add(1, Ordering::Relaxed);
+    let mut z = seed.wrapping_add(count.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,12 +172,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl MemoryBroker {
-    pub fn new(hub: Arc<Hub>, history_size: usize) -> Self {
+    pub fn new(hub: Arc<Hub>, history: Limits) -> Self {
         MemoryBroker {
             hub,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
-            history_size,
+            history,
         }
     }
 
@@ -173,7 +194,8 @@ impl MemoryBroker {
         let log = Arc::new(Mutex::new(Log {
             seq: 0,
             last_used: Instant::now(),
-            history: VecDeque::new(),
+            history: History::default(),
+            epoch: new_epoch(),
             local: None,
         }));
         shard.insert(name.into(), Arc::clone(&log));
@@ -209,12 +231,15 @@ impl MemoryBroker {
         let now = Instant::now();
         let mut removed = 0;
         for shard in &self.shards {
+            let secs = history::now_secs();
             lock(shard).retain(|_, log| {
+                let mut guard = lock(log);
+                guard.history.expire(secs, self.history.ttl);
                 // A log someone holds right now (a publish under way) is in use.
-                let idle = Arc::strong_count(log) == 1 && {
-                    let log = lock(log);
-                    log.local.is_none() && now.duration_since(log.last_used) >= retention
-                };
+                let idle = Arc::strong_count(log) == 1
+                    && guard.local.is_none()
+                    && now.duration_since(guard.last_used) >= retention;
+                drop(guard);
                 removed += usize::from(idle);
                 !idle
             });
@@ -231,29 +256,20 @@ impl Broker for MemoryBroker {
         let mut log = lock(&log);
         log.last_used = Instant::now();
         let seq = log.seq + 1;
-        let keep = self.history_size > 0;
-        let payload = keep.then(|| Bytes::copy_from_slice(message.payload));
         if let Some(local) = &log.local {
             self.hub
                 .deliver(local, Audience::Everyone, None, || Body::Data {
                     seq,
-                    payload: payload
-                        .clone()
-                        .unwrap_or_else(|| Bytes::copy_from_slice(message.payload)),
+                    payload: bytes::Bytes::copy_from_slice(message.payload),
                     kind: message.kind,
                     from: message.from.map(Box::from),
                 })?;
         }
         log.seq = seq;
-        if let Some(payload) = payload {
-            if log.history.len() == self.history_size {
-                log.history.pop_front();
-            }
-            log.history.push_back(Stored {
-                seq,
-                payload,
-                kind: message.kind,
-            });
+        if self.history.enabled() {
+            let now = history::now_secs();
+            log.history
+                .push(seq, message.payload, message.kind, now, self.history);
         }
         Ok(seq)
     }
@@ -299,23 +315,14 @@ impl Broker for MemoryBroker {
     }
 
     fn history(&self, channel: &str, since: u64) -> Result<Replay, BrokerError> {
-        let Some(log) = self.find(channel) else {
-            return Ok(Replay {
-                oldest: 1,
-                ..Replay::default()
-            });
-        };
-        let log = lock(&log);
-        let messages: Vec<Stored> = log
-            .history
-            .iter()
-            .filter(|m| m.seq > since)
-            .cloned()
-            .collect();
+        let log = self.log(channel);
+        let mut log = lock(&log);
+        log.history.expire(history::now_secs(), self.history.ttl);
         Ok(Replay {
-            messages,
+            messages: log.history.after(since),
             last_seq: log.seq,
-            oldest: log.history.front().map_or(log.seq + 1, |m| m.seq),
+            oldest: log.history.oldest_seq().unwrap_or(log.seq + 1),
+            epoch: log.epoch,
         })
     }
 
@@ -323,11 +330,13 @@ impl Broker for MemoryBroker {
         let Some(log) = self.find(channel) else {
             return ChannelInfo::default();
         };
-        let log = lock(&log);
+        let mut log = lock(&log);
+        log.history.expire(history::now_secs(), self.history.ttl);
         ChannelInfo {
             subscribers: log.local.as_ref().map_or(0, |c| c.subscribers()),
             last_seq: log.seq,
             history_len: log.history.len(),
+            epoch: Some(log.epoch),
         }
     }
 
@@ -354,17 +363,17 @@ mod tests {
     use crate::hub::Delivery;
 
     fn broker(loops: usize, history_size: usize) -> (MemoryBroker, Arc<Hub>, Vec<mio::Poll>) {
+        let limits = Limits {
+            size: history_size,
+            ttl: Duration::from_secs(300),
+        };
         let polls: Vec<mio::Poll> = (0..loops).map(|_| mio::Poll::new().unwrap()).collect();
         let wakers = polls
             .iter()
             .map(|p| Arc::new(mio::Waker::new(p.registry(), mio::Token(0)).unwrap()))
             .collect();
         let hub = Arc::new(Hub::new(wakers, 2));
-        (
-            MemoryBroker::new(Arc::clone(&hub), history_size),
-            hub,
-            polls,
-        )
+        (MemoryBroker::new(Arc::clone(&hub), limits), hub, polls)
     }
 
     fn text(payload: &str) -> Outgoing<'_> {
@@ -443,12 +452,27 @@ mod tests {
         let seqs: Vec<u64> = replay.messages.iter().map(|m| m.seq).collect();
         assert_eq!(seqs, vec![4, 5]);
         assert_eq!((replay.last_seq, replay.oldest), (5, 3));
-        assert_eq!(replay.messages[0].payload, Bytes::from_static(b"d"));
+        assert_eq!(replay.messages[0].payload, bytes::Bytes::from_static(b"d"));
         // Up to seq 1 seen: seq 2 is gone, which the reader can tell.
         assert!(broker.history("h", 1).unwrap().oldest > 2);
         assert_eq!(broker.channel_info("h").history_len, 3);
         let none = broker.history("never", 0).unwrap();
         assert!(none.messages.is_empty() && none.oldest == 1);
+    }
+
+    #[test]
+    fn a_forgotten_channel_comes_back_in_a_new_epoch() {
+        let (broker, _hub, _polls) = broker(1, 10);
+        broker.publish("e", text("x")).unwrap();
+        let first = broker.history("e", 0).unwrap();
+        assert_eq!(first.messages.len(), 1);
+        assert_eq!(broker.channel_info("e").epoch, Some(first.epoch));
+        assert_eq!(broker.sweep(Duration::ZERO), 1);
+        assert_eq!(broker.channel_info("e").epoch, None);
+        assert_eq!(broker.publish("e", text("y")), Ok(1));
+        let second = broker.history("e", 0).unwrap();
+        assert_ne!(first.epoch, second.epoch);
+        assert_eq!(second.messages[0].payload, bytes::Bytes::from_static(b"y"));
     }
 
     #[test]

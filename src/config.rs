@@ -112,6 +112,8 @@ pub mod defaults {
     pub const MAX_QUEUE: &str = "1MiB";
     pub const ECHO_PREFIX: &str = "";
     pub const DRAIN_TIMEOUT: &str = "10s";
+    pub const HISTORY_SIZE: &str = "100";
+    pub const HISTORY_TTL: &str = "5m";
     pub const STATS_INTERVAL: &str = "10s";
 }
 
@@ -183,6 +185,14 @@ pub struct ServeArgs {
     )]
     pub echo_prefix: String,
 
+    /// Messages each channel keeps for clients that come back; 0 = no history
+    #[arg(long, env = "THRONG_HISTORY_SIZE", value_name = "N", default_value = defaults::HISTORY_SIZE)]
+    pub history_size: usize,
+
+    /// How long a channel keeps a message (whole seconds); 0 = no history
+    #[arg(long, env = "THRONG_HISTORY_TTL", value_name = "DURATION", default_value = defaults::HISTORY_TTL, value_parser = parse_duration)]
+    pub history_ttl: Duration,
+
     /// On SIGTERM/SIGINT: close clients with 1001 and exit within this time
     #[arg(long, env = "THRONG_DRAIN_TIMEOUT", value_name = "DURATION", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -239,6 +249,12 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// How often the stats block is printed. Default 10 s; zero: never.
     pub stats_interval: Duration,
+    /// Messages each channel keeps for clients that come back. Default 100; zero
+    /// keeps none. A kept message costs its payload plus 8 bytes.
+    pub history_size: usize,
+    /// How long a kept message stays, in whole seconds. Default 5 min; zero keeps
+    /// none. Expired messages give their memory back.
+    pub history_ttl: Duration,
 }
 
 /// A built-in default from [`defaults`]; a unit test proves every one parses.
@@ -266,6 +282,11 @@ impl Default for ServeConfig {
             echo_prefix: defaults::ECHO_PREFIX.to_string(),
             drain_timeout: builtin(parse_duration, defaults::DRAIN_TIMEOUT),
             stats_interval: builtin(parse_duration, defaults::STATS_INTERVAL),
+            history_size: builtin(
+                |s| s.parse().map_err(|e| format!("{e}")),
+                defaults::HISTORY_SIZE,
+            ),
+            history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
         }
     }
 }
@@ -338,6 +359,8 @@ impl ServeArgs {
             echo_prefix: self.echo_prefix,
             drain_timeout: self.drain_timeout,
             stats_interval: self.stats_interval,
+            history_size: self.history_size,
+            history_ttl: self.history_ttl,
         })
     }
 }
@@ -464,6 +487,8 @@ mod tests {
         assert_eq!(config.max_queue, 1 << 20);
         assert_eq!(config.drain_timeout, Duration::from_secs(10));
         assert_eq!(config.stats_interval, Duration::from_secs(10));
+        assert_eq!(config.history_size, 100);
+        assert_eq!(config.history_ttl, Duration::from_secs(300));
     }
 
     #[test]
@@ -487,6 +512,8 @@ mod tests {
         assert_eq!(from_flags.echo_prefix, built_in.echo_prefix);
         assert_eq!(from_flags.drain_timeout, built_in.drain_timeout);
         assert_eq!(from_flags.stats_interval, built_in.stats_interval);
+        assert_eq!(from_flags.history_size, built_in.history_size);
+        assert_eq!(from_flags.history_ttl, built_in.history_ttl);
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod bench;
 pub mod broker;
 pub mod client;
 pub mod config;
+pub mod history;
 pub mod hub;
 pub mod os;
 pub mod outbound;

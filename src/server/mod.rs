@@ -32,6 +32,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::broker::{Broker, MemoryBroker};
 use crate::config::ServeConfig;
+use crate::history::Limits;
 use crate::hub::Hub;
 use crate::stats::ServerStats;
 use crate::transport::Format;
@@ -165,7 +166,11 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         wakers.push(Arc::new(waker));
     }
     let hub = Arc::new(Hub::new(wakers.clone(), Format::COUNT));
-    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new(Arc::clone(&hub), 0));
+    let history = Limits {
+        size: config.history_size,
+        ttl: config.history_ttl,
+    };
+    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new(Arc::clone(&hub), history));
     let shared = Arc::new(Shared::new(config, hub, broker));
     let mut handles = Vec::with_capacity(threads);
     for (index, (listeners, poll)) in per_thread.into_iter().zip(polls).enumerate() {
@@ -201,7 +206,11 @@ pub(crate) mod tests_support {
             threads: 2,
             ..ServeConfig::default()
         };
-        let broker = Arc::new(MemoryBroker::new(Arc::clone(&hub), 0));
+        let history = Limits {
+            size: 100,
+            ttl: std::time::Duration::from_secs(300),
+        };
+        let broker = Arc::new(MemoryBroker::new(Arc::clone(&hub), history));
         let shared = Shared::new(config, hub, broker);
         (shared, polls)
     }

@@ -352,6 +352,8 @@ fn channel_info(
         "channel": channel,
         "subscribers": info.subscribers,
         "last_seq": info.last_seq,
+        "history_len": info.history_len,
+        "epoch": info.epoch.map(|e| format!("{e:016x}")),
     });
     ok_json(req, ctx, out, &value, 0)
 }

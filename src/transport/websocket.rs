@@ -272,7 +272,11 @@ mod tests {
         let poll = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
         let hub = Arc::new(Hub::new(vec![waker], Format::COUNT));
-        let broker = MemoryBroker::new(Arc::clone(&hub), 0);
+        let history = crate::history::Limits {
+            size: 0,
+            ttl: std::time::Duration::ZERO,
+        };
+        let broker = MemoryBroker::new(Arc::clone(&hub), history);
         (broker, hub, poll)
     }
 

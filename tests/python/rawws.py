@@ -403,6 +403,14 @@ def channel_info(port: int, channel: str, timeout: float = 5.0) -> dict:
     return resp.json()
 
 
+def without_epoch(info: dict) -> dict:
+    """The channel info without its epoch, after checking the epoch is 16 hex digits."""
+    info = dict(info)
+    epoch = info.pop("epoch")
+    assert isinstance(epoch, str) and len(epoch) == 16 and int(epoch, 16) >= 0, f"epoch {epoch!r}: {info}"
+    return info
+
+
 def wait_subscribers(port: int, channel: str, n: int, timeout: float = 10.0) -> dict:
     """Poll /api/channels/{channel} until it reports exactly n subscribers."""
     deadline = time.monotonic() + timeout

@@ -17,6 +17,7 @@ from rawws import (
     publish_ok,
     upgrade_request,
     wait_subscribers,
+    without_epoch,
 )
 from wsutil import expect_closed, expect_silence, received_close_code, recv_json, run, ws_connect
 
@@ -100,7 +101,12 @@ def test_seq_increases_by_one_for_every_subscriber(start_server):
                         assert m.get("encoding") == "base64", m
                         assert base64.b64decode(m["data"]) == f"bin {i}".encode(), m
             info = channel_info(srv.port, "ticks")
-            assert info == {"channel": "ticks", "subscribers": 4, "last_seq": n}, info
+            assert without_epoch(info) == {
+                "channel": "ticks",
+                "subscribers": 4,
+                "last_seq": n,
+                "history_len": min(n, 100),
+            }, info
         finally:
             for ws in raws + jsons:
                 await ws.close()
@@ -271,6 +277,8 @@ def test_channel_info_for_unused_channel_is_zero(shared_server):
         "channel": "never-used-anywhere",
         "subscribers": 0,
         "last_seq": 0,
+        "history_len": 0,
+        "epoch": None,
     }
 
 
@@ -282,19 +290,21 @@ def test_channel_info_counts_subscribers_and_last_seq(start_server):
         b = await ws_connect(srv.url("/ws/info?format=json"))
         try:
             info = wait_subscribers(srv.port, "info", 2)
-            assert info == {"channel": "info", "subscribers": 2, "last_seq": 0}, info
+            epoch = info["epoch"]
+            assert without_epoch(info) == {"channel": "info", "subscribers": 2, "last_seq": 0, "history_len": 0}, info
             for i in range(3):
                 publish_ok(srv.port, "info", f"m{i}")
             for ws in (a, b):
                 for _ in range(3):
                     await asyncio.wait_for(ws.recv(), 5)
-            assert channel_info(srv.port, "info") == {"channel": "info", "subscribers": 2, "last_seq": 3}
+            info = channel_info(srv.port, "info")
+            assert info == {"channel": "info", "subscribers": 2, "last_seq": 3, "history_len": 3, "epoch": epoch}, info
             await a.close()
             info = wait_subscribers(srv.port, "info", 1)
             assert info["last_seq"] == 3, info
             await b.close()
             info = wait_subscribers(srv.port, "info", 0)
-            assert info == {"channel": "info", "subscribers": 0, "last_seq": 3}, info
+            assert info == {"channel": "info", "subscribers": 0, "last_seq": 3, "history_len": 3, "epoch": epoch}, info
         finally:
             await a.close()
             await b.close()
@@ -306,7 +316,8 @@ def test_channel_info_publish_without_subscribers_advances_last_seq(start_server
     srv = start_server()
     for i in range(5):
         publish_ok(srv.port, "lonely", f"{i}")
-    assert channel_info(srv.port, "lonely") == {"channel": "lonely", "subscribers": 0, "last_seq": 5}
+    info = channel_info(srv.port, "lonely")
+    assert without_epoch(info) == {"channel": "lonely", "subscribers": 0, "last_seq": 5, "history_len": 5}, info
 
 
 def test_channel_info_bad_name_is_400(shared_server):

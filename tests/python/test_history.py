@@ -1,0 +1,58 @@
+"""Channel history as the API shows it: --history-size and --history-ttl bound what a
+channel keeps, 0 turns it off, and the epoch stays while the channel lives."""
+
+from __future__ import annotations
+
+import time
+
+from rawws import channel_info, publish_ok, without_epoch
+
+
+def test_history_keeps_the_last_history_size_messages(start_server):
+    srv = start_server("--history-size", "3")
+    for i in range(5):
+        publish_ok(srv.port, "kept", f"m{i}")
+    info = channel_info(srv.port, "kept")
+    assert without_epoch(info) == {"channel": "kept", "subscribers": 0, "last_seq": 5, "history_len": 3}, info
+
+
+def test_default_history_is_100_messages(start_server):
+    srv = start_server()
+    for i in range(120):
+        publish_ok(srv.port, "hundred", f"m{i}")
+    info = channel_info(srv.port, "hundred")
+    assert (info["last_seq"], info["history_len"]) == (120, 100), info
+
+
+def test_history_expires_after_its_ttl_and_the_epoch_stays(start_server):
+    srv = start_server("--history-ttl", "1s")
+    for i in range(4):
+        publish_ok(srv.port, "brief", f"m{i}")
+    before = channel_info(srv.port, "brief")
+    assert before["history_len"] == 4, before
+    deadline = time.monotonic() + 5
+    while True:
+        after = channel_info(srv.port, "brief")
+        if after["history_len"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert after == {**before, "history_len": 0}, (before, after)
+
+
+def test_history_size_0_keeps_nothing(start_server):
+    srv = start_server("--history-size", "0")
+    for i in range(3):
+        publish_ok(srv.port, "none", f"m{i}")
+    info = channel_info(srv.port, "none")
+    assert (info["last_seq"], info["history_len"]) == (3, 0), info
+
+
+def test_a_restarted_server_starts_every_channel_in_a_new_epoch(start_server):
+    first = start_server()
+    publish_ok(first.port, "restart", "a")
+    epoch = channel_info(first.port, "restart")["epoch"]
+    first.stop()
+    second = start_server()
+    publish_ok(second.port, "restart", "b")
+    info = channel_info(second.port, "restart")
+    assert info["last_seq"] == 1 and info["epoch"] != epoch, (epoch, info)
