@@ -54,12 +54,52 @@ pub struct Member<'a> {
     pub announce: Option<&'a str>,
 }
 
+/// Where a returning subscriber left off: the last `seq` it has, and the epoch
+/// that seq belongs to when it knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    pub since: u64,
+    pub epoch: Option<u64>,
+}
+
+/// Why a returning subscriber cannot be given everything it missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GapReason {
+    /// What it missed is older than history keeps.
+    TooOld,
+    /// The channel's history started afresh since (another epoch): its seq means
+    /// nothing here any more.
+    NewEpoch,
+}
+
+impl GapReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GapReason::TooOld => "too old",
+            GapReason::NewEpoch => "new epoch",
+        }
+    }
+}
+
+/// Messages a returning subscriber missed and cannot be given: seqs `from..=to`
+/// of the current epoch (`to < from` when none of this epoch is missing, only the
+/// old epoch's unknown rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    pub from: u64,
+    pub to: u64,
+    pub reason: GapReason,
+}
+
 /// A subscription the broker accepted.
 #[derive(Debug)]
 pub struct Subscribed {
     pub channel: Arc<Channel>,
     /// The channel's members, this one included.
     pub count: u64,
+    /// For a returning subscriber: what history gives it, then the first live
+    /// message is `replay.last_seq + 1`.
+    pub replay: Option<Replay>,
 }
 
 /// A channel seen from outside (`/api/channels/{channel}`).
@@ -93,13 +133,49 @@ pub struct Replay {
     pub epoch: u64,
 }
 
+impl Replay {
+    /// What a subscriber that left off at `resume` gets: the messages it should be
+    /// given and the gap it must be told of, if any.
+    pub fn for_resume(mut self, resume: Resume) -> (Replay, Option<Gap>) {
+        let new_epoch =
+            resume.epoch.is_some_and(|e| e != self.epoch) || resume.since > self.last_seq;
+        let gap = if new_epoch {
+            Some(Gap {
+                from: 1,
+                to: self.oldest - 1,
+                reason: GapReason::NewEpoch,
+            })
+        } else if resume.since + 1 < self.oldest {
+            Some(Gap {
+                from: resume.since + 1,
+                to: self.oldest - 1,
+                reason: GapReason::TooOld,
+            })
+        } else {
+            None
+        };
+        if !new_epoch {
+            self.messages.retain(|m| m.seq > resume.since);
+        }
+        (self, gap)
+    }
+}
+
 pub trait Broker: Send + Sync + std::fmt::Debug {
     /// Publishes to every subscriber of `channel`; returns the `seq` it chose.
     fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError>;
 
     /// Adds a local subscriber on `member.conn.loop_index`; announces it to the
-    /// channel's listeners (itself excluded) when `member.announce` names it.
-    fn subscribe(&self, channel: &str, member: Member<'_>) -> Result<Subscribed, BrokerError>;
+    /// channel's listeners (itself excluded) when `member.announce` names it. A
+    /// returning subscriber (`resume`) also gets the channel's history, taken in the
+    /// same instant it starts to count, so that history and live deliveries meet
+    /// with nothing lost and nothing twice.
+    fn subscribe(
+        &self,
+        channel: &str,
+        member: Member<'_>,
+        resume: Option<Resume>,
+    ) -> Result<Subscribed, BrokerError>;
 
     /// Removes a local subscriber; announces its leaving when it was announced.
     fn unsubscribe(&self, channel: &Arc<Channel>, member: Member<'_>);
@@ -274,10 +350,24 @@ impl Broker for MemoryBroker {
         Ok(seq)
     }
 
-    fn subscribe(&self, channel: &str, member: Member<'_>) -> Result<Subscribed, BrokerError> {
+    fn subscribe(
+        &self,
+        channel: &str,
+        member: Member<'_>,
+        resume: Option<Resume>,
+    ) -> Result<Subscribed, BrokerError> {
         let log = self.log(channel);
         let mut log = lock(&log);
         log.last_used = Instant::now();
+        let replay = resume.map(|_| {
+            log.history.expire(history::now_secs(), self.history.ttl);
+            Replay {
+                messages: log.history.after(0),
+                last_seq: log.seq,
+                oldest: log.history.oldest_seq().unwrap_or(log.seq + 1),
+                epoch: log.epoch,
+            }
+        });
         // Registered under the log's lock: a publish is delivered either before
         // this subscriber counts (and history has it) or to it, never neither.
         let (hub_channel, count) =
@@ -291,6 +381,7 @@ impl Broker for MemoryBroker {
         Ok(Subscribed {
             channel: hub_channel,
             count,
+            replay,
         })
     }
 
@@ -402,7 +493,7 @@ mod tests {
     fn seq_counts_up_per_channel_with_or_without_subscribers() {
         let (broker, hub, _polls) = broker(1, 0);
         assert_eq!(broker.publish("a", text("x")), Ok(1));
-        broker.subscribe("a", member(1, None)).unwrap();
+        broker.subscribe("a", member(1, None), None).unwrap();
         assert_eq!(broker.publish("a", text("y")), Ok(2));
         assert_eq!(broker.publish("b", text("z")), Ok(1));
         let batch = taken(&hub);
@@ -416,8 +507,12 @@ mod tests {
     #[test]
     fn members_are_announced_to_others_on_joining_and_leaving() {
         let (broker, hub, _polls) = broker(1, 0);
-        broker.subscribe("chat:r", member(1, Some("c1"))).unwrap();
-        let second = broker.subscribe("chat:r", member(2, Some("c2"))).unwrap();
+        broker
+            .subscribe("chat:r", member(1, Some("c1")), None)
+            .unwrap();
+        let second = broker
+            .subscribe("chat:r", member(2, Some("c2")), None)
+            .unwrap();
         assert_eq!(second.count, 2);
         broker.unsubscribe(&second.channel, member(2, Some("c2")));
         let batch = taken(&hub);
@@ -461,6 +556,70 @@ mod tests {
     }
 
     #[test]
+    fn a_returning_subscriber_gets_what_it_missed_or_is_told_of_the_gap() {
+        let (broker, _hub, _polls) = broker(1, 3);
+        for word in ["a", "b", "c", "d", "e"] {
+            broker.publish("r", text(word)).unwrap();
+        }
+        let resume = |since, epoch| Some(Resume { since, epoch });
+        let seqs = |s: &Subscribed| -> Vec<u64> {
+            s.replay
+                .as_ref()
+                .unwrap()
+                .messages
+                .iter()
+                .map(|m| m.seq)
+                .collect()
+        };
+        let joined = broker
+            .subscribe("r", member(1, None), resume(3, None))
+            .unwrap();
+        let replay = joined.replay.clone().unwrap();
+        let epoch = replay.epoch;
+        let (given, gap) = replay.for_resume(Resume {
+            since: 3,
+            epoch: Some(epoch),
+        });
+        assert_eq!(
+            given.messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
+            vec![4, 5]
+        );
+        assert_eq!(gap, None);
+        assert_eq!(seqs(&joined), vec![3, 4, 5]);
+        // seq 2 fell out of history (size 3 keeps 3..=5).
+        let (given, gap) = joined.replay.clone().unwrap().for_resume(Resume {
+            since: 1,
+            epoch: None,
+        });
+        assert_eq!(given.messages.len(), 3);
+        assert_eq!(
+            gap,
+            Some(Gap {
+                from: 2,
+                to: 2,
+                reason: GapReason::TooOld
+            })
+        );
+        // Another epoch, or a seq this epoch never reached: everything kept, and the gap.
+        for (since, epoch) in [(3, Some(epoch ^ 1)), (9, None)] {
+            let (given, gap) = joined
+                .replay
+                .clone()
+                .unwrap()
+                .for_resume(Resume { since, epoch });
+            assert_eq!(given.messages.len(), 3);
+            assert_eq!(
+                gap,
+                Some(Gap {
+                    from: 1,
+                    to: 2,
+                    reason: GapReason::NewEpoch
+                })
+            );
+        }
+    }
+
+    #[test]
     fn a_forgotten_channel_comes_back_in_a_new_epoch() {
         let (broker, _hub, _polls) = broker(1, 10);
         broker.publish("e", text("x")).unwrap();
@@ -478,7 +637,7 @@ mod tests {
     #[test]
     fn unused_channels_are_forgotten_and_their_seq_starts_again() {
         let (broker, _hub, _polls) = broker(1, 0);
-        let kept = broker.subscribe("kept", member(1, None)).unwrap();
+        let kept = broker.subscribe("kept", member(1, None), None).unwrap();
         broker.publish("idle", text("x")).unwrap();
         assert_eq!(broker.sweep(Duration::ZERO), 1);
         assert_eq!(broker.channel_info("kept").subscribers, 1);

@@ -13,6 +13,7 @@ use mio::net::TcpStream;
 use super::http::{self, Next};
 use super::shared::Shared;
 use super::timer::Tick;
+use crate::broker::{Replay, Resume};
 use crate::outbound::Outbound;
 use crate::stats::TurnCounts;
 use crate::transport::websocket::{self, WsState};
@@ -89,6 +90,19 @@ impl Session {
             Session::WebSocket(ws) => {
                 if let Some(sub) = &ws.sub {
                     websocket::write_welcome(out, sub, count);
+                }
+            }
+        }
+    }
+
+    /// Appends what a returning subscriber missed (and, where its transport can
+    /// say so, the epoch and any gap), ahead of every live message.
+    pub fn write_replay(&self, out: &mut Vec<u8>, replay: Replay, resume: Resume) {
+        match self {
+            Session::Http(_) => {}
+            Session::WebSocket(ws) => {
+                if let Some(sub) = &ws.sub {
+                    websocket::write_replay(out, sub, replay, resume);
                 }
             }
         }

@@ -368,20 +368,24 @@ impl EventLoop {
         conn.session = Session::opened(&opening.handover, None);
         self.counters.sockets.fetch_add(1, Ordering::Relaxed);
         opening.handover.write_head(&mut self.out);
-        if let Some((channel, format)) = opening.subscribe {
+        if let Some(subscribe) = opening.subscribe {
             let client = self.shared.next_client_id();
             let joined = self
                 .subscribers
-                .join(&*self.shared.broker, key, &channel, format, client);
+                .join(&*self.shared.broker, key, &subscribe, client);
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
             match joined {
-                Ok((sub, count)) => {
+                Ok((sub, count, replay)) => {
                     conn.session = Session::opened(&opening.handover, Some(sub));
                     conn.session.write_welcome(&mut self.out, count);
+                    if let (Some(replay), Some(resume)) = (replay, subscribe.resume) {
+                        conn.session.write_replay(&mut self.out, replay, resume);
+                    }
                 }
                 Err(e) => {
+                    let channel = subscribe.channel;
                     tracing::warn!(error = %e, channel, "subscribe failed");
                     conn.session
                         .write_close(&mut self.out, CloseReason::Unavailable);

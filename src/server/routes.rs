@@ -12,11 +12,12 @@ use std::sync::atomic::Ordering;
 
 use super::shared::Shared;
 use crate::broker::Outgoing;
+use crate::broker::Resume;
 use crate::protocol::DataKind;
 use crate::protocol::handshake::{self, HandshakeError};
 use crate::protocol::http::{self, Request};
 use crate::rules::validate_channel_name;
-use crate::transport::{Format, Handover, Opening};
+use crate::transport::{Format, Handover, Opening, Subscribe};
 
 /// What the router decided.
 #[derive(Debug)]
@@ -149,7 +150,7 @@ fn ok_json(
 /// A WebSocket request: echo (`subscribe` is `None`) or a channel subscription.
 fn websocket_endpoint(
     req: &Request<'_>,
-    subscribe: Option<(String, Format)>,
+    subscribe: Option<Subscribe>,
     out: &mut Vec<u8>,
 ) -> Outcome {
     if !req.wants_upgrade() {
@@ -213,16 +214,49 @@ fn subscribe_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Ou
             return Outcome::Responded;
         }
     };
-    if query_param(req, "since").is_some() {
-        http::write_error(
-            out,
-            400,
-            "since= replays channel history, which this server does not keep yet",
-            &[],
-        );
-        return Outcome::Responded;
+    let resume = match resume_param(req) {
+        Ok(resume) => resume,
+        Err(reason) => {
+            http::write_error(out, 400, &reason, &[]);
+            return Outcome::Responded;
+        }
+    };
+    let subscribe = Subscribe {
+        channel: channel.to_string(),
+        format,
+        resume,
+    };
+    websocket_endpoint(req, Some(subscribe), out)
+}
+
+/// `since=SEQ[&epoch=E]`: where a returning subscriber left off.
+fn resume_param(req: &Request<'_>) -> Result<Option<Resume>, String> {
+    let since = match query_param(req, "since") {
+        None => None,
+        Some(v) => Some(v.parse::<u64>().map_err(|_| {
+            format!(
+                "since must be a seq (a whole number from 0), not '{}'",
+                truncate(v, 40)
+            )
+        })?),
+    };
+    let epoch = match query_param(req, "epoch") {
+        None => None,
+        Some(v) if v.len() == 16 && v.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            u64::from_str_radix(v, 16).ok()
+        }
+        Some(v) => {
+            return Err(format!(
+                "epoch must be 16 hex digits as the server gave it, not '{}'",
+                truncate(v, 40)
+            ));
+        }
+    };
+    match (since, epoch) {
+        (Some(since), epoch) => Ok(Some(Resume { since, epoch })),
+        (None, Some(_)) => Err("epoch goes with since=SEQ".into()),
+        (None, None) => Ok(None),
     }
-    websocket_endpoint(req, Some((channel.to_string(), format)), out)
 }
 
 /// Compares secrets in time that does not depend on where they differ.
@@ -445,11 +479,12 @@ mod tests {
         let (outcome, _) = answer(&format!("GET /ws/chat:lobby?format=json {UPGRADE}"));
         match outcome {
             Outcome::Open(Opening {
-                subscribe: Some((channel, format)),
+                subscribe: Some(sub),
                 ..
             }) => {
-                assert_eq!(channel, "chat:lobby");
-                assert_eq!(format, Format::WsJson);
+                assert_eq!(sub.channel, "chat:lobby");
+                assert_eq!(sub.format, Format::WsJson);
+                assert_eq!(sub.resume, None);
             }
             other => panic!("{other:?}"),
         }
@@ -473,6 +508,40 @@ mod tests {
         assert!(out.starts_with("HTTP/1.1 400") && out.contains("format must be raw or json"));
         let (_, out) = answer("POST /api/publish/a*b HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(out.starts_with("HTTP/1.1 400"));
+    }
+
+    #[test]
+    fn since_and_epoch_are_checked() {
+        let (outcome, _) = answer(&format!(
+            "GET /ws/news?since=7&epoch=00000000000000ff {UPGRADE}"
+        ));
+        match outcome {
+            Outcome::Open(Opening {
+                subscribe: Some(sub),
+                ..
+            }) => assert_eq!(
+                sub.resume,
+                Some(Resume {
+                    since: 7,
+                    epoch: Some(255)
+                })
+            ),
+            other => panic!("{other:?}"),
+        }
+        for (query, reason) in [
+            ("since=abc", "since must be a seq"),
+            ("since=-1", "since must be a seq"),
+            ("since=", "since must be a seq"),
+            ("since=1&epoch=xyz", "epoch must be 16 hex digits"),
+            ("since=1&epoch=123", "epoch must be 16 hex digits"),
+            ("epoch=00000000000000ff", "epoch goes with since"),
+        ] {
+            let (_, out) = answer(&format!("GET /ws/news?{query} {UPGRADE}"));
+            assert!(
+                out.starts_with("HTTP/1.1 400") && out.contains(reason),
+                "{query}: {out}"
+            );
+        }
     }
 
     #[test]

@@ -15,11 +15,12 @@ use std::sync::Arc;
 use slab::Slab;
 
 use super::conn::{Conn, Phase};
-use crate::broker::{Broker, BrokerError, Member};
+use crate::broker::{Broker, BrokerError, Member, Replay};
+use crate::hub::Body;
 use crate::hub::{Channel, ConnRef, Delivery, Inbox};
 use crate::rules::{self, ChannelRules};
 use crate::stats::TurnCounts;
-use crate::transport::{Format, Subscription};
+use crate::transport::{Format, Subscribe, Subscription};
 
 /// Deliveries of one channel gathered into one write per subscriber.
 const MAX_FRAMES_PER_WRITE: usize = 64;
@@ -45,10 +46,22 @@ pub enum Failed {
     Slow(usize),
 }
 
+/// A returning subscriber that joined since the last inbox batch: history gave it
+/// every message up to `live_after`, so older deliveries still waiting in the inbox
+/// must not reach it a second time.
+#[derive(Debug, Clone, Copy)]
+struct Fresh {
+    key: usize,
+    channel: usize,
+    live_after: u64,
+}
+
 pub struct LocalSubscribers {
     /// The loop these subscribers belong to.
     loop_index: usize,
     lists: HashMap<usize, LocalChannel>,
+    /// Returning subscribers until the next inbox batch has been delivered.
+    fresh: Vec<Fresh>,
     /// Reused buffer for inbox batches.
     batch: Vec<Delivery>,
 }
@@ -58,6 +71,7 @@ impl LocalSubscribers {
         LocalSubscribers {
             loop_index,
             lists: HashMap::new(),
+            fresh: Vec::new(),
             batch: Vec::new(),
         }
     }
@@ -73,19 +87,27 @@ impl LocalSubscribers {
         }
     }
 
-    /// Subscribes connection `key` to `channel` through the broker; returns its
-    /// subscription and the channel's member count.
+    /// Subscribes connection `key` through the broker; returns its subscription,
+    /// the channel's member count, and for a returning subscriber its history.
     pub fn join(
         &mut self,
         broker: &dyn Broker,
         key: usize,
-        channel: &str,
-        format: Format,
+        subscribe: &Subscribe,
         client: u64,
-    ) -> Result<(Subscription, u64), BrokerError> {
+    ) -> Result<(Subscription, u64, Option<Replay>), BrokerError> {
+        let (channel, format) = (subscribe.channel.as_str(), subscribe.format);
         let rules = ChannelRules::for_name(channel);
         let name = rules.join_leave.then(|| rules::client_name(client));
-        let joined = broker.subscribe(channel, self.member(key, format, name.as_deref()))?;
+        let member = self.member(key, format, name.as_deref());
+        let joined = broker.subscribe(channel, member, subscribe.resume)?;
+        if let Some(replay) = &joined.replay {
+            self.fresh.push(Fresh {
+                key,
+                channel: channel_key(&joined.channel),
+                live_after: replay.last_seq,
+            });
+        }
         let list = self
             .lists
             .entry(channel_key(&joined.channel))
@@ -102,7 +124,7 @@ impl LocalSubscribers {
             format,
             rules,
         };
-        Ok((sub, joined.count))
+        Ok((sub, joined.count, joined.replay))
     }
 
     /// Takes connection `key` out of its channel, if it has one.
@@ -114,6 +136,7 @@ impl LocalSubscribers {
             return;
         };
         let ckey = channel_key(&sub.channel);
+        self.fresh.retain(|f| f.key != key);
         if let Some(list) = self.lists.get_mut(&ckey) {
             let index = sub.index as usize;
             if list.conns.get(index).is_some_and(|&k| k as usize == key) {
@@ -163,6 +186,8 @@ impl LocalSubscribers {
         }
         batch.clear();
         self.batch = batch;
+        // Everything published before the newest subscriber joined was in this batch.
+        self.fresh.clear();
     }
 
     /// Sends a run of deliveries of one channel to this loop's subscribers: each
@@ -198,8 +223,25 @@ impl LocalSubscribers {
             let Some(format) = conn.session.subscription().map(|s| s.format) else {
                 continue;
             };
-            let frames = by_format[format as usize]
-                .get_or_insert_with(|| group.iter().filter_map(|m| format.frame(m)).collect());
+            let fresh = self
+                .fresh
+                .iter()
+                .find(|f| f.key == key && f.channel == ckey)
+                .map(|f| f.live_after);
+            let only_new: Vec<&bytes::Bytes>;
+            let frames = match fresh {
+                // History already gave it these: only what is newer goes out.
+                Some(after) => {
+                    only_new = group
+                        .iter()
+                        .filter(|m| !matches!(m.body, Body::Data { seq, .. } if seq <= after))
+                        .filter_map(|m| format.frame(m))
+                        .collect();
+                    &only_new
+                }
+                None => by_format[format as usize]
+                    .get_or_insert_with(|| group.iter().filter_map(|m| format.frame(m)).collect()),
+            };
             if frames.is_empty() || conn.phase != Phase::Active {
                 continue;
             }
@@ -210,5 +252,99 @@ impl LocalSubscribers {
                 failed.push(Failed::Slow(key));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::broker::{MemoryBroker, Outgoing, Resume};
+    use crate::history::Limits;
+    use crate::hub::Hub;
+    use crate::protocol::DataKind;
+    use crate::server::conn::Session;
+    use crate::transport::websocket::WsState;
+
+    fn text(payload: &str) -> Outgoing<'_> {
+        Outgoing {
+            payload: payload.as_bytes(),
+            kind: DataKind::Text,
+            from: None,
+        }
+    }
+
+    /// What the client end of a subscriber's socket has received so far.
+    fn received(client: &mut TcpStream) -> Vec<u8> {
+        client
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut all = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = client.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        all
+    }
+
+    #[test]
+    fn a_returning_subscriber_gets_no_live_copy_of_what_history_gave_it() {
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let hub = Arc::new(Hub::new(vec![waker], Format::COUNT));
+        let limits = Limits {
+            size: 10,
+            ttl: Duration::from_secs(300),
+        };
+        let broker = MemoryBroker::new(Arc::clone(&hub), limits);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut conns: Slab<Conn> = Slab::new();
+        let mut subscribers = LocalSubscribers::new(0);
+        let mut clients = Vec::new();
+        for resume in [
+            None,
+            Some(Resume {
+                since: 0,
+                epoch: None,
+            }),
+        ] {
+            let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            server.set_nonblocking(true).unwrap();
+            let socket = mio::net::TcpStream::from_std(server);
+            let key = conns.insert(Conn::new(socket, [127, 0, 0, 1].into(), 0));
+            let subscribe = Subscribe {
+                channel: "c".into(),
+                format: Format::WsRaw,
+                resume,
+            };
+            let (sub, _, replay) = subscribers
+                .join(&broker, key, &subscribe, key as u64)
+                .unwrap();
+            conns[key].session = Session::WebSocket(WsState::new(Some(sub)));
+            clients.push(client);
+            if resume.is_none() {
+                // Published while only the first subscriber counts: it waits in the
+                // inbox when the second one comes back and history hands it over.
+                broker.publish("c", text("one")).unwrap();
+            } else {
+                let seqs: Vec<u64> = replay.unwrap().messages.iter().map(|m| m.seq).collect();
+                assert_eq!(seqs, vec![1]);
+            }
+        }
+        let mut counts = TurnCounts::default();
+        let mut failed = Vec::new();
+        subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+        broker.publish("c", text("two")).unwrap();
+        subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+        assert!(failed.is_empty());
+        assert_eq!(received(&mut clients[0]), b"\x81\x03one\x81\x03two");
+        assert_eq!(received(&mut clients[1]), b"\x81\x03two");
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::broker::Broker;
+use crate::broker::{Broker, Resume};
 use crate::config::ServeConfig;
 use crate::hub::{Channel, Message};
 use crate::rules::ChannelRules;
@@ -55,8 +55,17 @@ impl Format {
 #[derive(Debug)]
 pub struct Opening {
     pub handover: Handover,
-    /// The channel to subscribe to, and in which format; `None`: echo.
-    pub subscribe: Option<(String, Format)>,
+    /// The channel to subscribe to; `None`: echo.
+    pub subscribe: Option<Subscribe>,
+}
+
+/// A subscription a route asked for.
+#[derive(Debug)]
+pub struct Subscribe {
+    pub channel: String,
+    pub format: Format,
+    /// Where a returning subscriber left off (`since=`, `epoch=`).
+    pub resume: Option<Resume>,
 }
 
 /// What a transport needs to take a connection over from HTTP.

@@ -11,7 +11,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{After, CloseReason, Ctx, Format, Subscription};
-use crate::broker::Outgoing;
+use crate::broker::{Outgoing, Replay, Resume};
 use crate::hub::{Body, Message};
 use crate::protocol::{
     DataKind, Decoder, Event, Flow, close_code, encode_close, encode_frame, encode_header, opcode,
@@ -52,6 +52,44 @@ pub fn write_welcome(out: &mut Vec<u8>, sub: &Subscription, count: u64) {
             &name,
             count,
         ));
+    }
+}
+
+/// A returning subscriber's catch-up: json subscribers first learn the channel's
+/// epoch (`{"event":"epoch"}`) and any gap (`{"event":"gap","from","to","reason"}`,
+/// the seqs of this epoch they cannot be given); then every message history holds
+/// for them, raw or json, in seq order.
+pub fn write_replay(out: &mut Vec<u8>, sub: &Subscription, replay: Replay, resume: Resume) {
+    let (replay, gap) = replay.for_resume(resume);
+    let name = sub.channel.name();
+    let json = sub.format == Format::WsJson;
+    if json {
+        let epoch = format!("{:016x}", replay.epoch);
+        let body = serde_json::json!({
+            "channel": name,
+            "event": "epoch",
+            "epoch": epoch,
+            "last_seq": replay.last_seq,
+        });
+        out.extend_from_slice(&frame_bytes(opcode::TEXT, body.to_string().as_bytes()));
+        if let Some(gap) = gap {
+            let body = serde_json::json!({
+                "channel": name,
+                "event": "gap",
+                "from": gap.from,
+                "to": gap.to,
+                "reason": gap.reason.as_str(),
+                "epoch": epoch,
+            });
+            out.extend_from_slice(&frame_bytes(opcode::TEXT, body.to_string().as_bytes()));
+        }
+    }
+    for m in &replay.messages {
+        if json {
+            out.extend_from_slice(&json_message_frame(name, m.seq, &m.payload, m.kind, None));
+        } else {
+            encode_frame(out, m.kind.opcode(), &m.payload);
+        }
     }
 }
 
@@ -312,7 +350,7 @@ mod tests {
             listens: true,
             announce: None,
         };
-        let joined = broker.subscribe(channel, member).unwrap();
+        let joined = broker.subscribe(channel, member, None).unwrap();
         WsState::new(Some(Subscription {
             channel: joined.channel,
             client: 7,
