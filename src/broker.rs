@@ -336,6 +336,7 @@ impl Broker for MemoryBroker {
             self.hub
                 .deliver(local, Audience::Everyone, None, || Body::Data {
                     seq,
+                    epoch: log.epoch,
                     payload: bytes::Bytes::copy_from_slice(message.payload),
                     kind: message.kind,
                     from: message.from.map(Box::from),

@@ -78,6 +78,8 @@ pub enum Body {
     /// A published message.
     Data {
         seq: u64,
+        /// The channel's history epoch `seq` belongs to (opaque to the hub).
+        epoch: u64,
         payload: Bytes,
         kind: DataKind,
         /// The chat client that sent it.
@@ -331,6 +333,7 @@ mod tests {
     fn data(seq: u64) -> Body {
         Body::Data {
             seq,
+            epoch: 0,
             payload: Bytes::from_static(b"x"),
             kind: DataKind::Text,
             from: None,

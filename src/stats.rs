@@ -14,8 +14,10 @@ use std::time::Instant;
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub struct LoopCounters {
-    /// Open WebSocket connections owned by this loop.
+    /// Open connections owned by this loop (WebSocket and event streams).
     pub sockets: AtomicU64,
+    /// Of those, Server-Sent Event streams.
+    pub sse: AtomicU64,
     /// Frames received from clients (data and control).
     pub frames_in: AtomicU64,
     /// Whole data messages received from clients.
@@ -61,6 +63,7 @@ impl TurnCounts {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub sockets: u64,
+    pub sse: u64,
     pub frames_in: u64,
     pub messages_in: u64,
     pub messages_out: u64,
@@ -92,6 +95,7 @@ impl ServerStats {
         let mut s = Snapshot::default();
         for l in &self.loops {
             s.sockets += l.sockets.load(Ordering::Relaxed);
+            s.sse += l.sse.load(Ordering::Relaxed);
             s.frames_in += l.frames_in.load(Ordering::Relaxed);
             s.messages_in += l.messages_in.load(Ordering::Relaxed);
             s.messages_out += l.messages_out.load(Ordering::Relaxed);

@@ -16,6 +16,7 @@ use super::timer::Tick;
 use crate::broker::{Replay, Resume};
 use crate::outbound::Outbound;
 use crate::stats::TurnCounts;
+use crate::transport::sse::{self, SseState};
 use crate::transport::websocket::{self, WsState};
 use crate::transport::{After, CloseReason, Ctx, Handover, Subscription};
 
@@ -41,6 +42,7 @@ pub enum Session {
     /// of a request that has not fully arrived.
     Http(Vec<u8>),
     WebSocket(WsState),
+    Sse(SseState),
 }
 
 /// What a session's handler made of its input.
@@ -57,6 +59,7 @@ impl Session {
     pub fn opened(handover: &Handover, sub: Option<Subscription>) -> Session {
         match handover {
             Handover::WebSocket { .. } => Session::WebSocket(WsState::new(sub)),
+            Handover::Sse => Session::Sse(SseState { sub }),
         }
     }
 
@@ -80,6 +83,8 @@ impl Session {
                 };
                 Handled::Transport(websocket::feed(ws, input, &mut ctx))
             }
+            // Receive-only: whatever the client sends after its request is ignored.
+            Session::Sse(_) => Handled::Transport(After::Nothing),
         }
     }
 
@@ -92,6 +97,7 @@ impl Session {
                     websocket::write_welcome(out, sub, count);
                 }
             }
+            Session::Sse(_) => {}
         }
     }
 
@@ -105,6 +111,11 @@ impl Session {
                     websocket::write_replay(out, sub, replay, resume);
                 }
             }
+            Session::Sse(sse) => {
+                if let Some(sub) = &sse.sub {
+                    sse::write_replay(out, sub, replay, resume);
+                }
+            }
         }
     }
 
@@ -113,10 +124,18 @@ impl Session {
         !matches!(self, Session::Http(_))
     }
 
+    /// Whether the client is expected to send something now and then (a pong at
+    /// least), so silence past `--idle-timeout` means it is gone. An event stream's
+    /// client sends nothing; a dead one shows when a heartbeat cannot be written.
+    pub fn expects_input(&self) -> bool {
+        matches!(self, Session::WebSocket(_))
+    }
+
     pub fn subscription(&self) -> Option<&Subscription> {
         match self {
             Session::Http(_) => None,
             Session::WebSocket(ws) => ws.sub.as_ref(),
+            Session::Sse(sse) => sse.sub.as_ref(),
         }
     }
 
@@ -124,6 +143,7 @@ impl Session {
         match self {
             Session::Http(_) => None,
             Session::WebSocket(ws) => ws.sub.as_mut(),
+            Session::Sse(sse) => sse.sub.as_mut(),
         }
     }
 
@@ -131,6 +151,7 @@ impl Session {
         match self {
             Session::Http(_) => None,
             Session::WebSocket(ws) => ws.sub.take(),
+            Session::Sse(sse) => sse.sub.take(),
         }
     }
 
@@ -139,6 +160,7 @@ impl Session {
         match self {
             Session::Http(_) => {}
             Session::WebSocket(_) => websocket::write_heartbeat(out),
+            Session::Sse(_) => sse::write_heartbeat(out),
         }
     }
 
@@ -151,6 +173,8 @@ impl Session {
                 websocket::write_close(out, reason);
                 ws.stop_reading();
             }
+            // The stream just ends; a browser reconnects by itself.
+            Session::Sse(_) => {}
         }
     }
 
@@ -159,6 +183,7 @@ impl Session {
         match self {
             Session::Http(pending) => *pending = Vec::new(),
             Session::WebSocket(ws) => ws.stop_reading(),
+            Session::Sse(_) => {}
         }
     }
 }

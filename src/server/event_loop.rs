@@ -267,6 +267,9 @@ impl EventLoop {
             && conn.session.is_counted()
         {
             self.counters.sockets.fetch_sub(1, Ordering::Relaxed);
+            if matches!(conn.session, Session::Sse(_)) {
+                self.counters.sse.fetch_sub(1, Ordering::Relaxed);
+            }
             self.shared.admission.release(conn.peer);
         }
         // Dropping the socket closes it, which also removes it from epoll.
@@ -367,6 +370,9 @@ impl EventLoop {
         }
         conn.session = Session::opened(&opening.handover, None);
         self.counters.sockets.fetch_add(1, Ordering::Relaxed);
+        if matches!(conn.session, Session::Sse(_)) {
+            self.counters.sse.fetch_add(1, Ordering::Relaxed);
+        }
         opening.handover.write_head(&mut self.out);
         if let Some(subscribe) = opening.subscribe {
             let client = self.shared.next_client_id();
@@ -551,7 +557,10 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        if self.idle_ticks > 0 && now.saturating_sub(conn.last_seen) >= self.idle_ticks {
+        if self.idle_ticks > 0
+            && conn.session.expects_input()
+            && now.saturating_sub(conn.last_seen) >= self.idle_ticks
+        {
             self.close_with(key, CloseReason::IdleTimeout);
             return;
         }
@@ -591,7 +600,7 @@ impl EventLoop {
 
 /// When an open connection must next be looked at: its next ping or its idle limit.
 fn next_due(conn: &Conn, idle_ticks: Tick) -> Tick {
-    let idle = if idle_ticks > 0 {
+    let idle = if idle_ticks > 0 && conn.session.expects_input() {
         conn.last_seen.saturating_add(idle_ticks)
     } else {
         NEVER

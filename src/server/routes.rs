@@ -17,7 +17,7 @@ use crate::protocol::DataKind;
 use crate::protocol::handshake::{self, HandshakeError};
 use crate::protocol::http::{self, Request};
 use crate::rules::validate_channel_name;
-use crate::transport::{Format, Handover, Opening, Subscribe};
+use crate::transport::{Format, Handover, Opening, Subscribe, sse};
 
 /// What the router decided.
 #[derive(Debug)]
@@ -71,6 +71,9 @@ pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Out
     }
     if let Some(channel) = path.strip_prefix("/ws/") {
         return subscribe_endpoint(req, channel, out);
+    }
+    if let Some(channel) = path.strip_prefix("/sse/") {
+        return sse_endpoint(req, channel, out);
     }
     if let Some(channel) = path.strip_prefix("/api/publish/") {
         return publish(req, channel, ctx, out);
@@ -227,6 +230,45 @@ fn subscribe_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Ou
         resume,
     };
     websocket_endpoint(req, Some(subscribe), out)
+}
+
+/// `GET /sse/{channel}`: an event stream of the channel. A browser coming back
+/// sends `Last-Event-ID`, which wins over a `since=` still in its URL.
+fn sse_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome {
+    if !only_get(req, out) {
+        return Outcome::Responded;
+    }
+    if let Err(e) = validate_channel_name(channel) {
+        http::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    let last_event_id = req
+        .header("last-event-id")
+        .map(|v| std::str::from_utf8(v).ok().and_then(sse::parse_event_id));
+    let resume = match last_event_id {
+        Some(Some(resume)) => Some(resume),
+        Some(None) => {
+            let reason =
+                "Last-Event-ID must be SEQ or SEQ:EPOCH (16 hex digits), as the server sent it";
+            http::write_error(out, 400, reason, &[]);
+            return Outcome::Responded;
+        }
+        None => match resume_param(req) {
+            Ok(resume) => resume,
+            Err(reason) => {
+                http::write_error(out, 400, &reason, &[]);
+                return Outcome::Responded;
+            }
+        },
+    };
+    Outcome::Open(Opening {
+        handover: Handover::Sse,
+        subscribe: Some(Subscribe {
+            channel: channel.to_string(),
+            format: Format::Sse,
+            resume,
+        }),
+    })
 }
 
 /// `since=SEQ[&epoch=E]`: where a returning subscriber left off.
@@ -400,7 +442,10 @@ fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome
         ctx,
         out,
         &serde_json::json!({
-            "connections": { "websocket": snap.sockets },
+            "connections": {
+                "websocket": snap.sockets.saturating_sub(snap.sse),
+                "sse": snap.sse,
+            },
             "channels": ctx.shared.broker.channel_count(),
             "frames_in": snap.frames_in,
             "messages_in": snap.messages_in,

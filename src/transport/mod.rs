@@ -9,6 +9,7 @@
 //! event loop's core stay untouched. This module must not own sockets or decide
 //! routes: the server hands a transport bytes and a place to put its answers.
 
+pub mod sse;
 pub mod websocket;
 
 use std::sync::Arc;
@@ -28,17 +29,19 @@ pub enum Format {
     WsRaw,
     /// WebSocket, `{"channel","seq","data"}` envelopes and channel events.
     WsJson,
+    /// Server-Sent Events: `id: SEQ:EPOCH` and `data:` lines; channel events.
+    Sse,
 }
 
 impl Format {
     /// How many formats exist: the encodings a message can cache.
-    pub const COUNT: usize = 2;
+    pub const COUNT: usize = 3;
 
     /// Whether subscribers in this format see channel events (welcome/join/leave).
     pub fn listens(self) -> bool {
         match self {
             Format::WsRaw => false,
-            Format::WsJson => true,
+            Format::WsJson | Format::Sse => true,
         }
     }
 
@@ -46,7 +49,9 @@ impl Format {
     /// `None` when the format does not show it.
     pub fn frame(self, message: &Message) -> Option<&Bytes> {
         message.encoded(self as usize, |m| match self {
-            Format::WsRaw | Format::WsJson => websocket::encode(self, m),
+            Format::WsRaw => websocket::encode(false, m),
+            Format::WsJson => websocket::encode(true, m),
+            Format::Sse => sse::encode(m),
         })
     }
 }
@@ -73,6 +78,8 @@ pub struct Subscribe {
 pub enum Handover {
     /// A valid upgrade request; its `Sec-WebSocket-Accept` value.
     WebSocket { accept: [u8; 28] },
+    /// A `GET /sse/{channel}`: the response becomes an event stream.
+    Sse,
 }
 
 impl Handover {
@@ -80,6 +87,7 @@ impl Handover {
     pub fn write_head(&self, out: &mut Vec<u8>) {
         match self {
             Handover::WebSocket { accept } => websocket::write_opening(out, accept),
+            Handover::Sse => sse::write_opening(out),
         }
     }
 }

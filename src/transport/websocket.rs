@@ -112,37 +112,31 @@ pub fn write_close(out: &mut Vec<u8>, reason: CloseReason) {
     encode_close(out, code, text);
 }
 
-/// The message in `format` as one complete frame; `None` for events in raw.
-pub fn encode(format: Format, message: &Message) -> Option<Bytes> {
+/// The message as one complete frame, json envelope or raw payload; `None` for
+/// channel events in raw.
+pub fn encode(json: bool, message: &Message) -> Option<Bytes> {
     let name = message.channel.name();
-    match (&message.body, format) {
-        (Body::Data { payload, kind, .. }, Format::WsRaw) => {
-            Some(frame_bytes(kind.opcode(), payload))
-        }
-        (
-            Body::Data {
-                seq,
-                payload,
-                kind,
-                from,
-            },
-            Format::WsJson,
-        ) => Some(json_message_frame(
+    match &message.body {
+        Body::Data { payload, kind, .. } if !json => Some(frame_bytes(kind.opcode(), payload)),
+        Body::Data {
+            seq,
+            payload,
+            kind,
+            from,
+            ..
+        } => Some(json_message_frame(
             name,
             *seq,
             payload,
             *kind,
             from.as_deref(),
         )),
-        (Body::Event { .. }, Format::WsRaw) => None,
-        (
-            Body::Event {
-                event,
-                client,
-                count,
-            },
-            Format::WsJson,
-        ) => Some(json_event_frame(name, event, client, *count)),
+        Body::Event { .. } if !json => None,
+        Body::Event {
+            event,
+            client,
+            count,
+        } => Some(json_event_frame(name, event, client, *count)),
     }
 }
 
