@@ -18,6 +18,8 @@ pub struct LoopCounters {
     pub sockets: AtomicU64,
     /// Of those, Server-Sent Event streams.
     pub sse: AtomicU64,
+    /// Of those, waiting long-polls.
+    pub poll: AtomicU64,
     /// Frames received from clients (data and control).
     pub frames_in: AtomicU64,
     /// Whole data messages received from clients.
@@ -64,6 +66,7 @@ impl TurnCounts {
 pub struct Snapshot {
     pub sockets: u64,
     pub sse: u64,
+    pub poll: u64,
     pub frames_in: u64,
     pub messages_in: u64,
     pub messages_out: u64,
@@ -96,6 +99,7 @@ impl ServerStats {
         for l in &self.loops {
             s.sockets += l.sockets.load(Ordering::Relaxed);
             s.sse += l.sse.load(Ordering::Relaxed);
+            s.poll += l.poll.load(Ordering::Relaxed);
             s.frames_in += l.frames_in.load(Ordering::Relaxed);
             s.messages_in += l.messages_in.load(Ordering::Relaxed);
             s.messages_out += l.messages_out.load(Ordering::Relaxed);

@@ -16,6 +16,7 @@ use super::timer::Tick;
 use crate::broker::{Replay, Resume};
 use crate::outbound::Outbound;
 use crate::stats::TurnCounts;
+use crate::transport::poll::{self, PollState};
 use crate::transport::sse::{self, SseState};
 use crate::transport::websocket::{self, WsState};
 use crate::transport::{After, CloseReason, Ctx, Handover, Subscription};
@@ -43,6 +44,9 @@ pub enum Session {
     Http(Vec<u8>),
     WebSocket(WsState),
     Sse(SseState),
+    /// Boxed: a waiting poll keeps what to answer on timeout, and the record of
+    /// every idle WebSocket stays at 80 bytes.
+    Poll(Box<PollState>),
 }
 
 /// What a session's handler made of its input.
@@ -60,6 +64,10 @@ impl Session {
         match handover {
             Handover::WebSocket { .. } => Session::WebSocket(WsState::new(sub)),
             Handover::Sse => Session::Sse(SseState { sub }),
+            Handover::Poll { .. } => Session::Poll(Box::new(PollState {
+                sub,
+                ..PollState::default()
+            })),
         }
     }
 
@@ -84,7 +92,7 @@ impl Session {
                 Handled::Transport(websocket::feed(ws, input, &mut ctx))
             }
             // Receive-only: whatever the client sends after its request is ignored.
-            Session::Sse(_) => Handled::Transport(After::Nothing),
+            Session::Sse(_) | Session::Poll(_) => Handled::Transport(After::Nothing),
         }
     }
 
@@ -97,13 +105,14 @@ impl Session {
                     websocket::write_welcome(out, sub, count);
                 }
             }
-            Session::Sse(_) => {}
+            Session::Sse(_) | Session::Poll(_) => {}
         }
     }
 
     /// Appends what a returning subscriber missed (and, where its transport can
     /// say so, the epoch and any gap), ahead of every live message.
-    pub fn write_replay(&self, out: &mut Vec<u8>, replay: Replay, resume: Resume) {
+    /// A long-poll may be answered right here, and then asks to close.
+    pub fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
         match self {
             Session::Http(_) => {}
             Session::WebSocket(ws) => {
@@ -116,7 +125,9 @@ impl Session {
                     sse::write_replay(out, sub, replay, resume);
                 }
             }
+            Session::Poll(state) => return poll::write_replay(out, state, replay, resume),
         }
+        After::Nothing
     }
 
     /// Counted as an open connection (admission, SOCKETS), to be released.
@@ -136,6 +147,7 @@ impl Session {
             Session::Http(_) => None,
             Session::WebSocket(ws) => ws.sub.as_ref(),
             Session::Sse(sse) => sse.sub.as_ref(),
+            Session::Poll(state) => state.sub.as_ref(),
         }
     }
 
@@ -144,6 +156,7 @@ impl Session {
             Session::Http(_) => None,
             Session::WebSocket(ws) => ws.sub.as_mut(),
             Session::Sse(sse) => sse.sub.as_mut(),
+            Session::Poll(state) => state.sub.as_mut(),
         }
     }
 
@@ -152,16 +165,23 @@ impl Session {
             Session::Http(_) => None,
             Session::WebSocket(ws) => ws.sub.take(),
             Session::Sse(sse) => sse.sub.take(),
+            Session::Poll(state) => state.sub.take(),
         }
     }
 
-    /// Appends a keep-alive for the client, if the transport has one.
-    pub fn write_heartbeat(&self, out: &mut Vec<u8>) {
+    /// Appends a keep-alive for the client, if the transport has one; a long-poll's
+    /// is its empty answer, after which it closes.
+    pub fn write_heartbeat(&self, out: &mut Vec<u8>) -> After {
         match self {
             Session::Http(_) => {}
             Session::WebSocket(_) => websocket::write_heartbeat(out),
             Session::Sse(_) => sse::write_heartbeat(out),
+            Session::Poll(state) => {
+                poll::write_timeout(out, state);
+                return After::Close;
+            }
         }
+        After::Nothing
     }
 
     /// Appends the transport's goodbye for `reason`, and stops reading: after it,
@@ -175,6 +195,12 @@ impl Session {
             }
             // The stream just ends; a browser reconnects by itself.
             Session::Sse(_) => {}
+            // A waiting poll still gets its (empty) answer.
+            Session::Poll(state) => {
+                if state.sub.is_some() {
+                    poll::write_timeout(out, state);
+                }
+            }
         }
     }
 
@@ -183,7 +209,7 @@ impl Session {
         match self {
             Session::Http(pending) => *pending = Vec::new(),
             Session::WebSocket(ws) => ws.stop_reading(),
-            Session::Sse(_) => {}
+            Session::Sse(_) | Session::Poll(_) => {}
         }
     }
 }

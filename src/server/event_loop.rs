@@ -22,7 +22,7 @@ use slab::Slab;
 use super::conn::{Conn, Handled, NEVER, Phase, Session};
 use super::http::Next;
 use super::shared::Shared;
-use super::subscribers::{Failed, LocalSubscribers};
+use super::subscribers::{Follow, LocalSubscribers};
 use super::timer::{Tick, TimerWheel, ticks};
 use crate::hub;
 use crate::protocol::http::write_error;
@@ -73,7 +73,7 @@ pub struct EventLoop {
     index: usize,
     subscribers: LocalSubscribers,
     /// Subscribers a fan-out could not write to, dealt with after it.
-    failed: Vec<Failed>,
+    failed: Vec<Follow>,
     next_maintain: Tick,
     ping_ticks: Tick,
     idle_ticks: Tick,
@@ -267,9 +267,11 @@ impl EventLoop {
             && conn.session.is_counted()
         {
             self.counters.sockets.fetch_sub(1, Ordering::Relaxed);
-            if matches!(conn.session, Session::Sse(_)) {
-                self.counters.sse.fetch_sub(1, Ordering::Relaxed);
-            }
+            match conn.session {
+                Session::Sse(_) => self.counters.sse.fetch_sub(1, Ordering::Relaxed),
+                Session::Poll(_) => self.counters.poll.fetch_sub(1, Ordering::Relaxed),
+                _ => 0,
+            };
             self.shared.admission.release(conn.peer);
         }
         // Dropping the socket closes it, which also removes it from epoll.
@@ -370,8 +372,10 @@ impl EventLoop {
         }
         conn.session = Session::opened(&opening.handover, None);
         self.counters.sockets.fetch_add(1, Ordering::Relaxed);
-        if matches!(conn.session, Session::Sse(_)) {
-            self.counters.sse.fetch_add(1, Ordering::Relaxed);
+        match conn.session {
+            Session::Sse(_) => LoopCounters::add(&self.counters.sse, 1),
+            Session::Poll(_) => LoopCounters::add(&self.counters.poll, 1),
+            _ => {}
         }
         opening.handover.write_head(&mut self.out);
         if let Some(subscribe) = opening.subscribe {
@@ -386,8 +390,12 @@ impl EventLoop {
                 Ok((sub, count, replay)) => {
                     conn.session = Session::opened(&opening.handover, Some(sub));
                     conn.session.write_welcome(&mut self.out, count);
-                    if let (Some(replay), Some(resume)) = (replay, subscribe.resume) {
-                        conn.session.write_replay(&mut self.out, replay, resume);
+                    if let (Some(replay), Some(resume)) = (replay, subscribe.resume)
+                        && conn.session.write_replay(&mut self.out, replay, resume) == After::Close
+                    {
+                        // Answered from history at once (a long-poll).
+                        self.send_out(key, After::Close);
+                        return;
                     }
                 }
                 Err(e) => {
@@ -405,7 +413,9 @@ impl EventLoop {
         };
         conn.last_seen = self.now;
         self.ping_seq = self.ping_seq.wrapping_add(1);
-        if self.ping_ticks > 0 {
+        if let Some(wait) = opening.handover.answer_within() {
+            conn.next_ping = self.now + ticks(wait).max(1);
+        } else if self.ping_ticks > 0 {
             // Golden-ratio spacing spreads first pings evenly over the interval even
             // when thousands of clients connect in the same instant.
             let spread = (u64::from(self.ping_seq.wrapping_mul(0x9E37_79B9))
@@ -441,8 +451,12 @@ impl EventLoop {
         );
         for failed in std::mem::take(&mut self.failed) {
             match failed {
-                Failed::Dead(key) => self.drop_conn(key),
-                Failed::Slow(key) => self.close_with(key, CloseReason::SlowConsumer),
+                Follow::Dead(key) => self.drop_conn(key),
+                Follow::Slow(key) => self.close_with(key, CloseReason::SlowConsumer),
+                Follow::Answered(key) => {
+                    self.out.clear();
+                    self.send_out(key, After::Close);
+                }
             }
         }
     }
@@ -564,13 +578,17 @@ impl EventLoop {
             self.close_with(key, CloseReason::IdleTimeout);
             return;
         }
-        if self.ping_ticks > 0 && now >= conn.next_ping {
-            conn.next_ping = now + self.ping_ticks;
+        if conn.next_ping != NEVER && now >= conn.next_ping {
+            conn.next_ping = if self.ping_ticks > 0 {
+                now + self.ping_ticks
+            } else {
+                NEVER
+            };
             let due = next_due(conn, self.idle_ticks);
             set_deadline(&mut self.wheel, key, conn, due);
             self.out.clear();
-            conn.session.write_heartbeat(&mut self.out);
-            self.send_out(key, After::Nothing);
+            let after = conn.session.write_heartbeat(&mut self.out);
+            self.send_out(key, after);
             return;
         }
         let due = next_due(conn, self.idle_ticks);

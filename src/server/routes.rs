@@ -75,6 +75,9 @@ pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Out
     if let Some(channel) = path.strip_prefix("/sse/") {
         return sse_endpoint(req, channel, out);
     }
+    if let Some(channel) = path.strip_prefix("/poll/") {
+        return poll_endpoint(req, channel, out);
+    }
     if let Some(channel) = path.strip_prefix("/api/publish/") {
         return publish(req, channel, ctx, out);
     }
@@ -271,6 +274,58 @@ fn sse_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome 
     })
 }
 
+/// Longest a long-poll may wait, in seconds.
+const MAX_POLL_TIMEOUT: u64 = 60;
+/// How long a long-poll waits when it does not say.
+const DEFAULT_POLL_TIMEOUT: u64 = 30;
+
+/// `GET /poll/{channel}?since=SEQ[&epoch=E]&timeout=S`: answered at once if anything
+/// is newer than SEQ (0 when absent: everything history holds), else within S
+/// seconds (default 30, at most 60).
+fn poll_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome {
+    if !only_get(req, out) {
+        return Outcome::Responded;
+    }
+    if let Err(e) = validate_channel_name(channel) {
+        http::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    let timeout = match query_param(req, "timeout") {
+        None => DEFAULT_POLL_TIMEOUT,
+        Some(v) => match v.parse::<u64>() {
+            Ok(s) if s <= MAX_POLL_TIMEOUT => s,
+            _ => {
+                let reason = format!(
+                    "timeout must be whole seconds from 0 to {MAX_POLL_TIMEOUT}, not '{}'",
+                    truncate(v, 40)
+                );
+                http::write_error(out, 400, &reason, &[]);
+                return Outcome::Responded;
+            }
+        },
+    };
+    let resume = match resume_param(req) {
+        Ok(resume) => resume.unwrap_or(Resume {
+            since: 0,
+            epoch: None,
+        }),
+        Err(reason) => {
+            http::write_error(out, 400, &reason, &[]);
+            return Outcome::Responded;
+        }
+    };
+    Outcome::Open(Opening {
+        handover: Handover::Poll {
+            timeout: std::time::Duration::from_secs(timeout),
+        },
+        subscribe: Some(Subscribe {
+            channel: channel.to_string(),
+            format: Format::Poll,
+            resume: Some(resume),
+        }),
+    })
+}
+
 /// `since=SEQ[&epoch=E]`: where a returning subscriber left off.
 fn resume_param(req: &Request<'_>) -> Result<Option<Resume>, String> {
     let since = match query_param(req, "since") {
@@ -443,8 +498,9 @@ fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome
         out,
         &serde_json::json!({
             "connections": {
-                "websocket": snap.sockets.saturating_sub(snap.sse),
+                "websocket": snap.sockets.saturating_sub(snap.sse + snap.poll),
                 "sse": snap.sse,
+                "poll": snap.poll,
             },
             "channels": ctx.shared.broker.channel_count(),
             "frames_in": snap.frames_in,

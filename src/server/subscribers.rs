@@ -37,13 +37,15 @@ fn channel_key(channel: &Arc<Channel>) -> usize {
     Arc::as_ptr(channel) as usize
 }
 
-/// A subscriber that could not take its deliveries.
+/// What a fan-out leaves the loop to do for a subscriber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failed {
+pub enum Follow {
     /// Its socket failed.
     Dead(usize),
     /// More than `--max-queue` bytes wait for it.
     Slow(usize),
+    /// A one-shot subscriber (a long-poll) got its answer: close it.
+    Answered(usize),
 }
 
 /// A returning subscriber that joined since the last inbox batch: history gave it
@@ -98,7 +100,7 @@ impl LocalSubscribers {
     ) -> Result<(Subscription, u64, Option<Replay>), BrokerError> {
         let (channel, format) = (subscribe.channel.as_str(), subscribe.format);
         let rules = ChannelRules::for_name(channel);
-        let name = rules.join_leave.then(|| rules::client_name(client));
+        let name = (rules.join_leave && format.announced()).then(|| rules::client_name(client));
         let member = self.member(key, format, name.as_deref());
         let joined = broker.subscribe(channel, member, subscribe.resume)?;
         if let Some(replay) = &joined.replay {
@@ -153,7 +155,8 @@ impl LocalSubscribers {
                 self.lists.remove(&ckey);
             }
         }
-        let name = sub.rules.join_leave.then(|| rules::client_name(sub.client));
+        let name = (sub.rules.join_leave && sub.format.announced())
+            .then(|| rules::client_name(sub.client));
         broker.unsubscribe(&sub.channel, self.member(key, sub.format, name.as_deref()));
     }
 
@@ -165,7 +168,7 @@ impl LocalSubscribers {
         conns: &mut Slab<Conn>,
         max_queue: usize,
         counts: &mut TurnCounts,
-        failed: &mut Vec<Failed>,
+        failed: &mut Vec<Follow>,
     ) {
         let mut batch = std::mem::take(&mut self.batch);
         inbox.take(&mut batch);
@@ -199,7 +202,7 @@ impl LocalSubscribers {
         conns: &mut Slab<Conn>,
         max_queue: usize,
         counts: &mut TurnCounts,
-        failed: &mut Vec<Failed>,
+        failed: &mut Vec<Follow>,
     ) {
         let Some(list) = self.lists.get(&ckey) else {
             return;
@@ -245,11 +248,19 @@ impl LocalSubscribers {
             if frames.is_empty() || conn.phase != Phase::Active {
                 continue;
             }
+            // A one-shot subscriber takes one message and is done.
+            let frames = if format.one_shot() {
+                &frames[..1]
+            } else {
+                &frames[..]
+            };
             counts.messages_out += frames.len() as u64;
             if conn.out.send_shared(&mut conn.socket, frames).is_err() {
-                failed.push(Failed::Dead(key));
+                failed.push(Follow::Dead(key));
             } else if conn.out.queued_bytes() > max_queue {
-                failed.push(Failed::Slow(key));
+                failed.push(Follow::Slow(key));
+            } else if format.one_shot() {
+                failed.push(Follow::Answered(key));
             }
         }
     }

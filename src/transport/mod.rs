@@ -9,6 +9,7 @@
 //! event loop's core stay untouched. This module must not own sockets or decide
 //! routes: the server hands a transport bytes and a place to put its answers.
 
+pub mod poll;
 pub mod sse;
 pub mod websocket;
 
@@ -31,18 +32,31 @@ pub enum Format {
     WsJson,
     /// Server-Sent Events: `id: SEQ:EPOCH` and `data:` lines; channel events.
     Sse,
+    /// A long-poll's whole answer carrying one message.
+    Poll,
 }
 
 impl Format {
     /// How many formats exist: the encodings a message can cache.
-    pub const COUNT: usize = 3;
+    pub const COUNT: usize = 4;
 
     /// Whether subscribers in this format see channel events (welcome/join/leave).
     pub fn listens(self) -> bool {
         match self {
-            Format::WsRaw => false,
+            Format::WsRaw | Format::Poll => false,
             Format::WsJson | Format::Sse => true,
         }
+    }
+
+    /// Whether its subscribers are members the channel announces (join/leave). A
+    /// long-poll comes and goes with every answer: it is not.
+    pub fn announced(self) -> bool {
+        self != Format::Poll
+    }
+
+    /// Whether one delivery ends the subscription (a long-poll's answer).
+    pub fn one_shot(self) -> bool {
+        self == Format::Poll
     }
 
     /// The message in this format, encoded by the first caller and then shared;
@@ -52,6 +66,7 @@ impl Format {
             Format::WsRaw => websocket::encode(false, m),
             Format::WsJson => websocket::encode(true, m),
             Format::Sse => sse::encode(m),
+            Format::Poll => poll::encode(m),
         })
     }
 }
@@ -80,6 +95,8 @@ pub enum Handover {
     WebSocket { accept: [u8; 28] },
     /// A `GET /sse/{channel}`: the response becomes an event stream.
     Sse,
+    /// A `GET /poll/{channel}`: answered once, at the latest after `timeout`.
+    Poll { timeout: std::time::Duration },
 }
 
 impl Handover {
@@ -88,6 +105,17 @@ impl Handover {
         match self {
             Handover::WebSocket { accept } => websocket::write_opening(out, accept),
             Handover::Sse => sse::write_opening(out),
+            // The answer is written whole, once there is one.
+            Handover::Poll { .. } => {}
+        }
+    }
+
+    /// How long the connection may wait before it must be answered (a long-poll);
+    /// its heartbeat is then that answer.
+    pub fn answer_within(&self) -> Option<std::time::Duration> {
+        match self {
+            Handover::Poll { timeout } => Some(*timeout),
+            Handover::WebSocket { .. } | Handover::Sse => None,
         }
     }
 }
