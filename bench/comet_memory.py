@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Userspace memory per held SSE stream: server VmRSS before and after opening N
-`GET /sse/{channel}` streams (spread over source addresses 127.0.0.2-254), each read
-up to its `retry:` line and then held idle. Prints one line.
+"""Userspace memory per held SSE stream or waiting long-poll: server VmRSS before
+and after opening N `GET /sse/{channel}` streams (each read up to its `retry:` line)
+or N `GET /poll/{channel}?timeout=60` polls (counted waiting in /api/stats), spread
+over source addresses 127.0.0.2-254 and 100 channels, then held. Prints one line.
 
-Usage: bench/sse_memory.py [--conns 15000] [--bin target/release/throng]
+Usage: bench/comet_memory.py [--transport sse|poll] [--conns 15000] [--bin target/release/throng]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import socket
@@ -24,22 +26,37 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-async def open_stream(port: int, index: int, held: list) -> None:
+async def open_stream(port: int, index: int, held: list, transport: str) -> None:
     sock = socket.socket()
     sock.setblocking(False)
     sock.bind((f"127.0.0.{2 + index % 253}", 0))
     loop = asyncio.get_running_loop()
     await loop.sock_connect(sock, ("127.0.0.1", port))
     reader, writer = await asyncio.open_connection(sock=sock)
-    writer.write(f"GET /sse/held-{index % 100} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    while not (await reader.readline()).startswith(b"retry:"):
-        pass
+    if transport == "sse":
+        writer.write(f"GET /sse/held-{index % 100} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        while not (await reader.readline()).startswith(b"retry:"):
+            pass
+    else:
+        path = f"/poll/held-{index % 100}?since=0&timeout=60"
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await writer.drain()
     held.append(writer)
+
+
+def waiting_polls(port: int) -> int:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /api/stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return json.loads(data.split(b"\r\n\r\n", 1)[1])["connections"]["poll"]
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--conns", type=int, default=15000)
+    ap.add_argument("--transport", choices=["sse", "poll"], default="sse")
     ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/throng"))
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -62,11 +79,21 @@ async def main() -> None:
         before = rss_kib(server.pid)
         held: list = []
         for start in range(0, args.conns, 500):
-            await asyncio.gather(*(open_stream(port, i, held) for i in range(start, min(args.conns, start + 500))))
+            batch = range(start, min(args.conns, start + 500))
+            await asyncio.gather(*(open_stream(port, i, held, args.transport) for i in batch))
+        if args.transport == "poll":
+            for _ in range(100):
+                if waiting_polls(port) >= len(held):
+                    break
+                await asyncio.sleep(0.1)
+            held_count = waiting_polls(port)
+        else:
+            held_count = len(held)
         await asyncio.sleep(2)
         after = rss_kib(server.pid)
-        per = (after - before) * 1024 / len(held)
-        print(f"{len(held)} SSE streams held: server RSS {before} -> {after} KiB, {per:.0f} B per stream "
+        per = (after - before) * 1024 / held_count
+        what = "SSE streams held" if args.transport == "sse" else "long-polls waiting"
+        print(f"{held_count} {what}: server RSS {before} -> {after} KiB, {per:.0f} B each "
               f"({os.uname().release}, {os.cpu_count()} cores)")
         for w in held:
             w.close()
