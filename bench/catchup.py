@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Catch-up: how fast a WebSocket subscriber coming back N messages behind is given
+them. Publishes N messages (32 B) to one channel over a kept-alive HTTP connection,
+then opens `/ws/catchup?since=0` (raw) on a plain socket and times the replay from
+the upgrade request to the last replayed frame. Prints one line.
+
+Usage: bench/catchup.py [--messages 10000] [--bin target/release/throng]
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=10000)
+    ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/throng"))
+    args = ap.parse_args()
+    n = args.messages
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [args.bin, "serve", "--listen", f"127.0.0.1:{port}", "--stats-interval", "0",
+         "--history-size", str(n), "--max-queue", "16MiB"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(50):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        api = http.client.HTTPConnection("127.0.0.1", port)
+        payload = b"x" * 32
+        for _ in range(n):
+            api.request("POST", "/api/publish/catchup", body=payload, headers={"Content-Type": "text/plain"})
+            api.getresponse().read()
+        sock = socket.create_connection(("127.0.0.1", port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        started = time.perf_counter()
+        sock.sendall(
+            f"GET /ws/catchup?since=0 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += sock.recv(65536)
+        buf = buf.split(b"\r\n\r\n", 1)[1]
+        frames = 0
+        while frames < n:
+            # Server frames are unmasked; these are all under 126 bytes.
+            while len(buf) >= 2 and len(buf) >= 2 + buf[1]:
+                buf = buf[2 + buf[1]:]
+                frames += 1
+            if frames < n:
+                chunk = sock.recv(1 << 20)
+                if not chunk:
+                    raise SystemExit(f"connection closed after {frames} of {n} frames")
+                buf += chunk
+        elapsed = time.perf_counter() - started
+        print(f"catch-up of {frames} messages (32 B, raw): {elapsed * 1000:.1f} ms, "
+              f"{frames / elapsed:,.0f} messages/s ({os.uname().release}, {os.cpu_count()} cores)")
+        sock.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+
+
+main()
