@@ -20,6 +20,7 @@ pub use crate::history::Stored;
 use crate::history::{self, History, Limits};
 use crate::hub::{Audience, Body, Channel, ConnRef, DeliverError, Hub};
 use crate::protocol::DataKind;
+use crate::rules::Namespaces;
 
 const SHARDS: usize = 64;
 /// How long an unused channel (no subscribers, no publishes) keeps its `seq`.
@@ -204,6 +205,8 @@ struct Log {
     seq: u64,
     last_used: Instant,
     history: History,
+    /// What this channel's history keeps (its namespace's, or the server's).
+    limits: Limits,
     epoch: u64,
     /// The hub's channel while this process has subscribers: set by the first
     /// subscribe and cleared by the last unsubscribe, both under this log's lock,
@@ -220,8 +223,9 @@ pub struct MemoryBroker {
     hub: Arc<Hub>,
     shards: Vec<LogShard>,
     hasher: std::collections::hash_map::RandomState,
-    /// How much history each channel keeps.
+    /// How much history each channel keeps, unless its namespace says otherwise.
     history: Limits,
+    namespaces: Namespaces,
 }
 
 /// A new history epoch: unique within this process and, with the start time mixed
@@ -248,12 +252,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl MemoryBroker {
-    pub fn new(hub: Arc<Hub>, history: Limits) -> Self {
+    pub fn new(hub: Arc<Hub>, history: Limits, namespaces: Namespaces) -> Self {
         MemoryBroker {
             hub,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
             history,
+            namespaces,
         }
     }
 
@@ -271,6 +276,13 @@ impl MemoryBroker {
             seq: 0,
             last_used: Instant::now(),
             history: History::default(),
+            limits: {
+                let (size, ttl) = self.namespaces.history(name);
+                Limits {
+                    size: size.unwrap_or(self.history.size),
+                    ttl: ttl.unwrap_or(self.history.ttl),
+                }
+            },
             epoch: new_epoch(),
             local: None,
         }));
@@ -310,7 +322,8 @@ impl MemoryBroker {
             let secs = history::now_secs();
             lock(shard).retain(|_, log| {
                 let mut guard = lock(log);
-                guard.history.expire(secs, self.history.ttl);
+                let ttl = guard.limits.ttl;
+                guard.history.expire(secs, ttl);
                 // A log someone holds right now (a publish under way) is in use.
                 let idle = Arc::strong_count(log) == 1
                     && guard.local.is_none()
@@ -343,10 +356,11 @@ impl Broker for MemoryBroker {
                 })?;
         }
         log.seq = seq;
-        if self.history.enabled() {
+        let limits = log.limits;
+        if limits.enabled() {
             let now = history::now_secs();
             log.history
-                .push(seq, message.payload, message.kind, now, self.history);
+                .push(seq, message.payload, message.kind, now, limits);
         }
         Ok(seq)
     }
@@ -361,7 +375,8 @@ impl Broker for MemoryBroker {
         let mut log = lock(&log);
         log.last_used = Instant::now();
         let replay = resume.map(|_| {
-            log.history.expire(history::now_secs(), self.history.ttl);
+            let ttl = log.limits.ttl;
+            log.history.expire(history::now_secs(), ttl);
             Replay {
                 messages: log.history.after(0),
                 last_seq: log.seq,
@@ -409,7 +424,8 @@ impl Broker for MemoryBroker {
     fn history(&self, channel: &str, since: u64) -> Result<Replay, BrokerError> {
         let log = self.log(channel);
         let mut log = lock(&log);
-        log.history.expire(history::now_secs(), self.history.ttl);
+        let ttl = log.limits.ttl;
+        log.history.expire(history::now_secs(), ttl);
         Ok(Replay {
             messages: log.history.after(since),
             last_seq: log.seq,
@@ -423,7 +439,8 @@ impl Broker for MemoryBroker {
             return ChannelInfo::default();
         };
         let mut log = lock(&log);
-        log.history.expire(history::now_secs(), self.history.ttl);
+        let ttl = log.limits.ttl;
+        log.history.expire(history::now_secs(), ttl);
         ChannelInfo {
             subscribers: log.local.as_ref().map_or(0, |c| c.subscribers()),
             last_seq: log.seq,
@@ -465,7 +482,8 @@ mod tests {
             .map(|p| Arc::new(mio::Waker::new(p.registry(), mio::Token(0)).unwrap()))
             .collect();
         let hub = Arc::new(Hub::new(wakers, 2));
-        (MemoryBroker::new(Arc::clone(&hub), limits), hub, polls)
+        let broker = MemoryBroker::new(Arc::clone(&hub), limits, Namespaces::default());
+        (broker, hub, polls)
     }
 
     fn text(payload: &str) -> Outgoing<'_> {

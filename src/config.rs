@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use clap::{ArgMatches, Args, Command, FromArgMatches};
 
+use crate::rules::{NamespaceRules, Namespaces};
+
 /// Where to listen: one address, or one address per port of a range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenSpec {
@@ -256,6 +258,10 @@ pub struct ServeConfig {
     /// How long a kept message stays, in whole seconds. Default 5 min; zero keeps
     /// none. Expired messages give their memory back.
     pub history_ttl: Duration,
+    /// Namespaces the config file declares (`[namespaces.NAME]`), each overriding
+    /// the built-in rules and the history flags for its channels. Default: none
+    /// (`chat:*` channels are chat rooms, every other channel is push-only).
+    pub namespaces: Namespaces,
 }
 
 /// A built-in default from [`defaults`]; a unit test proves every one parses.
@@ -288,6 +294,7 @@ impl Default for ServeConfig {
                 defaults::HISTORY_SIZE,
             ),
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
+            namespaces: Namespaces::default(),
         }
     }
 }
@@ -313,6 +320,12 @@ pub enum ConfigError {
         "config file {path}: key '{key}' must be a string, number or boolean (or an array of them for listen)"
     )]
     BadValue { path: PathBuf, key: String },
+    #[error("config file {path}: [namespaces.{name}]: {reason}")]
+    Namespace {
+        path: PathBuf,
+        name: String,
+        reason: String,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -362,6 +375,10 @@ impl ServeArgs {
             stats_interval: self.stats_interval,
             history_size: self.history_size,
             history_ttl: self.history_ttl,
+            namespaces: match &self.config {
+                Some(path) => namespaces_from_file(path)?,
+                None => Namespaces::default(),
+            },
         })
     }
 }
@@ -397,6 +414,10 @@ pub fn apply_config_file(cmd: Command, path: &Path) -> Result<Command, ConfigErr
     })?;
     let mut cmd = cmd;
     for (key, value) in table {
+        if key == NAMESPACES_KEY {
+            // Read by namespaces_from_file; not a flag.
+            continue;
+        }
         let id = key.replace('-', "_");
         let known = cmd
             .find_subcommand("serve")
@@ -429,6 +450,95 @@ pub fn apply_config_file(cmd: Command, path: &Path) -> Result<Command, ConfigErr
         });
     }
     Ok(cmd)
+}
+
+/// The config file's table of namespaces: `[namespaces.NAME]`.
+const NAMESPACES_KEY: &str = "namespaces";
+
+/// Reads the namespaces a config file declares (`[namespaces.NAME]` tables with
+/// `client_publish`, `join_leave`, `history_size`, `history_ttl`).
+pub fn namespaces_from_file(path: &Path) -> Result<Namespaces, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let table: toml::Table = text.parse().map_err(|source| ConfigError::Toml {
+        path: path.to_path_buf(),
+        source: Box::new(source),
+    })?;
+    let mut namespaces = Namespaces::default();
+    let Some(declared) = table.get(NAMESPACES_KEY) else {
+        return Ok(namespaces);
+    };
+    let fail = |name: &str, reason: String| ConfigError::Namespace {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        reason,
+    };
+    let toml::Value::Table(declared) = declared else {
+        return Err(fail(
+            "",
+            "namespaces must be tables, e.g. [namespaces.chat]".into(),
+        ));
+    };
+    for (name, options) in declared {
+        if name.is_empty()
+            || name.contains(':')
+            || crate::rules::validate_channel_name(name).is_err()
+        {
+            return Err(fail(
+                name,
+                "a namespace name is 1-128 of A-Z a-z 0-9 _ - . @ (no ':')".into(),
+            ));
+        }
+        let toml::Value::Table(options) = options else {
+            return Err(fail(name, "must be a table of options".into()));
+        };
+        let mut rules = NamespaceRules::default();
+        for (key, value) in options {
+            let want_bool = || {
+                value
+                    .as_bool()
+                    .ok_or_else(|| fail(name, format!("{key} must be true or false")))
+            };
+            match key.as_str() {
+                "client_publish" => rules.client_publish = Some(want_bool()?),
+                "join_leave" => rules.join_leave = Some(want_bool()?),
+                "history_size" => {
+                    let size = value
+                        .as_integer()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| {
+                            fail(name, "history_size must be a whole number from 0".into())
+                        })?;
+                    rules.history_size = Some(size);
+                }
+                "history_ttl" => {
+                    let ttl = match value {
+                        toml::Value::String(s) => parse_duration(s).map_err(|e| fail(name, e))?,
+                        toml::Value::Integer(n) if *n >= 0 => Duration::from_secs(*n as u64),
+                        _ => {
+                            return Err(fail(
+                                name,
+                                "history_ttl must be a duration like \"5m\" or seconds".into(),
+                            ));
+                        }
+                    };
+                    rules.history_ttl = Some(ttl);
+                }
+                other => {
+                    return Err(fail(
+                        name,
+                        format!(
+                            "unknown option '{other}' (options: client_publish, join_leave, history_size, history_ttl)"
+                        ),
+                    ));
+                }
+            }
+        }
+        namespaces.insert(name.clone(), rules);
+    }
+    Ok(namespaces)
 }
 
 /// Reads `ServeArgs` back out of matches parsed with a file-adjusted command.

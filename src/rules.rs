@@ -60,6 +60,55 @@ impl ChannelRules {
     }
 }
 
+/// What a config file may say about one namespace (`[namespaces.NAME]`); what it
+/// leaves out keeps the built-in behaviour (`chat` is a chat room, others push-only)
+/// and the server-wide history flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NamespaceRules {
+    pub client_publish: Option<bool>,
+    pub join_leave: Option<bool>,
+    pub history_size: Option<usize>,
+    pub history_ttl: Option<std::time::Duration>,
+}
+
+/// The namespaces a config file declares, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Namespaces(std::collections::HashMap<String, NamespaceRules>);
+
+impl Namespaces {
+    pub fn insert(&mut self, name: String, rules: NamespaceRules) {
+        self.0.insert(name, rules);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn declared(&self, channel: &str) -> NamespaceRules {
+        self.0.get(namespace(channel)).copied().unwrap_or_default()
+    }
+
+    /// How `channel` behaves: its namespace's declared rules over the built-in ones.
+    pub fn rules(&self, channel: &str) -> ChannelRules {
+        let built_in = ChannelRules::for_name(channel);
+        let declared = self.declared(channel);
+        ChannelRules {
+            client_publish: declared.client_publish.unwrap_or(built_in.client_publish),
+            join_leave: declared.join_leave.unwrap_or(built_in.join_leave),
+        }
+    }
+
+    /// The history `channel` keeps: its namespace's size and age, where declared.
+    pub fn history(&self, channel: &str) -> (Option<usize>, Option<std::time::Duration>) {
+        let declared = self.declared(channel);
+        (declared.history_size, declared.history_ttl)
+    }
+}
+
 /// A client's name in chat events and envelopes.
 pub fn client_name(id: u64) -> String {
     format!("c{id}")
@@ -127,6 +176,34 @@ mod tests {
             Action::Refuse(reason) if reason.contains("push-only")
         ));
         assert_eq!(on_client_message(Role::Echo), Action::Echo);
+    }
+
+    #[test]
+    fn declared_namespaces_override_the_built_in_rules() {
+        let mut namespaces = Namespaces::default();
+        namespaces.insert(
+            "room".into(),
+            NamespaceRules {
+                client_publish: Some(true),
+                join_leave: Some(true),
+                ..NamespaceRules::default()
+            },
+        );
+        namespaces.insert(
+            "chat".into(),
+            NamespaceRules {
+                join_leave: Some(false),
+                history_size: Some(5),
+                ..NamespaceRules::default()
+            },
+        );
+        let room = namespaces.rules("room:a");
+        assert!(room.client_publish && room.join_leave);
+        let chat = namespaces.rules("chat:a");
+        assert!(chat.client_publish && !chat.join_leave);
+        assert_eq!(namespaces.history("chat:a"), (Some(5), None));
+        assert_eq!(namespaces.rules("news"), ChannelRules::for_name("news"));
+        assert_eq!(namespaces.history("news"), (None, None));
     }
 
     #[test]

@@ -380,9 +380,13 @@ impl EventLoop {
         opening.handover.write_head(&mut self.out);
         if let Some(subscribe) = opening.subscribe {
             let client = self.shared.next_client_id();
-            let joined = self
-                .subscribers
-                .join(&*self.shared.broker, key, &subscribe, client);
+            let joined = self.subscribers.join(
+                &*self.shared.broker,
+                &self.shared.config.namespaces,
+                key,
+                &subscribe,
+                client,
+            );
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };

@@ -170,7 +170,11 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         size: config.history_size,
         ttl: config.history_ttl,
     };
-    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new(Arc::clone(&hub), history));
+    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new(
+        Arc::clone(&hub),
+        history,
+        config.namespaces.clone(),
+    ));
     let shared = Arc::new(Shared::new(config, hub, broker));
     let mut handles = Vec::with_capacity(threads);
     for (index, (listeners, poll)) in per_thread.into_iter().zip(polls).enumerate() {
@@ -210,7 +214,11 @@ pub(crate) mod tests_support {
             size: 100,
             ttl: std::time::Duration::from_secs(300),
         };
-        let broker = Arc::new(MemoryBroker::new(Arc::clone(&hub), history));
+        let broker = Arc::new(MemoryBroker::new(
+            Arc::clone(&hub),
+            history,
+            Default::default(),
+        ));
         let shared = Shared::new(config, hub, broker);
         (shared, polls)
     }

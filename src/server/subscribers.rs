@@ -18,7 +18,7 @@ use super::conn::{Conn, Phase};
 use crate::broker::{Broker, BrokerError, Member, Replay};
 use crate::hub::Body;
 use crate::hub::{Channel, ConnRef, Delivery, Inbox};
-use crate::rules::{self, ChannelRules};
+use crate::rules::{self, Namespaces};
 use crate::stats::TurnCounts;
 use crate::transport::{Format, Subscribe, Subscription};
 
@@ -94,12 +94,13 @@ impl LocalSubscribers {
     pub fn join(
         &mut self,
         broker: &dyn Broker,
+        namespaces: &Namespaces,
         key: usize,
         subscribe: &Subscribe,
         client: u64,
     ) -> Result<(Subscription, u64, Option<Replay>), BrokerError> {
         let (channel, format) = (subscribe.channel.as_str(), subscribe.format);
-        let rules = ChannelRules::for_name(channel);
+        let rules = namespaces.rules(channel);
         let name = (rules.join_leave && format.announced()).then(|| rules::client_name(client));
         let member = self.member(key, format, name.as_deref());
         let joined = broker.subscribe(channel, member, subscribe.resume)?;
@@ -313,7 +314,7 @@ mod tests {
             size: 10,
             ttl: Duration::from_secs(300),
         };
-        let broker = MemoryBroker::new(Arc::clone(&hub), limits);
+        let broker = MemoryBroker::new(Arc::clone(&hub), limits, Default::default());
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut conns: Slab<Conn> = Slab::new();
         let mut subscribers = LocalSubscribers::new(0);
@@ -336,7 +337,7 @@ mod tests {
                 resume,
             };
             let (sub, _, replay) = subscribers
-                .join(&broker, key, &subscribe, key as u64)
+                .join(&broker, &Namespaces::default(), key, &subscribe, key as u64)
                 .unwrap();
             conns[key].session = Session::WebSocket(WsState::new(Some(sub)));
             clients.push(client);

@@ -308,7 +308,7 @@ mod tests {
             size: 0,
             ttl: std::time::Duration::ZERO,
         };
-        let broker = MemoryBroker::new(Arc::clone(&hub), history);
+        let broker = MemoryBroker::new(Arc::clone(&hub), history, Default::default());
         (broker, hub, poll)
     }
 
