@@ -261,6 +261,8 @@ impl LocalSubscribers {
             } else if conn.out.queued_bytes() > max_queue {
                 failed.push(Follow::Slow(key));
             } else if format.one_shot() {
+                // Answered: no later group of this batch may write to it again.
+                conn.phase = Phase::Closing;
                 failed.push(Follow::Answered(key));
             }
         }
@@ -303,6 +305,55 @@ mod tests {
             all.extend_from_slice(&buf[..n]);
         }
         all
+    }
+
+    #[test]
+    fn a_long_poll_gets_one_answer_however_many_messages_wait() {
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let hub = Arc::new(Hub::new(vec![waker], Format::COUNT));
+        let limits = Limits {
+            size: 0,
+            ttl: Duration::ZERO,
+        };
+        let broker = MemoryBroker::new(Arc::clone(&hub), limits, Default::default());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let mut conns: Slab<Conn> = Slab::new();
+        let key = conns.insert(Conn::new(
+            mio::net::TcpStream::from_std(server),
+            [127, 0, 0, 1].into(),
+            0,
+        ));
+        let mut subscribers = LocalSubscribers::new(0);
+        let subscribe = Subscribe {
+            channel: "p".into(),
+            format: Format::Poll,
+            resume: None,
+        };
+        let (sub, _, _) = subscribers
+            .join(&broker, &Namespaces::default(), key, &subscribe, 1)
+            .unwrap();
+        conns[key].session = Session::Poll(Box::new(crate::transport::poll::PollState {
+            sub: Some(sub),
+            ..Default::default()
+        }));
+        // More than one fan-out group's worth, all in one inbox batch.
+        for i in 0..(MAX_FRAMES_PER_WRITE + 10) {
+            broker.publish("p", text(&format!("m{i}"))).unwrap();
+        }
+        let mut counts = TurnCounts::default();
+        let mut follow = Vec::new();
+        subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut follow);
+        assert_eq!(follow, vec![Follow::Answered(key)]);
+        let answer = String::from_utf8(received(&mut client)).unwrap();
+        assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 1, "{answer}");
+        assert!(
+            answer.contains(r#"{"messages":[{"seq":1,"data":"m0"}],"next":1,"#),
+            "{answer}"
+        );
     }
 
     #[test]
