@@ -355,6 +355,12 @@ impl ServeArgs {
                 "--handshake-timeout must be above 0".into(),
             ));
         }
+        if self.history_ttl.subsec_nanos() != 0 {
+            return Err(ConfigError::Invalid(format!(
+                "--history-ttl must be whole seconds (or 0 for no history), not {:?}",
+                self.history_ttl
+            )));
+        }
         // One echoed message of the largest size must fit in the queue, or every
         // large echo would look like a slow consumer.
         let largest_reply = self.max_message_size + self.echo_prefix.len() + MAX_FRAME_HEADER;
@@ -515,7 +521,13 @@ pub fn namespaces_from_file(path: &Path) -> Result<Namespaces, ConfigError> {
                 }
                 "history_ttl" => {
                     let ttl = match value {
-                        toml::Value::String(s) => parse_duration(s).map_err(|e| fail(name, e))?,
+                        toml::Value::String(s) => {
+                            let ttl = parse_duration(s).map_err(|e| fail(name, e))?;
+                            if ttl.subsec_nanos() != 0 {
+                                return Err(fail(name, "history_ttl must be whole seconds".into()));
+                            }
+                            ttl
+                        }
                         toml::Value::Integer(n) if *n >= 0 => Duration::from_secs(*n as u64),
                         _ => {
                             return Err(fail(

@@ -3,8 +3,10 @@ channel keeps, 0 turns it off, and the epoch stays while the channel lives."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
+from conftest import throng_bin
 from rawws import channel_info, publish_ok, without_epoch
 
 
@@ -56,3 +58,14 @@ def test_a_restarted_server_starts_every_channel_in_a_new_epoch(start_server):
     publish_ok(second.port, "restart", "b")
     info = channel_info(second.port, "restart")
     assert info["last_seq"] == 1 and info["epoch"] != epoch, (epoch, info)
+
+
+def test_a_history_ttl_below_whole_seconds_is_refused_at_start():
+    proc = subprocess.run(
+        [str(throng_bin()), "serve", "--listen", "127.0.0.1:0", "--history-ttl", "500ms"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert proc.returncode != 0
+    assert "--history-ttl must be whole seconds" in proc.stderr, proc.stderr
