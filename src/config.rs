@@ -407,17 +407,22 @@ pub fn config_path_from(args: &[String]) -> Option<PathBuf> {
     std::env::var_os("THRONG_CONFIG").map(PathBuf::from)
 }
 
-/// Makes the config file's keys the defaults of `serve`'s flags; the command line
-/// and the environment still win over them.
-pub fn apply_config_file(cmd: Command, path: &Path) -> Result<Command, ConfigError> {
+/// The config file as a TOML table.
+fn read_config_table(path: &Path) -> Result<toml::Table, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    let table: toml::Table = text.parse().map_err(|source| ConfigError::Toml {
+    text.parse().map_err(|source| ConfigError::Toml {
         path: path.to_path_buf(),
         source: Box::new(source),
-    })?;
+    })
+}
+
+/// Makes the config file's keys the defaults of `serve`'s flags; the command line
+/// and the environment still win over them.
+pub fn apply_config_file(cmd: Command, path: &Path) -> Result<Command, ConfigError> {
+    let table = read_config_table(path)?;
     let mut cmd = cmd;
     for (key, value) in table {
         if key == NAMESPACES_KEY {
@@ -464,14 +469,7 @@ const NAMESPACES_KEY: &str = "namespaces";
 /// Reads the namespaces a config file declares (`[namespaces.NAME]` tables with
 /// `client_publish`, `join_leave`, `history_size`, `history_ttl`).
 pub fn namespaces_from_file(path: &Path) -> Result<Namespaces, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let table: toml::Table = text.parse().map_err(|source| ConfigError::Toml {
-        path: path.to_path_buf(),
-        source: Box::new(source),
-    })?;
+    let table = read_config_table(path)?;
     let mut namespaces = Namespaces::default();
     let Some(declared) = table.get(NAMESPACES_KEY) else {
         return Ok(namespaces);

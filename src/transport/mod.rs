@@ -71,6 +71,25 @@ impl Format {
     }
 }
 
+/// A message's data as the JSON transports show it: a string for text; for binary,
+/// base64 followed by `"encoding":"base64"` (so it ends inside the enclosing object).
+pub(crate) fn json_data(out: &mut Vec<u8>, payload: &[u8], kind: crate::protocol::DataKind) {
+    use base64::Engine;
+    match kind {
+        crate::protocol::DataKind::Text => {
+            let text = String::from_utf8_lossy(payload);
+            // Serializing a str into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, text.as_ref());
+        }
+        crate::protocol::DataKind::Binary => {
+            out.push(b'"');
+            let encoded = base64::engine::general_purpose::STANDARD.encode(payload);
+            out.extend_from_slice(encoded.as_bytes());
+            out.extend_from_slice(b"\",\"encoding\":\"base64\"");
+        }
+    }
+}
+
 /// A connection a route hands to a transport.
 #[derive(Debug)]
 pub struct Opening {

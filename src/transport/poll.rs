@@ -9,11 +9,9 @@
 //! once. Each answer closes its connection. This module must not own the socket or
 //! keep time.
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 
-use super::{After, Subscription};
+use super::{After, Subscription, json_data};
 use crate::broker::{Gap, Replay, Resume};
 use crate::hub::{Body, Message};
 use crate::protocol::DataKind;
@@ -31,18 +29,7 @@ pub struct PollState {
 /// One message as an element of `messages`.
 fn message_json(out: &mut Vec<u8>, seq: u64, payload: &[u8], kind: DataKind) {
     out.extend_from_slice(format!("{{\"seq\":{seq},\"data\":").as_bytes());
-    match kind {
-        DataKind::Text => {
-            let text = String::from_utf8_lossy(payload);
-            // Serializing a str into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *out, text.as_ref());
-        }
-        DataKind::Binary => {
-            out.push(b'"');
-            out.extend_from_slice(BASE64.encode(payload).as_bytes());
-            out.extend_from_slice(b"\",\"encoding\":\"base64\"");
-        }
-    }
+    json_data(out, payload, kind);
     out.push(b'}');
 }
 

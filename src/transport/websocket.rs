@@ -6,11 +6,9 @@
 //! module turns both into bytes in the caller's output buffer. It must not own the
 //! socket, keep time, or decide routes.
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::{After, CloseReason, Ctx, Format, Subscription};
+use super::{After, CloseReason, Ctx, Format, Subscription, json_data};
 use crate::broker::{Outgoing, Replay, Resume};
 use crate::hub::{Body, Message};
 use crate::protocol::{
@@ -137,23 +135,6 @@ pub fn encode(json: bool, message: &Message) -> Option<Bytes> {
             client,
             count,
         } => Some(json_event_frame(name, event, client, *count)),
-    }
-}
-
-/// The text of a message as JSON: a string for text, base64 for binary.
-fn json_data(out: &mut Vec<u8>, payload: &[u8], kind: DataKind) {
-    match kind {
-        DataKind::Text => {
-            let text = String::from_utf8_lossy(payload);
-            // Serializing a str into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *out, text.as_ref());
-        }
-        DataKind::Binary => {
-            out.push(b'"');
-            out.extend_from_slice(BASE64.encode(payload).as_bytes());
-            out.extend_from_slice(b"\",\"encoding\":\"base64");
-            out.push(b'"');
-        }
     }
 }
 
