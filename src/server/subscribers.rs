@@ -307,26 +307,37 @@ mod tests {
         all
     }
 
-    #[test]
-    fn a_long_poll_gets_one_answer_however_many_messages_wait() {
+    /// A one-loop hub and a memory broker keeping `history_size` messages.
+    fn broker(history_size: usize) -> (mio::Poll, Arc<Hub>, MemoryBroker) {
         let poll = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
         let hub = Arc::new(Hub::new(vec![waker], Format::COUNT));
         let limits = Limits {
-            size: 0,
-            ttl: Duration::ZERO,
+            size: history_size,
+            ttl: Duration::from_secs(300),
         };
         let broker = MemoryBroker::new(Arc::clone(&hub), limits, Default::default());
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (poll, hub, broker)
+    }
+
+    /// A real loopback connection: the server end in `conns`, the client end returned.
+    fn connect(listener: &TcpListener, conns: &mut Slab<Conn>) -> (usize, TcpStream) {
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().unwrap();
         server.set_nonblocking(true).unwrap();
+        let socket = mio::net::TcpStream::from_std(server);
+        (
+            conns.insert(Conn::new(socket, [127, 0, 0, 1].into(), 0)),
+            client,
+        )
+    }
+
+    #[test]
+    fn a_long_poll_gets_one_answer_however_many_messages_wait() {
+        let (_poll, hub, broker) = broker(0);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut conns: Slab<Conn> = Slab::new();
-        let key = conns.insert(Conn::new(
-            mio::net::TcpStream::from_std(server),
-            [127, 0, 0, 1].into(),
-            0,
-        ));
+        let (key, mut client) = connect(&listener, &mut conns);
         let mut subscribers = LocalSubscribers::new(0);
         let subscribe = Subscribe {
             channel: "p".into(),
@@ -358,14 +369,7 @@ mod tests {
 
     #[test]
     fn a_returning_subscriber_gets_no_live_copy_of_what_history_gave_it() {
-        let poll = mio::Poll::new().unwrap();
-        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
-        let hub = Arc::new(Hub::new(vec![waker], Format::COUNT));
-        let limits = Limits {
-            size: 10,
-            ttl: Duration::from_secs(300),
-        };
-        let broker = MemoryBroker::new(Arc::clone(&hub), limits, Default::default());
+        let (_poll, hub, broker) = broker(10);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut conns: Slab<Conn> = Slab::new();
         let mut subscribers = LocalSubscribers::new(0);
@@ -377,11 +381,7 @@ mod tests {
                 epoch: None,
             }),
         ] {
-            let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-            let (server, _) = listener.accept().unwrap();
-            server.set_nonblocking(true).unwrap();
-            let socket = mio::net::TcpStream::from_std(server);
-            let key = conns.insert(Conn::new(socket, [127, 0, 0, 1].into(), 0));
+            let (key, client) = connect(&listener, &mut conns);
             let subscribe = Subscribe {
                 channel: "c".into(),
                 format: Format::WsRaw,
