@@ -13,32 +13,19 @@ import base64
 import http.client
 import os
 import socket
-import subprocess
 import time
-from pathlib import Path
+
+import throng_server
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=10000)
-    ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/throng"))
+    ap.add_argument("--bin", default=throng_server.DEFAULT_BIN)
     args = ap.parse_args()
     n = args.messages
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [args.bin, "serve", "--listen", f"127.0.0.1:{port}", "--stats-interval", "0",
-         "--history-size", str(n), "--max-queue", "16MiB"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(50):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    flags = ("--history-size", str(n), "--max-queue", "16MiB")
+    with throng_server.running(args.bin, *flags) as (_server, port):
         api = http.client.HTTPConnection("127.0.0.1", port)
         payload = b"x" * 32
         for _ in range(n):
@@ -70,9 +57,6 @@ def main() -> None:
         print(f"catch-up of {frames} messages (32 B, raw): {elapsed * 1000:.1f} ms, "
               f"{frames / elapsed:,.0f} messages/s ({os.uname().release}, {os.cpu_count()} cores)")
         sock.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=15)
 
 
 main()

@@ -14,9 +14,10 @@ import json
 import os
 import resource
 import socket
-import subprocess
 import time
 from pathlib import Path
+
+import throng_server
 
 
 def rss_kib(pid: int) -> int:
@@ -57,24 +58,11 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--conns", type=int, default=15000)
     ap.add_argument("--transport", choices=["sse", "poll"], default="sse")
-    ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/throng"))
+    ap.add_argument("--bin", default=throng_server.DEFAULT_BIN)
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [args.bin, "serve", "--listen", f"127.0.0.1:{port}", "--stats-interval", "0", "--ping-interval", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(50):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with throng_server.running(args.bin, "--ping-interval", "0") as (server, port):
         time.sleep(1)
         before = rss_kib(server.pid)
         held: list = []
@@ -97,9 +85,6 @@ async def main() -> None:
               f"({os.uname().release}, {os.cpu_count()} cores)")
         for w in held:
             w.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=15)
 
 
 asyncio.run(main())
