@@ -359,8 +359,14 @@ impl Broker for MemoryBroker {
         let limits = log.limits;
         if limits.enabled() {
             let now = history::now_secs();
-            log.history
-                .push(seq, message.payload, message.kind, now, limits);
+            log.history.push(
+                seq,
+                message.payload,
+                message.kind,
+                message.from,
+                now,
+                limits,
+            );
         }
         Ok(seq)
     }
@@ -572,6 +578,21 @@ mod tests {
         assert_eq!(broker.channel_info("h").history_len, 3);
         let none = broker.history("never", 0).unwrap();
         assert!(none.messages.is_empty() && none.oldest == 1);
+    }
+
+    #[test]
+    fn history_keeps_who_sent_a_chat_message() {
+        let (broker, _hub, _polls) = broker(1, 10);
+        let said = Outgoing {
+            payload: b"hi",
+            kind: DataKind::Text,
+            from: Some("c42"),
+        };
+        broker.publish("chat:r", said).unwrap();
+        broker.publish("chat:r", text("pushed")).unwrap();
+        let replay = broker.history("chat:r", 0).unwrap();
+        let from: Vec<Option<&str>> = replay.messages.iter().map(|m| m.from.as_deref()).collect();
+        assert_eq!(from, vec![Some("c42"), None]);
     }
 
     #[test]

@@ -2,9 +2,12 @@
 //! it missed: bounded by a count and an age, and compact.
 //!
 //! Payloads are stored back to back in one byte ring per channel, and each message
-//! adds an 8-byte entry (its length and kind, and when it was kept), so a kept
-//! 32-byte message costs about 40 bytes; seqs are not stored, since a channel's kept
-//! messages are consecutive. Expired messages are dropped (and their memory given
+//! adds an 8-byte entry (its length, kind and whether it has a sender, and when it
+//! was kept), so a kept 32-byte message costs about 40 bytes; seqs are not stored,
+//! since a channel's kept messages are consecutive. A chat message's sender name
+//! (`c123`) goes into the ring just ahead of its payload, after one length byte, so
+//! it costs its length plus one; a message without a sender (every push channel's)
+//! costs nothing more. Expired messages are dropped (and their memory given
 //! back once the ring empties). This module owns no lock and does no I/O: the
 //! broker holds a channel's history under the channel's own lock.
 
@@ -18,6 +21,11 @@ use crate::protocol::DataKind;
 
 /// The high bit of an entry's length marks a binary message.
 const BINARY: u32 = 1 << 31;
+/// The next bit marks a message kept with its sender's name (see [`Entry`]).
+const FROM: u32 = 1 << 30;
+/// Longest sender name kept (its length is one byte); the server's are `c<id>`,
+/// at most 21 bytes.
+pub const MAX_FROM: usize = u8::MAX as usize;
 
 /// How much history each channel keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,19 +56,29 @@ pub struct Stored {
     pub seq: u64,
     pub payload: Bytes,
     pub kind: DataKind,
+    /// The chat client that sent it.
+    pub from: Option<Box<str>>,
 }
 
+/// One kept message's place in the byte ring: with [`FROM`] set, a length byte
+/// and the sender's name come first, then the payload.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    /// Payload length, with [`BINARY`] set for binary messages.
+    /// Payload length, with [`BINARY`] set for binary messages and [`FROM`] for
+    /// messages kept with a sender.
     len_kind: u32,
     /// When it was kept ([`now_secs`]).
     at: u32,
 }
 
 impl Entry {
+    /// The payload's length.
     fn len(self) -> usize {
-        (self.len_kind & !BINARY) as usize
+        (self.len_kind & !(BINARY | FROM)) as usize
+    }
+
+    fn has_from(self) -> bool {
+        self.len_kind & FROM != 0
     }
 
     fn kind(self) -> DataKind {
@@ -100,31 +118,46 @@ impl History {
         self.bytes.capacity() + self.entries.capacity() * std::mem::size_of::<Entry>()
     }
 
-    /// Keeps message `seq` (the channel's next), dropping the oldest beyond
-    /// `limits.size` and any older than `limits.ttl`.
-    pub fn push(&mut self, seq: u64, payload: &[u8], kind: DataKind, now: u32, limits: Limits) {
+    /// Keeps message `seq` (the channel's next) with its sender, if it has one,
+    /// dropping the oldest beyond `limits.size` and any older than `limits.ttl`.
+    pub fn push(
+        &mut self,
+        seq: u64,
+        payload: &[u8],
+        kind: DataKind,
+        from: Option<&str>,
+        now: u32,
+        limits: Limits,
+    ) {
         if !limits.enabled() {
             self.clear();
             return;
         }
-        // Larger than a length field can say: not kept (such a message is far
-        // beyond any --max-message-size the server accepts).
+        // Larger than a length field can say (1 GiB and up): not kept (such a
+        // message is far beyond any sensible --max-message-size).
         let Ok(len) = u32::try_from(payload.len()) else {
             return;
         };
-        if len & BINARY != 0 {
+        if len & (BINARY | FROM) != 0 {
             return;
         }
+        // A name longer than its length byte can say is not kept (the message is).
+        let from = from.and_then(|name| Some((u8::try_from(name.len()).ok()?, name)));
         if self.entries.is_empty() || self.first_seq + self.entries.len() as u64 != seq {
             // The first message, or seqs that do not follow on (the channel's
             // history started afresh): what was kept no longer lines up.
             self.clear();
             self.first_seq = seq;
         }
-        let len_kind = match kind {
+        let mut len_kind = match kind {
             DataKind::Text => len,
             DataKind::Binary => len | BINARY,
         };
+        if let Some((name_len, name)) = from {
+            len_kind |= FROM;
+            self.bytes.push_back(name_len);
+            self.bytes.extend(name.as_bytes());
+        }
         self.bytes.extend(payload);
         self.entries.push_back(Entry { len_kind, at: now });
         while self.entries.len() > limits.size {
@@ -153,9 +186,30 @@ impl History {
 
     fn pop_front(&mut self) {
         if let Some(front) = self.entries.pop_front() {
-            self.bytes.drain(..front.len());
+            let span = self.span(front, 0);
+            self.bytes.drain(..span);
             self.first_seq += 1;
         }
+    }
+
+    /// The length of the sender's name of `entry`, whose bytes start at `offset`.
+    fn sender_len(&self, entry: Entry, offset: usize) -> usize {
+        if entry.has_from() {
+            self.bytes.get(offset).map_or(0, |&n| usize::from(n))
+        } else {
+            0
+        }
+    }
+
+    /// How many ring bytes `entry`, starting at `offset`, takes up: its sender's
+    /// name (with its length byte), if any, and its payload.
+    fn span(&self, entry: Entry, offset: usize) -> usize {
+        let from = if entry.has_from() {
+            1 + self.sender_len(entry, offset)
+        } else {
+            0
+        };
+        from + entry.len()
     }
 
     fn clear(&mut self) {
@@ -166,15 +220,27 @@ impl History {
     pub fn after(&self, since: u64) -> Vec<Stored> {
         let skip = since.saturating_add(1).saturating_sub(self.first_seq);
         let skip = usize::try_from(skip).unwrap_or(usize::MAX);
-        let mut offset: usize = self.entries.iter().take(skip).map(|e| e.len()).sum();
+        let mut offset = 0;
+        for &entry in self.entries.iter().take(skip) {
+            offset += self.span(entry, offset);
+        }
         let mut out = Vec::with_capacity(self.entries.len().saturating_sub(skip));
-        for (i, entry) in self.entries.iter().enumerate().skip(skip) {
+        for (i, &entry) in self.entries.iter().enumerate().skip(skip) {
+            let mut from = None;
+            if entry.has_from() {
+                let start = offset + 1;
+                offset = start + self.sender_len(entry, offset);
+                let name: Vec<u8> = self.bytes.range(start..offset).copied().collect();
+                // Kept from a str: always UTF-8.
+                from = String::from_utf8(name).ok().map(String::into_boxed_str);
+            }
             let end = offset + entry.len();
             let payload: Vec<u8> = self.bytes.range(offset..end).copied().collect();
             out.push(Stored {
                 seq: self.first_seq + i as u64,
                 payload: Bytes::from(payload),
                 kind: entry.kind(),
+                from,
             });
             offset = end;
         }
@@ -199,9 +265,16 @@ mod tests {
     fn keeps_the_last_messages_in_order_with_their_kind() {
         let mut h = History::default();
         for seq in 1..=5 {
-            h.push(seq, format!("m{seq}").as_bytes(), DataKind::Text, 0, KEEP_3);
+            h.push(
+                seq,
+                format!("m{seq}").as_bytes(),
+                DataKind::Text,
+                None,
+                0,
+                KEEP_3,
+            );
         }
-        h.push(6, &[0, 255], DataKind::Binary, 0, KEEP_3);
+        h.push(6, &[0, 255], DataKind::Binary, None, 0, KEEP_3);
         assert_eq!(h.len(), 3);
         assert_eq!(h.oldest_seq(), Some(4));
         let kept = h.after(0);
@@ -221,24 +294,24 @@ mod tests {
             size: 100,
             ttl: Duration::from_secs(10),
         };
-        h.push(1, &[7; 1000], DataKind::Binary, 0, limits);
-        h.push(2, b"b", DataKind::Text, 5, limits);
+        h.push(1, &[7; 1000], DataKind::Binary, None, 0, limits);
+        h.push(2, b"b", DataKind::Text, None, 5, limits);
         h.expire(10, limits.ttl);
         assert_eq!(seqs(&h, 0), vec![2]);
         h.expire(15, limits.ttl);
         assert!(h.is_empty());
         assert_eq!(h.heap_bytes(), 0);
         // The next message follows on from the expired ones.
-        h.push(3, b"c", DataKind::Text, 16, limits);
+        h.push(3, b"c", DataKind::Text, None, 16, limits);
         assert_eq!(seqs(&h, 0), vec![3]);
     }
 
     #[test]
     fn a_gap_in_seqs_starts_the_history_afresh() {
         let mut h = History::default();
-        h.push(1, b"a", DataKind::Text, 0, KEEP_3);
-        h.push(2, b"b", DataKind::Text, 0, KEEP_3);
-        h.push(1, b"again", DataKind::Text, 0, KEEP_3);
+        h.push(1, b"a", DataKind::Text, None, 0, KEEP_3);
+        h.push(2, b"b", DataKind::Text, None, 0, KEEP_3);
+        h.push(1, b"again", DataKind::Text, None, 0, KEEP_3);
         assert_eq!(seqs(&h, 0), vec![1]);
         assert_eq!(h.after(0)[0].payload, Bytes::from_static(b"again"));
     }
@@ -250,13 +323,13 @@ mod tests {
             size: 0,
             ttl: Duration::from_secs(300),
         };
-        h.push(1, b"a", DataKind::Text, 0, off);
+        h.push(1, b"a", DataKind::Text, None, 0, off);
         assert!(h.is_empty());
         let no_ttl = Limits {
             size: 10,
             ttl: Duration::ZERO,
         };
-        h.push(1, b"a", DataKind::Text, 0, no_ttl);
+        h.push(1, b"a", DataKind::Text, None, 0, no_ttl);
         assert!(h.is_empty() && h.heap_bytes() == 0);
     }
 
@@ -269,9 +342,69 @@ mod tests {
             ttl: Duration::from_secs(300),
         };
         for seq in 1..=100 {
-            h.push(seq, &[b'x'; 32], DataKind::Text, 0, limits);
+            h.push(seq, &[b'x'; 32], DataKind::Text, None, 0, limits);
         }
+        // A message without a sender keeps its payload alone in the byte ring.
+        assert_eq!(h.bytes.len(), 100 * 32);
         // 100 × (32 + 8) = 4,000 bytes of content; the rings may round up.
         assert!(h.heap_bytes() <= 2 * 4_000, "{}", h.heap_bytes());
+
+        // A chat message adds its sender's name and one length byte.
+        let mut chat = History::default();
+        for seq in 1..=100 {
+            chat.push(seq, &[b'x'; 32], DataKind::Text, Some("c123"), 0, limits);
+        }
+        assert_eq!(chat.bytes.len(), 100 * (32 + 1 + 4));
+        assert!(chat.heap_bytes() <= 2 * 4_500, "{}", chat.heap_bytes());
+    }
+
+    #[test]
+    fn a_chat_message_keeps_its_sender() {
+        let mut h = History::default();
+        h.push(1, b"hi", DataKind::Text, Some("c7"), 0, KEEP_3);
+        h.push(2, b"news", DataKind::Text, None, 0, KEEP_3);
+        h.push(3, &[0, 255], DataKind::Binary, Some("c12345"), 0, KEEP_3);
+        h.push(4, b"", DataKind::Text, Some("c8"), 0, KEEP_3);
+        // seq 1 (with a sender) fell out: the ring lines up on the next one.
+        let kept = h.after(0);
+        let got: Vec<(u64, &[u8], DataKind, Option<&str>)> = kept
+            .iter()
+            .map(|m| (m.seq, &m.payload[..], m.kind, m.from.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (2, &b"news"[..], DataKind::Text, None),
+                (3, &[0u8, 255][..], DataKind::Binary, Some("c12345")),
+                (4, &b""[..], DataKind::Text, Some("c8")),
+            ]
+        );
+        // Skipping a message with a sender finds the next one's bytes.
+        let after_3 = h.after(3);
+        assert_eq!(
+            (after_3[0].seq, after_3[0].from.as_deref()),
+            (4, Some("c8"))
+        );
+        h.push(5, b"x", DataKind::Text, None, 0, KEEP_3);
+        h.push(6, b"y", DataKind::Text, None, 0, KEEP_3);
+        assert_eq!(h.bytes.len(), 1 + 2 + 2);
+        h.push(7, b"z", DataKind::Text, None, 0, KEEP_3);
+        assert_eq!(h.bytes.len(), 3);
+    }
+
+    #[test]
+    fn a_name_too_long_for_its_length_byte_is_not_kept_but_its_message_is() {
+        let mut h = History::default();
+        let long = "n".repeat(MAX_FROM + 1);
+        let longest = "m".repeat(MAX_FROM);
+        h.push(1, b"a", DataKind::Text, Some(&long), 0, KEEP_3);
+        h.push(2, b"b", DataKind::Text, Some(&longest), 0, KEEP_3);
+        let kept = h.after(0);
+        assert_eq!(
+            (kept[0].payload.as_ref(), kept[0].from.as_deref()),
+            (&b"a"[..], None)
+        );
+        assert_eq!(kept[1].from.as_deref(), Some(longest.as_str()));
+        assert_eq!(kept[1].payload, Bytes::from_static(b"b"));
     }
 }

@@ -56,7 +56,7 @@ pub fn write_welcome(out: &mut Vec<u8>, sub: &Subscription, count: u64) {
 /// A returning subscriber's catch-up: json subscribers first learn the channel's
 /// epoch (`{"event":"epoch"}`) and any gap (`{"event":"gap","from","to","reason"}`,
 /// the seqs of this epoch they cannot be given); then every message history holds
-/// for them, raw or json, in seq order.
+/// for them, raw or json (with `"from"` for a chat message, as live), in seq order.
 pub fn write_replay(out: &mut Vec<u8>, sub: &Subscription, replay: Replay, resume: Resume) {
     let (replay, gap) = replay.for_resume(resume);
     let name = sub.channel.name();
@@ -84,7 +84,8 @@ pub fn write_replay(out: &mut Vec<u8>, sub: &Subscription, replay: Replay, resum
     }
     for m in &replay.messages {
         if json {
-            out.extend_from_slice(&json_message_frame(name, m.seq, &m.payload, m.kind, None));
+            let from = m.from.as_deref();
+            out.extend_from_slice(&json_message_frame(name, m.seq, &m.payload, m.kind, from));
         } else {
             encode_frame(out, m.kind.opcode(), &m.payload);
         }
@@ -375,6 +376,57 @@ mod tests {
         assert_eq!(&out[2..4], &close_code::POLICY_VIOLATION.to_be_bytes());
         assert!(String::from_utf8_lossy(&out).contains("push-only"));
         assert_eq!(broker.channel_info("news").last_seq, 0);
+    }
+
+    /// The payloads of the short server frames in `out`.
+    fn frame_payloads(mut out: &[u8]) -> Vec<&[u8]> {
+        let mut payloads = Vec::new();
+        while out.len() >= 2 {
+            let len = usize::from(out[1]);
+            assert!(len < 126, "a short frame");
+            payloads.push(&out[2..2 + len]);
+            out = &out[2 + len..];
+        }
+        payloads
+    }
+
+    #[test]
+    fn a_replayed_chat_message_says_who_sent_it_in_json_only() {
+        let (broker, _hub, _poll) = chat_room();
+        let stored = |seq, payload: &'static [u8], from: Option<&str>| crate::history::Stored {
+            seq,
+            payload: Bytes::from_static(payload),
+            kind: DataKind::Text,
+            from: from.map(Box::from),
+        };
+        let replay = || Replay {
+            messages: vec![stored(1, b"hi", Some("c3")), stored(2, b"ho", None)],
+            last_seq: 2,
+            oldest: 1,
+            epoch: 1,
+        };
+        let resume = Resume {
+            since: 0,
+            epoch: Some(1),
+        };
+        let mut member = subscriber(&broker, "chat:r");
+        let Some(sub) = member.sub.as_mut() else {
+            panic!("a subscriber");
+        };
+        let mut out = Vec::new();
+        write_replay(&mut out, sub, replay(), resume);
+        let frames = frame_payloads(&out);
+        assert_eq!(frames.len(), 3, "the epoch, then two messages");
+        assert_eq!(
+            frames[1],
+            br#"{"channel":"chat:r","seq":1,"data":"hi","from":"c3"}"#
+        );
+        assert_eq!(frames[2], br#"{"channel":"chat:r","seq":2,"data":"ho"}"#);
+
+        sub.format = Format::WsRaw;
+        let mut out = Vec::new();
+        write_replay(&mut out, sub, replay(), resume);
+        assert_eq!(frame_payloads(&out), vec![&b"hi"[..], &b"ho"[..]]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 """Coming back with since=SEQ on /ws/{channel}: exactly the messages missed, in order,
-then live ones; a publish racing the replay is neither lost nor doubled; json clients
-learn the epoch and are told of a gap (too old, or a new epoch); bad since/epoch: 400."""
+then live ones; a publish racing the replay is neither lost nor doubled; replayed chat
+messages keep their sender (`from`) for json clients; json clients learn the epoch and
+are told of a gap (too old, or a new epoch); bad since/epoch: 400."""
 
 from __future__ import annotations
 
@@ -98,6 +99,50 @@ def test_a_publish_racing_the_replay_is_neither_lost_nor_doubled(start_server):
             thread.join()
             for ws in clients:
                 await ws.close()
+
+    run(main())
+
+
+def test_a_returning_json_member_sees_who_sent_each_chat_message(start_server):
+    srv = start_server()
+    room = "chat:again"
+
+    async def main():
+        talker = await ws_connect(srv.url(f"/ws/{room}?format=json"))
+        try:
+            welcome = await recv_json(talker)
+            assert welcome["event"] == "welcome", welcome
+            me = welcome["client"]
+            for text in ["hello", "again"]:
+                await talker.send(text)
+                echoed = await recv_json(talker)
+                assert (echoed["data"], echoed.get("from")) == (text, me), echoed
+            publish_ok(srv.port, room, "from the API")
+            assert "from" not in await recv_json(talker)
+        finally:
+            await talker.close()
+        back = await ws_connect(srv.url(f"/ws/{room}?format=json&since=0"))
+        try:
+            replayed = []
+            while len(replayed) < 3:
+                m = await recv_json(back)
+                if "event" not in m:
+                    replayed.append(m)
+            assert [(m["seq"], m["data"], m.get("from")) for m in replayed] == [
+                (1, "hello", me),
+                (2, "again", me),
+                (3, "from the API", None),
+            ], replayed
+            assert "from" not in replayed[2], replayed[2]
+        finally:
+            await back.close()
+        # Raw clients get the payloads alone, replayed as live.
+        raw = await ws_connect(srv.url(f"/ws/{room}?since=1"))
+        try:
+            got = [await asyncio.wait_for(raw.recv(), 5) for _ in range(2)]
+            assert got == ["again", "from the API"], got
+        finally:
+            await raw.close()
 
     run(main())
 
