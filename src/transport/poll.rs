@@ -2,8 +2,9 @@
 //! is answered at once when history holds newer messages, else it waits (subscribed,
 //! holding no buffer) until the next message or its timeout, and is answered with
 //! one whole JSON response: `{"messages":[{"seq","data"}],"next":SEQ,"epoch":E}`
-//! (plus `"gap"` when it cannot be given everything). `next` is the `since` of the
-//! client's next poll, so a loop of polls misses nothing.
+//! (plus `"gap"` when it cannot be given everything). A chat message also carries
+//! `"from"`, its sender's name, whether it comes live or from history. `next` is the
+//! `since` of the client's next poll, so a loop of polls misses nothing.
 //!
 //! A live answer is the same bytes for every poll waiting on the channel, encoded
 //! once. Each answer closes its connection. This module must not own the socket or
@@ -26,10 +27,25 @@ pub struct PollState {
     pub epoch: u64,
 }
 
-/// One message as an element of `messages`.
-fn message_json(out: &mut Vec<u8>, seq: u64, payload: &[u8], kind: DataKind) {
-    out.extend_from_slice(format!("{{\"seq\":{seq},\"data\":").as_bytes());
-    json_data(out, payload, kind);
+/// One message of an answer, as a borrowed view of a live or a kept message.
+#[derive(Debug, Clone, Copy)]
+struct Item<'a> {
+    seq: u64,
+    payload: &'a [u8],
+    kind: DataKind,
+    /// The chat client that sent it.
+    from: Option<&'a str>,
+}
+
+/// One message as an element of `messages`: `{"seq","data"[,"from"]}`.
+fn message_json(out: &mut Vec<u8>, item: Item<'_>) {
+    out.extend_from_slice(format!("{{\"seq\":{},\"data\":", item.seq).as_bytes());
+    json_data(out, item.payload, item.kind);
+    if let Some(from) = item.from {
+        out.extend_from_slice(b",\"from\":");
+        // Serializing a str into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, from);
+    }
     out.push(b'}');
 }
 
@@ -48,17 +64,17 @@ fn respond(out: &mut Vec<u8>, body: &[u8]) {
 /// `{"messages":[…],"next":N,"epoch":E[,"gap":{…}]}` as a whole answer.
 fn write_answer<'a>(
     out: &mut Vec<u8>,
-    messages: impl Iterator<Item = (u64, &'a [u8], DataKind)>,
+    messages: impl Iterator<Item = Item<'a>>,
     next: u64,
     epoch: u64,
     gap: Option<Gap>,
 ) {
     let mut body = b"{\"messages\":[".to_vec();
-    for (i, (seq, payload, kind)) in messages.enumerate() {
+    for (i, item) in messages.enumerate() {
         if i > 0 {
             body.push(b',');
         }
-        message_json(&mut body, seq, payload, kind);
+        message_json(&mut body, item);
     }
     body.extend_from_slice(format!("],\"next\":{next},\"epoch\":\"{epoch:016x}\"").as_bytes());
     if let Some(gap) = gap {
@@ -83,19 +99,19 @@ pub fn encode(message: &Message) -> Option<Bytes> {
         epoch,
         payload,
         kind,
-        ..
+        from,
     } = &message.body
     else {
         return None;
     };
+    let item = Item {
+        seq: *seq,
+        payload,
+        kind: *kind,
+        from: from.as_deref(),
+    };
     let mut out = Vec::new();
-    write_answer(
-        &mut out,
-        std::iter::once((*seq, &payload[..], *kind)),
-        *seq,
-        *epoch,
-        None,
-    );
+    write_answer(&mut out, std::iter::once(item), *seq, *epoch, None);
     Some(Bytes::from(out))
 }
 
@@ -114,10 +130,12 @@ pub fn write_replay(
         return After::Nothing;
     }
     let next = replay.messages.last().map_or(replay.last_seq, |m| m.seq);
-    let messages = replay
-        .messages
-        .iter()
-        .map(|m| (m.seq, &m.payload[..], m.kind));
+    let messages = replay.messages.iter().map(|m| Item {
+        seq: m.seq,
+        payload: &m.payload,
+        kind: m.kind,
+        from: m.from.as_deref(),
+    });
     write_answer(out, messages, next, replay.epoch, gap);
     After::Close
 }
@@ -143,24 +161,32 @@ mod tests {
     #[test]
     fn answers_carry_messages_next_epoch_and_gap() {
         let mut out = Vec::new();
+        let item = |seq, payload, kind, from| Item {
+            seq,
+            payload,
+            kind,
+            from,
+        };
         let messages = [
-            (4, &b"a\"b"[..], DataKind::Text),
-            (5, &[0u8, 255][..], DataKind::Binary),
+            item(4, &b"a\"b"[..], DataKind::Text, None),
+            item(5, &[0u8, 255][..], DataKind::Binary, None),
+            item(6, &b"hi"[..], DataKind::Text, Some("c12")),
         ];
         let gap = Gap {
             from: 2,
             to: 3,
             reason: GapReason::TooOld,
         };
-        write_answer(&mut out, messages.into_iter(), 5, 0xab, Some(gap));
+        write_answer(&mut out, messages.into_iter(), 6, 0xab, Some(gap));
         assert_eq!(
             body(&out),
             serde_json::json!({
                 "messages": [
                     {"seq": 4, "data": "a\"b"},
                     {"seq": 5, "data": "AP8=", "encoding": "base64"},
+                    {"seq": 6, "data": "hi", "from": "c12"},
                 ],
-                "next": 5,
+                "next": 6,
                 "epoch": "00000000000000ab",
                 "gap": {"from": 2, "to": 3, "reason": "too old"},
             })
@@ -175,6 +201,61 @@ mod tests {
         assert_eq!(
             body(&out),
             serde_json::json!({"messages": [], "next": 9, "epoch": "0000000000000001"})
+        );
+    }
+
+    #[test]
+    fn chat_messages_say_who_sent_them_live_and_from_history() {
+        use std::sync::Arc;
+
+        use crate::broker::{Broker, Member, MemoryBroker, Outgoing};
+        use crate::hub::{ConnRef, Hub};
+
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let hub = Arc::new(Hub::new(vec![waker], super::super::Format::COUNT));
+        let limits = crate::history::Limits {
+            size: 10,
+            ttl: std::time::Duration::from_secs(60),
+        };
+        let broker = MemoryBroker::new(Arc::clone(&hub), limits, Default::default());
+        let member = Member {
+            conn: ConnRef {
+                loop_index: 0,
+                key: 1,
+            },
+            listens: false,
+            announce: None,
+        };
+        broker.subscribe("chat:r", member, None).unwrap();
+        let said = Outgoing {
+            payload: b"hello",
+            kind: DataKind::Text,
+            from: Some("c5"),
+        };
+        broker.publish("chat:r", said).unwrap();
+        let mut batch = Vec::new();
+        hub.inbox(0).take(&mut batch);
+        let live = encode(&batch[0]).unwrap();
+        assert_eq!(
+            body(&live)["messages"],
+            serde_json::json!([{"seq": 1, "data": "hello", "from": "c5"}])
+        );
+
+        let replay = broker.history("chat:r", 0).unwrap();
+        let resume = Resume {
+            since: 0,
+            epoch: None,
+        };
+        let mut out = Vec::new();
+        let mut state = PollState::default();
+        assert_eq!(
+            write_replay(&mut out, &mut state, replay, resume),
+            After::Close
+        );
+        assert_eq!(
+            body(&out)["messages"],
+            serde_json::json!([{"seq": 1, "data": "hello", "from": "c5"}])
         );
     }
 }

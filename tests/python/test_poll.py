@@ -1,7 +1,8 @@
 """GET /poll/{channel}?since=SEQ&timeout=S, long-polling read with httpx and raw
 sockets: at once when newer messages exist, waiting then woken by a publish, timing
 out empty, 1,000 waiting polls answered by one publish, a loop following `next` that
-misses nothing while publishes go on, the gap in the body, and 400s for bad input."""
+misses nothing while publishes go on, a chat room's sender (`from`) live and from
+history, the gap in the body, and 400s for bad input."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from rawws import assert_json_error, http_request, publish_ok
+from wsutil import recv_json, ws_connect
 
 
 def poll(port: int, channel: str, query: str = "", timeout: float = 70.0) -> dict:
@@ -121,6 +123,38 @@ def test_a_loop_following_next_misses_nothing(start_server):
         since = body["next"]
     thread.join()
     assert seen == list(range(1, total + 1)), f"lost, doubled or reordered: {seen[:20]}..."
+
+
+def test_a_poll_of_a_chat_room_says_who_sent_each_message(start_server):
+    srv = start_server()
+    room = "chat:polled"
+
+    async def main():
+        member = await ws_connect(srv.url(f"/ws/{room}?format=json"))
+        try:
+            me = (await recv_json(member))["client"]  # the welcome
+            await member.send("kept")
+            assert (await recv_json(member))["data"] == "kept"
+            publish_ok(srv.port, room, "pushed")
+            await recv_json(member)
+            loop = asyncio.get_running_loop()
+            # From history.
+            body = await loop.run_in_executor(None, poll, srv.port, room, "since=0")
+            assert body["messages"] == [
+                {"seq": 1, "data": "kept", "from": me},
+                {"seq": 2, "data": "pushed"},
+            ], body
+            # Live: a waiting poll answered by the member's next message.
+            waiting = loop.run_in_executor(None, poll, srv.port, room, "since=2&timeout=30")
+            await loop.run_in_executor(None, wait_polls, srv.port, 1)
+            await member.send("live")
+            body = await asyncio.wait_for(waiting, 10)
+            assert body["messages"] == [{"seq": 3, "data": "live", "from": me}], body
+            assert body["next"] == 3, body
+        finally:
+            await member.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
 
 
 def test_a_poll_too_far_behind_is_told_of_the_gap(start_server):
