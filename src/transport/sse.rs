@@ -3,8 +3,10 @@
 //!
 //! Each message is `id: SEQ:EPOCH` (so a browser's `EventSource` sends it back as
 //! `Last-Event-ID` and the server can tell a seq of another epoch), then its payload
-//! as `data:` lines (binary payloads base64, as `event: binary`). Chat events are
-//! `event: join|leave` with a json `data:`. A returning client that cannot be given
+//! as `data:` lines (binary payloads base64, as `event: binary`). Like the raw
+//! WebSocket format, `data:` is the payload alone, live or replayed: a chat
+//! message's sender (`from`) is not shown (json WebSocket and long-poll show it).
+//! Chat events are `event: join|leave` with a json `data:`. A returning client that cannot be given
 //! everything gets `event: gap`. The stream is receive-only: what the client sends
 //! after its request is ignored. This module must not own the socket or keep time.
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from rawws import assert_json_error, channel_info, http_request, publish_ok, wait_subscribers
+from wsutil import recv_json, run, ws_connect
 
 
 class EventReader:
@@ -126,6 +127,30 @@ def test_a_returning_reader_gets_what_it_missed_then_live(start_server, how):
         publish_ok(srv.port, "back", "live")
         live = reader.wait(4)[3]
         assert (seq_of(live), live["data"]) == (6, "live"), live
+    finally:
+        reader.close()
+
+
+def test_chat_messages_are_the_payload_alone_live_and_replayed(start_server):
+    srv = start_server()
+    room = "chat:streamed"
+    said = []
+
+    async def say(text):
+        async with ws_connect(srv.url(f"/ws/{room}?format=json")) as member:
+            await recv_json(member)  # the welcome
+            await member.send(text)
+            said.append(await recv_json(member))
+
+    run(say("before"))
+    assert said[0].get("from"), said
+    reader = EventReader(f"http://127.0.0.1:{srv.port}/sse/{room}?since=0")
+    try:
+        replayed = reader.wait(1)[0]
+        assert (seq_of(replayed), replayed["data"]) == (1, "before"), replayed
+        run(say("after"))
+        live = [e for e in reader.wait(4) if "id" in e]
+        assert [e["data"] for e in live] == ["before", "after"], reader.events
     finally:
         reader.close()
 
