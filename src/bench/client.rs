@@ -1,10 +1,12 @@
-//! The bench's client event loop: one mio loop per thread driving many WebSocket
-//! client connections through connect, HTTP upgrade and the mode's load.
+//! The bench's client event loop: one mio loop per thread driving many client
+//! connections through connect, HTTP upgrade (or, in push mode over SSE and
+//! long-polling, an HTTP request) and the mode's load.
 //!
 //! It owns the per-connection state ([`Conn`], kept small: read state and unsent
 //! bytes are boxed and exist only while something is partial), pacing of connects,
 //! connect/handshake timeouts, failure reasons, and each mode's per-message logic
-//! (echo round trips, answering pings, push seq tracking, chat sends). It must not
+//! (echo round trips, answering pings, push seq tracking, chat sends), and push
+//! mode's reconnects that resume where a subscriber left off. It must not
 //! print, spawn processes or decide the run's timeline: the driver in `mod.rs` moves
 //! the shared [`Control`] phase, and reads the [`Live`] counters and the loop's
 //! final [`RawResult`].
@@ -25,8 +27,9 @@ use serde::Deserialize;
 use slab::Slab;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::Mode;
+use super::comet::{PollAnswer, SseEvent, SseReader};
 use super::report::{self, ChannelAgg, Counters, RawResult, SeqCounts, SeqTrack};
+use super::{Mode, SeqFrom, Transport};
 use crate::outbound::Outbound;
 use crate::protocol::handshake::accept_key;
 use crate::protocol::{Decoder, Event, Flow, close_code, encode_client_frame, opcode};
@@ -76,6 +79,12 @@ pub struct Plan {
     pub channels: u64,
     pub channel_prefix: String,
     pub room_prefix: String,
+    /// Push: how subscribers connect, and where a delivery's position comes from.
+    pub transport: Transport,
+    pub seq_from: SeqFrom,
+    /// Push: the fraction of subscribers that drop and resume every interval.
+    pub reconnect: f64,
+    pub reconnect_interval: Duration,
     /// Global index of this process's first connection (children get a slice).
     pub conn_offset: u64,
     /// Connections this process opens.
@@ -107,8 +116,12 @@ impl Plan {
     /// Chat: whether this connection is one of the `--senders` fraction. Spreads
     /// senders evenly so every room gets its share.
     pub fn is_sender(&self, global: u64) -> bool {
-        let f = self.senders.clamp(0.0, 1.0);
-        ((global + 1) as f64 * f).floor() > (global as f64 * f).floor()
+        in_fraction(global, self.senders)
+    }
+
+    /// Push: whether this subscriber is one of the `--reconnect` fraction.
+    pub fn is_reconnecter(&self, global: u64) -> bool {
+        in_fraction(global, self.reconnect)
     }
 
     /// The request path for one connection.
@@ -129,6 +142,18 @@ impl Plan {
             Mode::Echo | Mode::Idle => Cow::Borrowed(&self.path),
         }
     }
+}
+
+/// Whether `index` is one of an evenly spread `fraction` of all indexes.
+fn in_fraction(index: u64, fraction: f64) -> bool {
+    let f = fraction.clamp(0.0, 1.0);
+    ((index + 1) as f64 * f).floor() > (index as f64 * f).floor()
+}
+
+/// `path` with `name=value` added to its query.
+fn with_query(path: &str, name: &str, value: impl std::fmt::Display) -> String {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    format!("{path}{sep}{name}={value}")
 }
 
 /// The phase the driver set, and how to wake the loops when it changes.
@@ -163,7 +188,7 @@ impl Control {
 /// A loop's counters as the driver sees them while the run goes on.
 #[derive(Debug, Default)]
 pub struct Live {
-    fields: [AtomicU64; 13],
+    fields: [AtomicU64; 14],
 }
 
 impl Live {
@@ -182,6 +207,7 @@ impl Live {
             c.in_flight,
             c.latency_samples,
             c.latency_us_sum,
+            c.reconnects,
         ];
         for (f, v) in self.fields.iter().zip(values) {
             f.store(v, Ordering::Relaxed);
@@ -204,6 +230,7 @@ impl Live {
             in_flight: v(10),
             latency_samples: v(11),
             latency_us_sum: v(12),
+            reconnects: v(13),
         }
     }
 }
@@ -218,15 +245,31 @@ enum State {
 }
 
 enum ReadState {
-    Http { expect: [u8; 28], head: Vec<u8> },
+    /// The response head; `expect` is the WebSocket accept key (unused for SSE).
+    Http {
+        expect: [u8; 28],
+        head: Vec<u8>,
+    },
     Ws(Decoder),
+    /// An open event stream.
+    Sse(SseReader),
+    /// A long-poll's answer so far (head and body).
+    Poll(Vec<u8>),
 }
 
 /// One client connection. Idle, it is the socket, a few integers and two `None`s.
 struct Conn {
     socket: TcpStream,
     index: u32,
+    /// Bumped by every reconnect, so a stale connect timeout finds nothing.
+    attempt: u32,
     state: State,
+    /// It opened once (a later reconnect is not a new connection).
+    opened_once: bool,
+    /// Poll: the `since` of the next poll (`None` before the first answer).
+    cursor: Option<u64>,
+    /// Where to resume: the epoch a WebSocket was told, or the last SSE event id.
+    resume: Option<Box<str>>,
     /// Echo: loop-clock nanoseconds when the message in flight was sent (0: none).
     sent_at: u64,
     /// Push: which seqs arrived.
@@ -290,12 +333,53 @@ fn flush(conn: &mut Conn) -> io::Result<()> {
     conn.out.flush(&conn.socket).map(drop)
 }
 
-/// The envelope throng (and similar servers) wrap channel messages in.
+/// The envelope throng (and similar servers) wrap channel messages in, and the
+/// events a resuming json subscriber gets (`epoch`, `gap`).
 #[derive(Deserialize)]
 struct Envelope<'a> {
     seq: Option<u64>,
     #[serde(borrow)]
     data: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    event: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    epoch: Option<Cow<'a, str>>,
+}
+
+/// A published payload's stamp: `<unix ns> <count> ...` (the count is the
+/// publisher's own numbering of the channel's messages).
+fn publish_stamp(data: &str) -> (Option<u64>, Option<u64>) {
+    let sent = leading_number(data);
+    let count = data
+        .split_once(' ')
+        .and_then(|(_, rest)| leading_number(rest));
+    (sent, count)
+}
+
+/// Counts one push delivery: its position (the server's seq or the payload's
+/// count, as the plan says) and its latency from the publish time it carries.
+fn observe_delivery(
+    tally: &mut Tally,
+    track: &mut SeqTrack,
+    seq_from: SeqFrom,
+    server_seq: Option<u64>,
+    data: &str,
+    now_unix: u64,
+) {
+    let (sent, count) = publish_stamp(data);
+    let seq = match seq_from {
+        SeqFrom::Server => server_seq,
+        SeqFrom::Payload => count,
+    };
+    if let Some(seq) = seq {
+        track.observe(seq, &mut tally.seq);
+    }
+    if let Some(sent) = sent {
+        let us = now_unix.saturating_sub(sent) / 1000;
+        tally.hist.saturating_record(us.max(1));
+        tally.c.latency_samples += 1;
+        tally.c.latency_us_sum += us;
+    }
 }
 
 /// Leading decimal digits of `s` as a number.
@@ -330,6 +414,49 @@ fn padded(out: &mut Vec<u8>, prefix: &str, size: usize) {
     }
 }
 
+/// Where the body of a long-poll answer lies in `bytes` once it is all there:
+/// `Ok(None)` while more is to come; `closed` when the server has closed, which
+/// ends a body sent without a length.
+fn poll_answer_bounds(
+    bytes: &[u8],
+    closed: bool,
+) -> Result<Option<std::ops::Range<usize>>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    let used = match resp.parse(bytes) {
+        Ok(httparse::Status::Complete(used)) => used,
+        Ok(httparse::Status::Partial) => {
+            if bytes.len() > MAX_RESPONSE_HEAD {
+                return Err("poll: response head too large".into());
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(format!("poll: malformed response ({e})")),
+    };
+    let status = resp.code.unwrap_or(0);
+    if status != 200 {
+        return Err(format!("poll: status {status}"));
+    }
+    let length = resp
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .map(|h| {
+            std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or_else(|| "poll: bad Content-Length".to_string())
+        })
+        .transpose()?;
+    match length {
+        Some(len) if bytes.len() >= used + len => Ok(Some(used..used + len)),
+        Some(_) if closed => Err("poll: closed before the answer".into()),
+        Some(_) => Ok(None),
+        None if closed => Ok(Some(used..bytes.len())),
+        None => Ok(None),
+    }
+}
+
 /// Per-loop measurement state the message handlers write into.
 struct Tally {
     c: Counters,
@@ -354,8 +481,11 @@ pub struct ClientLoop {
     /// Connections this loop opens, and how many it has started.
     n_local: u64,
     started: u64,
-    timeouts: VecDeque<(Instant, usize, u32)>,
+    /// Connect deadlines: (when, key, index, attempt).
+    timeouts: VecDeque<(Instant, usize, u32, u32)>,
     chat_queue: VecDeque<(Instant, usize, u32)>,
+    /// Push: when each `--reconnect` subscriber next drops and resumes.
+    reconnect_queue: VecDeque<(Instant, usize, u32)>,
     seen_phase: u8,
     sockets_open_end: u64,
     channels: Vec<ChannelAgg>,
@@ -405,6 +535,7 @@ impl ClientLoop {
             started: 0,
             timeouts: VecDeque::new(),
             chat_queue: VecDeque::new(),
+            reconnect_queue: VecDeque::new(),
             seen_phase: phase::CONNECTING,
             sockets_open_end: 0,
             channels,
@@ -441,6 +572,7 @@ impl ClientLoop {
             }
             if self.seen_phase == phase::LOAD {
                 self.send_chat_due(now);
+                self.reconnect_due(now);
             }
             self.live.store(&self.tally.c);
             if let Some(deadline) = close_deadline
@@ -462,7 +594,12 @@ impl ClientLoop {
             {
                 wait = wait.min(at.saturating_duration_since(now));
             }
-            if let Some((at, _, _)) = self.timeouts.front() {
+            if let Some((at, _, _)) = self.reconnect_queue.front()
+                && self.seen_phase == phase::LOAD
+            {
+                wait = wait.min(at.saturating_duration_since(now));
+            }
+            if let Some((at, _, _, _)) = self.timeouts.front() {
                 wait = wait.min(at.saturating_duration_since(now));
             }
             if let Err(e) = self.poll.poll(&mut events, Some(wait))
@@ -533,7 +670,11 @@ impl ClientLoop {
         entry.insert(Conn {
             socket: stream,
             index: global as u32,
+            attempt: 0,
             state: State::Connecting,
+            opened_once: false,
+            cursor: None,
+            resume: None,
             sent_at: 0,
             track: SeqTrack::default(),
             read: None,
@@ -543,17 +684,92 @@ impl ClientLoop {
             Instant::now() + self.plan.connect_timeout,
             key,
             global as u32,
+            0,
         ));
     }
 
+    /// Replaces a connection's socket by a new connect to the same server, keeping
+    /// what it knows (its seqs, where to resume). False if the connection is gone.
+    fn reopen(&mut self, key: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
+        // Deregistering can only fail if the fd is gone; the drop closes it anyway.
+        let _ = self.poll.registry().deregister(&mut conn.socket);
+        if matches!(conn.state, State::Open | State::Closing) {
+            self.tally.c.open_now = self.tally.c.open_now.saturating_sub(1);
+        }
+        conn.state = State::Connecting;
+        let global = u64::from(conn.index);
+        let local = global.saturating_sub(self.plan.conn_offset);
+        let stream =
+            start_connect(self.plan.target(global), self.plan.source(local)).and_then(|mut s| {
+                self.poll.registry().register(
+                    &mut s,
+                    Token(key),
+                    Interest::READABLE | Interest::WRITABLE,
+                )?;
+                Ok(s)
+            });
+        match stream {
+            Ok(s) => {
+                conn.socket = s;
+                conn.read = None;
+                conn.out = Outbound::default();
+                conn.attempt = conn.attempt.wrapping_add(1);
+                self.timeouts.push_back((
+                    Instant::now() + self.plan.connect_timeout,
+                    key,
+                    conn.index,
+                    conn.attempt,
+                ));
+                true
+            }
+            Err(e) => {
+                self.remove(key, Some(format!("reconnect: {}", io_reason(&e))));
+                false
+            }
+        }
+    }
+
+    /// Drops and resumes the `--reconnect` subscribers whose turn it is.
+    fn reconnect_due(&mut self, now: Instant) {
+        while let Some(&(at, key, index)) = self.reconnect_queue.front() {
+            if at > now {
+                break;
+            }
+            self.reconnect_queue.pop_front();
+            let Some(conn) = self.conns.get(key).filter(|c| c.index == index) else {
+                continue;
+            };
+            // Only a subscriber that knows where it is can prove it resumed.
+            let knows_position = match self.plan.transport {
+                Transport::Ws => conn.track.seen_any(),
+                Transport::Sse => conn.resume.is_some(),
+                Transport::Poll => conn.cursor.is_some(),
+            };
+            let next = at + self.plan.reconnect_interval;
+            if conn.state != State::Open || !knows_position {
+                self.reconnect_queue.push_back((next, key, index));
+                continue;
+            }
+            self.tally.c.reconnects += 1;
+            if self.reopen(key) {
+                self.reconnect_queue.push_back((next, key, index));
+            }
+        }
+    }
+
     fn expire_timeouts(&mut self, now: Instant) {
-        while let Some(&(at, key, index)) = self.timeouts.front() {
+        while let Some(&(at, key, index, attempt)) = self.timeouts.front() {
             if at > now {
                 break;
             }
             self.timeouts.pop_front();
             let pending = self.conns.get(key).is_some_and(|c| {
-                c.index == index && matches!(c.state, State::Connecting | State::Handshake)
+                c.index == index
+                    && c.attempt == attempt
+                    && matches!(c.state, State::Connecting | State::Handshake)
             });
             if pending {
                 self.remove(key, Some("timed out".into()));
@@ -569,13 +785,14 @@ impl ClientLoop {
         // Deregistering can only fail if the fd is gone; the drop closes it anyway.
         let _ = self.poll.registry().deregister(&mut conn.socket);
         let c = &mut self.tally.c;
-        let was_open = matches!(conn.state, State::Open | State::Closing);
-        if was_open {
+        if matches!(conn.state, State::Open | State::Closing) {
             c.open_now = c.open_now.saturating_sub(1);
             if conn.sent_at != 0 {
                 c.in_flight = c.in_flight.saturating_sub(1);
             }
         }
+        // A subscriber that fails while reconnecting was open before: dropped.
+        let was_open = conn.opened_once;
         // `None`: a quiet removal (end of run); an open connection closing during
         // the close phase is the end of the run too, whatever the server said.
         let Some(reason) = reason else {
@@ -617,7 +834,7 @@ impl ClientLoop {
                 }
                 Err(e) => return self.remove(key, Some(io_reason(&e))),
             }
-            if let Err(e) = self.send_upgrade(key) {
+            if let Err(e) = self.send_request(key) {
                 return self.remove(key, Some(io_reason(&e)));
             }
         }
@@ -632,23 +849,78 @@ impl ClientLoop {
         }
     }
 
-    fn send_upgrade(&mut self, key: usize) -> io::Result<()> {
+    /// Sends the connection's request once TCP is up: the WebSocket upgrade, or
+    /// the SSE or long-poll GET, resuming where it left off after a reconnect.
+    fn send_request(&mut self, key: usize) -> io::Result<()> {
         let Some(conn) = self.conns.get_mut(key) else {
             return Ok(());
         };
-        let raw: [u8; 16] = rand::random();
-        let key_b64 = base64::engine::general_purpose::STANDARD.encode(raw);
-        let path = self.plan.path_for(u64::from(conn.index));
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key_b64}\r\nSec-WebSocket-Version: 13\r\nUser-Agent: throng-bench\r\n\r\n",
-            self.plan.host_header
-        );
-        conn.state = State::Handshake;
-        conn.read = Some(Box::new(ReadState::Http {
-            expect: accept_key(key_b64.as_bytes()),
-            head: Vec::new(),
-        }));
-        send(conn, request.as_bytes())
+        let host = &self.plan.host_header;
+        let mut path = self.plan.path_for(u64::from(conn.index)).into_owned();
+        match self.plan.transport {
+            Transport::Ws => {
+                if conn.opened_once && conn.track.seen_any() {
+                    path = with_query(&path, "since", conn.track.next - 1);
+                    if let Some(epoch) = &conn.resume {
+                        path = with_query(&path, "epoch", epoch);
+                    }
+                }
+                let raw: [u8; 16] = rand::random();
+                let key_b64 = base64::engine::general_purpose::STANDARD.encode(raw);
+                let request = format!(
+                    "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key_b64}\r\nSec-WebSocket-Version: 13\r\nUser-Agent: throng-bench\r\n\r\n",
+                );
+                conn.state = State::Handshake;
+                conn.read = Some(Box::new(ReadState::Http {
+                    expect: accept_key(key_b64.as_bytes()),
+                    head: Vec::new(),
+                }));
+                send(conn, request.as_bytes())
+            }
+            Transport::Sse => {
+                let last_id = match &conn.resume {
+                    Some(id) => format!("Last-Event-ID: {id}\r\n"),
+                    None => String::new(),
+                };
+                let request = format!(
+                    "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\nCache-Control: no-cache\r\n{last_id}User-Agent: throng-bench\r\n\r\n",
+                );
+                conn.state = State::Handshake;
+                conn.read = Some(Box::new(ReadState::Http {
+                    expect: [0; 28],
+                    head: Vec::new(),
+                }));
+                send(conn, request.as_bytes())
+            }
+            Transport::Poll => {
+                if let Some(since) = conn.cursor {
+                    path = with_query(&path, "since", since);
+                }
+                let request = format!(
+                    "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\nUser-Agent: throng-bench\r\n\r\n",
+                );
+                // A waiting poll is an open subscriber: the server holds it.
+                conn.read = Some(Box::new(ReadState::Poll(Vec::new())));
+                self.mark_open(key);
+                match self.conns.get_mut(key) {
+                    Some(conn) => send(conn, request.as_bytes()),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// The connection is open: counted once, however often it reconnects.
+    fn mark_open(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.state = State::Open;
+        if !conn.opened_once {
+            conn.opened_once = true;
+            self.tally.c.opened += 1;
+        }
+        self.tally.c.open_now += 1;
     }
 
     fn on_readable(&mut self, key: usize, closed: bool) {
@@ -657,6 +929,10 @@ impl ClientLoop {
                 return;
             };
             let n = match (&conn.socket).read(&mut self.buf) {
+                Ok(0) if self.plan.transport == Transport::Poll && conn.state == State::Open => {
+                    self.on_poll_end(key);
+                    return;
+                }
                 Ok(0) => {
                     let reason = match conn.state {
                         State::Open => "closed without a close frame",
@@ -669,10 +945,12 @@ impl ClientLoop {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return self.remove(key, Some(io_reason(&e))),
             };
-            let alive = match conn.state {
-                State::Connecting => true,
-                State::Handshake => self.on_http(key, n),
-                State::Open | State::Closing => self.on_ws(key, 0, n),
+            let alive = match (conn.state, self.plan.transport) {
+                (State::Connecting, _) => true,
+                (State::Handshake, _) => self.on_http(key, n),
+                (State::Open | State::Closing, Transport::Ws) => self.on_ws(key, 0, n),
+                (State::Open | State::Closing, Transport::Sse) => self.on_sse(key, 0, n),
+                (State::Open | State::Closing, Transport::Poll) => self.on_poll(key, n),
             };
             if !alive || (n < self.buf.len() && !closed) {
                 return;
@@ -695,13 +973,20 @@ impl ClientLoop {
         head.extend_from_slice(&self.buf[..n]);
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut resp = httparse::Response::new(&mut headers);
-        let (used, status, accept_ok) = match resp.parse(head) {
+        let (used, status, accept_ok, chunked) = match resp.parse(head) {
             Ok(httparse::Status::Complete(used)) => {
                 let accept_ok = resp.headers.iter().any(|h| {
                     h.name.eq_ignore_ascii_case("sec-websocket-accept")
                         && h.value.trim_ascii() == expect
                 });
-                (used, resp.code.unwrap_or(0), accept_ok)
+                let chunked = resp.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("transfer-encoding")
+                        && h.value
+                            .to_ascii_lowercase()
+                            .windows(7)
+                            .any(|w| w == b"chunked")
+                });
+                (used, resp.code.unwrap_or(0), accept_ok, chunked)
             }
             Ok(httparse::Status::Partial) => {
                 if head.len() > MAX_RESPONSE_HEAD {
@@ -715,14 +1000,16 @@ impl ClientLoop {
                 return false;
             }
         };
-        if status != 101 {
+        let sse = self.plan.transport == Transport::Sse;
+        let wanted = if sse { 200 } else { 101 };
+        if status != wanted {
             self.remove(
                 key,
                 Some(format!("handshake rejected with status {status}")),
             );
             return false;
         }
-        if !accept_ok {
+        if !sse && !accept_ok {
             self.remove(key, Some("handshake: wrong Sec-WebSocket-Accept".into()));
             return false;
         }
@@ -735,14 +1022,165 @@ impl ClientLoop {
         } else {
             0
         };
-        conn.read = None;
-        conn.state = State::Open;
-        self.tally.c.opened += 1;
-        self.tally.c.open_now += 1;
+        conn.read = sse.then(|| Box::new(ReadState::Sse(SseReader::new(chunked))));
+        self.mark_open(key);
         if extra > 0 {
-            return self.on_ws(key, 0, extra);
+            return if sse {
+                self.on_sse(key, 0, extra)
+            } else {
+                self.on_ws(key, 0, extra)
+            };
         }
         true
+    }
+
+    /// Feeds event-stream bytes `buf[start..end]` to the connection's reader.
+    fn on_sse(&mut self, key: usize, start: usize, end: usize) -> bool {
+        let ClientLoop {
+            conns,
+            buf,
+            tally,
+            plan,
+            ..
+        } = self;
+        let Some(conn) = conns.get_mut(key) else {
+            return false;
+        };
+        let Some(mut state) = conn.read.take() else {
+            return false;
+        };
+        let ReadState::Sse(reader) = state.as_mut() else {
+            return false;
+        };
+        let mut now_unix = 0;
+        let seq_from = plan.seq_from;
+        let result = reader.feed(&buf[start..end], &mut |ev: &SseEvent| {
+            match ev.kind.as_str() {
+                "" | "message" => {
+                    if now_unix == 0 {
+                        now_unix = unix_nanos();
+                    }
+                    tally.c.frames_in += 1;
+                    tally.c.messages_in += 1;
+                    let seq = ev.id.as_deref().and_then(leading_number);
+                    observe_delivery(tally, &mut conn.track, seq_from, seq, &ev.data, now_unix);
+                }
+                "gap" => tally.seq.reported_gaps += 1,
+                _ => {}
+            }
+            if let Some(id) = &ev.id {
+                conn.resume = Some(id.as_str().into());
+            }
+        });
+        let ended = reader.ended();
+        conn.read = Some(state);
+        match result {
+            Err(e) => {
+                self.remove(key, Some(e.to_string()));
+                false
+            }
+            Ok(()) if ended => {
+                self.remove(key, Some("sse: the server ended the stream".into()));
+                false
+            }
+            Ok(()) => true,
+        }
+    }
+
+    /// Takes long-poll answer bytes `buf[..n]`; a whole answer is counted and the
+    /// next poll sent.
+    fn on_poll(&mut self, key: usize, n: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
+        let Some(ReadState::Poll(bytes)) = conn.read.as_deref_mut() else {
+            return false;
+        };
+        bytes.extend_from_slice(&self.buf[..n]);
+        if bytes.len() > MAX_MESSAGE + MAX_RESPONSE_HEAD {
+            self.remove(key, Some("poll: answer too large".into()));
+            return false;
+        }
+        match poll_answer_bounds(bytes, false) {
+            Ok(Some(body)) => self.on_poll_answer(key, body),
+            Ok(None) => true,
+            Err(why) => {
+                self.remove(key, Some(why));
+                false
+            }
+        }
+    }
+
+    /// The server closed a poll: an answer without a length ends here.
+    fn on_poll_end(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let Some(ReadState::Poll(bytes)) = conn.read.as_deref_mut() else {
+            return self.remove(key, Some("poll: closed before the answer".into()));
+        };
+        match poll_answer_bounds(bytes, true) {
+            Ok(Some(body)) => {
+                self.on_poll_answer(key, body);
+            }
+            Ok(None) => self.remove(key, Some("poll: closed before the answer".into())),
+            Err(why) => self.remove(key, Some(why)),
+        }
+    }
+
+    /// Counts a whole answer (body at `body` of the read bytes) and polls again.
+    fn on_poll_answer(&mut self, key: usize, body: std::ops::Range<usize>) -> bool {
+        let ClientLoop {
+            conns,
+            tally,
+            plan,
+            seen_phase,
+            ..
+        } = self;
+        let Some(conn) = conns.get_mut(key) else {
+            return false;
+        };
+        let Some(state) = conn.read.take() else {
+            return false;
+        };
+        let ReadState::Poll(bytes) = *state else {
+            return false;
+        };
+        let Some(text) = bytes.get(body) else {
+            return false;
+        };
+        let answer = match PollAnswer::parse(text) {
+            Ok(a) => a,
+            Err(e) => {
+                self.remove(key, Some(e.to_string()));
+                return false;
+            }
+        };
+        tally.c.frames_in += 1;
+        // Before the load, an answer only tells where the channel is: what history
+        // held from earlier runs is not this run's.
+        if *seen_phase >= phase::LOAD {
+            let now_unix = unix_nanos();
+            for m in &answer.messages {
+                tally.c.messages_in += 1;
+                observe_delivery(
+                    tally,
+                    &mut conn.track,
+                    plan.seq_from,
+                    Some(m.seq),
+                    &m.data,
+                    now_unix,
+                );
+            }
+            if answer.gap.is_some() {
+                tally.seq.reported_gaps += 1;
+            }
+        }
+        conn.cursor = Some(answer.next);
+        if *seen_phase >= phase::CLOSE {
+            return false;
+        }
+        self.reopen(key)
     }
 
     /// Feeds `buf[start..end]` to the connection's decoder and acts on the events.
@@ -769,6 +1207,7 @@ impl ClientLoop {
         let mut close: Option<Option<u16>> = None;
         let mut echoed = false;
         let mode = plan.mode;
+        let seq_from = plan.seq_from;
         let now_mono = epoch.elapsed().as_nanos() as u64;
         let mut now_unix = 0;
         let result = dec.feed(&mut buf[start..end], MAX_MESSAGE, |ev| {
@@ -789,18 +1228,29 @@ impl ClientLoop {
                         let Ok(env) = serde_json::from_slice::<Envelope<'_>>(payload) else {
                             return Flow::Continue;
                         };
+                        match env.event.as_deref() {
+                            Some("epoch") => conn.resume = env.epoch.map(|e| e.as_ref().into()),
+                            Some("gap") => tally.seq.reported_gaps += 1,
+                            _ => {}
+                        }
                         let Some(data) = env.data else {
                             return Flow::Continue;
                         };
                         if now_unix == 0 {
                             now_unix = unix_nanos();
                         }
-                        let sent = if mode == Mode::Push {
-                            if let Some(seq) = env.seq {
-                                conn.track.observe(seq, &mut tally.seq);
-                            }
-                            leading_number(&data)
-                        } else {
+                        if mode == Mode::Push {
+                            observe_delivery(
+                                tally,
+                                &mut conn.track,
+                                seq_from,
+                                env.seq,
+                                &data,
+                                now_unix,
+                            );
+                            return Flow::Continue;
+                        }
+                        let sent = {
                             // Chat: only our own broadcasts ("b<index>:<nanos>:...").
                             data.strip_prefix('b')
                                 .and_then(|r| r.split_once(':'))
@@ -958,6 +1408,21 @@ impl ClientLoop {
                         self.chat_queue.push_back((at, key, index));
                     }
                 }
+                Mode::Push if self.plan.reconnect > 0.0 => {
+                    let chosen: Vec<(usize, u32)> = open
+                        .into_iter()
+                        .filter(|(_, i)| self.plan.is_reconnecter(u64::from(*i)))
+                        .collect();
+                    let n = chosen.len().max(1) as u32;
+                    let interval = self.plan.reconnect_interval;
+                    // Everyone gets one interval of messages first, then the drops
+                    // are spread evenly over each interval.
+                    let start = Instant::now() + interval;
+                    for (i, (key, index)) in chosen.into_iter().enumerate() {
+                        let at = start + interval * i as u32 / n;
+                        self.reconnect_queue.push_back((at, key, index));
+                    }
+                }
                 Mode::Idle | Mode::Push => {}
             }
         }
@@ -972,7 +1437,7 @@ impl ClientLoop {
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
             };
-            if conn.state != State::Open {
+            if !conn.opened_once {
                 // Still connecting when the run ends.
                 self.remove(key, Some("not open when the run ended".into()));
                 continue;
@@ -983,6 +1448,12 @@ impl ClientLoop {
                 if let Some(agg) = self.channels.get_mut(ch) {
                     agg.add_track(&conn.track);
                 }
+            }
+            if self.plan.transport != Transport::Ws || conn.state != State::Open {
+                // No close handshake: a stream or a poll just ends (and so does a
+                // subscriber caught between two connections).
+                self.remove(key, None);
+                continue;
             }
             self.scratch.clear();
             encode_client_frame(
@@ -1021,6 +1492,10 @@ mod tests {
             channels: 4,
             channel_prefix: "bench-".into(),
             room_prefix: "room-".into(),
+            transport: Transport::Ws,
+            seq_from: SeqFrom::Server,
+            reconnect: 0.0,
+            reconnect_interval: Duration::from_secs(2),
             conn_offset: 0,
             conns: 100,
             threads: 2,
@@ -1057,6 +1532,13 @@ mod tests {
         assert_eq!(v, b"longer than size");
         assert_eq!(leading_number("123 abc"), Some(123));
         assert_eq!(leading_number("abc"), None);
+        assert_eq!(publish_stamp("1700 42 xx"), (Some(1700), Some(42)));
+        assert_eq!(publish_stamp("1700"), (Some(1700), None));
+        assert_eq!(
+            with_query("/p?timeout=30", "since", 5),
+            "/p?timeout=30&since=5"
+        );
+        assert_eq!(with_query("/ws/a", "since", 5), "/ws/a?since=5");
         let mut s = 7;
         assert_ne!(next_mask(&mut s), next_mask(&mut s));
     }

@@ -1,10 +1,12 @@
-//! `throng bench`: a load generator for any RFC 6455 WebSocket server.
+//! `throng bench`: a load generator for any RFC 6455 WebSocket server (and, in
+//! push mode, for Server-Sent Events and long-polling servers).
 //!
 //! This module owns the command's flags ([`BenchArgs`]), their validation, and the
 //! run's timeline: open every connection at `--rate` (progress bar), start the
 //! load once all are open, print a status line every `--interval`, stop after
 //! `--duration`, let in-flight messages land, close, and report. The pieces:
 //! - [`client`]: the mio event loops that hold the connections and run each mode;
+//! - `comet`: reading event streams and long-poll answers for push mode;
 //! - `fleet`: this process's loops, or `--procs` child processes and their protocol;
 //! - `publish`: push mode's HTTP publisher;
 //! - [`report`]: counters, seq tracking, histogram merging, the printed report.
@@ -13,6 +15,7 @@
 //! the network, so it works against throng and any other WebSocket server.
 
 pub mod client;
+mod comet;
 mod fleet;
 mod publish;
 pub mod report;
@@ -83,6 +86,45 @@ impl Mode {
     }
 }
 
+/// How push-mode subscribers reach the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// WebSocket (`/ws/{channel}?format=json`)
+    Ws,
+    /// Server-Sent Events (`/sse/{channel}`), plain or chunked
+    Sse,
+    /// HTTP long-polling (`/poll/{channel}?timeout=30`), polling again with `since=next`
+    Poll,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Ws => "ws",
+            Transport::Sse => "sse",
+            Transport::Poll => "poll",
+        }
+    }
+
+    fn default_path(self) -> &'static str {
+        match self {
+            Transport::Ws => "/ws/{channel}?format=json",
+            Transport::Sse => "/sse/{channel}",
+            Transport::Poll => "/poll/{channel}?timeout=30",
+        }
+    }
+}
+
+/// Where push mode reads a delivery's position in its channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SeqFrom {
+    /// The server's seq: json `seq`, the leading number of an SSE `id:`, a poll's `seq`
+    Server,
+    /// The publisher's own count, written in each payload (`<unix ns> <n> ...`); for
+    /// servers without seqs (Nchan, say)
+    Payload,
+}
+
 /// A port range `A-B` (or one port).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortRange(pub u16, pub u16);
@@ -132,9 +174,11 @@ fn parse_source_ips(s: &str) -> Result<SourceIps, String> {
     Ok(SourceIps(ips))
 }
 
-/// `ws://host[:port][/path]`, split.
+/// `ws://host[:port][/path]` (or `http://` for the comet transports), split.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WsUrl {
+    /// Written as `http://`.
+    pub http: bool,
     pub host: String,
     pub port: u16,
     /// `host:port` as written, for the Host header.
@@ -145,21 +189,26 @@ pub struct WsUrl {
 
 impl WsUrl {
     pub fn parse(url: &str) -> Result<WsUrl, String> {
-        if url.starts_with("wss://") {
-            return Err(format!("'{url}': wss:// (TLS) is not supported; use ws://"));
+        if url.starts_with("wss://") || url.starts_with("https://") {
+            return Err(format!(
+                "'{url}': TLS is not supported; use ws:// (or http:// for sse and poll)"
+            ));
         }
+        let http = url.starts_with("http://");
         let rest = url
             .strip_prefix("ws://")
+            .or_else(|| url.strip_prefix("http://"))
             .ok_or_else(|| format!("'{url}' is not a ws://host:port/path URL"))?;
         let (authority, path) = match rest.find(['/', '?']) {
             Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
             Some(i) => (&rest[..i], rest[i..].to_string()),
             None => (rest, "/".to_string()),
         };
-        let http = HttpUrl::parse(&format!("http://{authority}")).map_err(|e| e.to_string())?;
+        let parsed = HttpUrl::parse(&format!("http://{authority}")).map_err(|e| e.to_string())?;
         Ok(WsUrl {
-            host: http.host.clone(),
-            port: http.port,
+            http,
+            host: parsed.host.clone(),
+            port: parsed.port,
             authority: authority.to_string(),
             path,
         })
@@ -264,6 +313,26 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub publishers: Option<usize>,
 
+    /// push: how subscribers connect; with sse or poll, --url may be http:// and its
+    /// path defaults to /sse/{channel} or /poll/{channel}?timeout=30
+    #[arg(long, value_enum, value_name = "T", default_value = "ws")]
+    pub transport: Transport,
+
+    /// push: where each delivery's position comes from (payload: the bench numbers
+    /// its messages itself, for servers without seqs)
+    #[arg(long, value_enum, value_name = "FROM", default_value = "server")]
+    pub seq_from: SeqFrom,
+
+    /// push: this fraction of subscribers drops its connection every
+    /// --reconnect-interval and resumes from the last message it got (ws: since=,
+    /// sse: Last-Event-ID, poll: since=); loss and duplicates are checked across
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.0)]
+    pub reconnect: f64,
+
+    /// push: how often each --reconnect subscriber drops and resumes
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub reconnect_interval: Duration,
+
     /// chat: members per room (room i holds connections i*size ..)
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub room_size: u64,
@@ -343,6 +412,23 @@ impl BenchArgs {
                 if self.publishers == Some(0) {
                     return bad("--publishers must be at least 1".into());
                 }
+                if !(0.0..=1.0).contains(&self.reconnect) {
+                    return bad(format!(
+                        "--reconnect {} must be between 0 and 1",
+                        self.reconnect
+                    ));
+                }
+                if self.reconnect > 0.0 && self.reconnect_interval.is_zero() {
+                    return bad("--reconnect-interval must be more than 0".into());
+                }
+                if self.reconnect > 0.0
+                    && self.seq_from == SeqFrom::Payload
+                    && self.transport != Transport::Sse
+                {
+                    return bad(
+                        "--reconnect with --seq-from payload resumes only over --transport sse (Last-Event-ID); ws and poll resume from the server's seq".into(),
+                    );
+                }
                 self.publish_url()?;
             }
             Mode::Chat => {
@@ -360,6 +446,19 @@ impl BenchArgs {
                 }
             }
             Mode::Echo | Mode::Idle => {}
+        }
+        if self.mode != Mode::Push && self.transport != Transport::Ws {
+            return bad(format!(
+                "--transport {} is for push mode; {} speaks WebSocket",
+                self.transport.name(),
+                self.mode.name()
+            ));
+        }
+        if url.http && self.transport == Transport::Ws {
+            return bad(format!(
+                "--url '{}': http:// is for --transport sse or poll; WebSocket needs ws://",
+                self.url
+            ));
         }
         let per_proc = self.conns.div_ceil(self.procs as u64);
         if let Ok(limit) = crate::os::raise_open_files_limit() {
@@ -396,7 +495,10 @@ impl BenchArgs {
             .ok_or_else(|| BenchError::BadArgs(format!("'{}' has no address", url.host)))?;
         let PortRange(first_port, last_port) = self.ports.unwrap_or(PortRange(url.port, url.port));
         let path = match self.mode {
-            Mode::Push | Mode::Chat if !url.path.contains("{channel}") => {
+            Mode::Push if !url.path.contains("{channel}") => {
+                self.transport.default_path().to_string()
+            }
+            Mode::Chat if !url.path.contains("{channel}") => {
                 "/ws/{channel}?format=json".to_string()
             }
             _ => url.path.clone(),
@@ -418,6 +520,10 @@ impl BenchArgs {
             channels: self.channels,
             channel_prefix: self.channel_prefix.clone(),
             room_prefix: self.room_prefix.clone(),
+            transport: self.transport,
+            seq_from: self.seq_from,
+            reconnect: self.reconnect,
+            reconnect_interval: self.reconnect_interval,
             conn_offset: self.conn_offset,
             conns: self.conns,
             threads: self.threads(),
@@ -466,6 +572,18 @@ impl BenchArgs {
             ms(self.send_interval),
             "--room-prefix".into(),
             self.room_prefix.clone(),
+            "--transport".into(),
+            self.transport.name().into(),
+            "--seq-from".into(),
+            match self.seq_from {
+                SeqFrom::Server => "server",
+                SeqFrom::Payload => "payload",
+            }
+            .into(),
+            "--reconnect".into(),
+            self.reconnect.to_string(),
+            "--reconnect-interval".into(),
+            ms(self.reconnect_interval),
             "--child-index".into(),
             index.to_string(),
             "--conn-offset".into(),
@@ -490,8 +608,10 @@ impl BenchArgs {
     }
 
     fn publish_plan(&self) -> Result<PublishPlan, BenchError> {
+        let (url, path) = PublishPlan::target(self.publish_url()?);
         Ok(PublishPlan {
-            url: self.publish_url()?,
+            url,
+            path,
             api_key: self.api_key.clone(),
             channel_prefix: self.channel_prefix.clone(),
             channels: self.channels,
@@ -500,6 +620,7 @@ impl BenchArgs {
                 .publishers
                 .unwrap_or_else(|| ((self.publish_rate / 200.0).ceil() as usize).clamp(1, 32)),
             size: self.size(),
+            seq_from: self.seq_from,
         })
     }
 }
@@ -586,6 +707,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         threads: args.threads() as u64,
         echo: args.mode == Mode::Echo,
         chat: args.mode == Mode::Chat,
+        transport: (args.mode == Mode::Push).then(|| args.transport.name().to_string()),
     };
     let report = Report::build(&info, &raw, publish.as_ref());
     if args.json {

@@ -1,6 +1,7 @@
 //! Push mode's publisher: threads that POST messages to the HTTP publish API at a
 //! steady total rate, round-robin over the bench channels, and remember the seqs
-//! the server returned so fan-out completeness can be checked.
+//! the server returned (or, with `--seq-from payload`, the count each payload
+//! carries) so fan-out completeness can be checked.
 //!
 //! It owns pacing and the publish requests. It must not touch WebSocket
 //! connections or print: the driver starts and stops it and hands its
@@ -11,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::SeqFrom;
 use super::client::unix_nanos;
 use super::report::PublishSummary;
 use crate::client::{HttpUrl, Session};
@@ -21,7 +23,10 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// What the publisher threads need.
 #[derive(Debug, Clone)]
 pub struct PublishPlan {
+    /// The server; its prefix is already part of `path`.
     pub url: HttpUrl,
+    /// Request path with `{channel}` in it (`/api/publish/{channel}` for throng).
+    pub path: String,
     pub api_key: Option<String>,
     pub channel_prefix: String,
     pub channels: u64,
@@ -29,6 +34,23 @@ pub struct PublishPlan {
     pub rate: f64,
     pub threads: usize,
     pub size: usize,
+    pub seq_from: SeqFrom,
+}
+
+impl PublishPlan {
+    /// `url` with a `{channel}` in its path is the whole publish URL; otherwise the
+    /// throng API's path follows whatever prefix it has.
+    pub fn target(mut url: HttpUrl) -> (HttpUrl, String) {
+        let path = if url.prefix.contains("{channel}") {
+            std::mem::take(&mut url.prefix)
+        } else {
+            format!(
+                "{}/api/publish/{{channel}}",
+                std::mem::take(&mut url.prefix)
+            )
+        };
+        (url, path)
+    }
 }
 
 pub struct Publisher {
@@ -99,14 +121,22 @@ fn publish_loop(
             std::thread::sleep((due - now).min(Duration::from_millis(50)));
             continue;
         }
-        let channel = (i % plan.channels.max(1)) as usize;
-        let mut body = format!("{} ", unix_nanos()).into_bytes();
+        let channels = plan.channels.max(1);
+        let channel = (i % channels) as usize;
+        // The n-th message of its channel, whichever thread sends it.
+        let count = i / channels + 1;
+        let mut body = format!("{} {count} ", unix_nanos()).into_bytes();
         if body.len() < plan.size {
             body.resize(plan.size, b'x');
         }
-        let path = format!("/api/publish/{}{}", plan.channel_prefix, channel);
+        let path = plan
+            .path
+            .replace("{channel}", &format!("{}{}", plan.channel_prefix, channel));
         let outcome = session.request("POST", &path, &headers, &body);
         match outcome {
+            Ok(r) if plan.seq_from == SeqFrom::Payload && (200..300).contains(&r.status) => {
+                summary.record(channel, count);
+            }
             Ok(r) if r.status == 200 => {
                 let seq = serde_json::from_slice::<serde_json::Value>(&r.body)
                     .ok()

@@ -67,6 +67,9 @@ pub struct Counters {
     pub latency_samples: u64,
     #[serde(default)]
     pub latency_us_sum: u64,
+    /// Push: subscribers dropped on purpose and resumed (`--reconnect`).
+    #[serde(default)]
+    pub reconnects: u64,
 }
 
 impl Counters {
@@ -84,6 +87,7 @@ impl Counters {
         self.in_flight += o.in_flight;
         self.latency_samples += o.latency_samples;
         self.latency_us_sum += o.latency_us_sum;
+        self.reconnects += o.reconnects;
     }
 
     /// Every connection this process was asked for has opened or failed.
@@ -110,6 +114,10 @@ pub struct SeqCounts {
     pub gaps: u64,
     pub duplicated: u64,
     pub out_of_order: u64,
+    /// Gaps the server itself reported to resuming subscribers (json or SSE
+    /// `gap` events, a poll answer's `gap`): what it could no longer give.
+    #[serde(default)]
+    pub reported_gaps: u64,
 }
 
 impl SeqTrack {
@@ -283,6 +291,7 @@ impl RawResult {
         self.seq.gaps += o.seq.gaps;
         self.seq.duplicated += o.seq.duplicated;
         self.seq.out_of_order += o.seq.out_of_order;
+        self.seq.reported_gaps += o.seq.reported_gaps;
         if self.channels.len() < o.channels.len() {
             self.channels
                 .resize(o.channels.len(), ChannelAgg::default());
@@ -343,6 +352,10 @@ pub struct PushReport {
     pub out_of_order: u64,
     /// Channels whose seqs were not all ours (another publisher was active).
     pub foreign_seqs: u64,
+    /// Subscribers dropped on purpose and resumed during the load (`--reconnect`).
+    pub reconnects: u64,
+    /// Gaps the server reported to resuming subscribers.
+    pub server_reported_gaps: u64,
 }
 
 impl PushReport {
@@ -370,6 +383,8 @@ impl PushReport {
             duplicated: raw.seq.duplicated,
             out_of_order: raw.seq.out_of_order,
             foreign_seqs: foreign,
+            reconnects: raw.counters.reconnects,
+            server_reported_gaps: raw.seq.reported_gaps,
         }
     }
 }
@@ -379,6 +394,8 @@ impl PushReport {
 pub struct Report {
     pub mode: String,
     pub url: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
     pub conns: u64,
     pub processes: u64,
     pub threads: u64,
@@ -425,6 +442,8 @@ pub struct RunInfo {
     pub echo: bool,
     /// Chat: each sent message should come back to its sender once.
     pub chat: bool,
+    /// Push: the subscribers' transport (`ws`, `sse`, `poll`).
+    pub transport: Option<String>,
 }
 
 impl Report {
@@ -448,7 +467,11 @@ impl Report {
             Some(p) => p.expected_deliveries,
             None => c.messages_out,
         };
-        let errors = c.failed + c.dropped + lost + push.as_ref().map_or(0, |p| p.publish_errors);
+        // A delivery that came twice is as wrong as one that never came.
+        let errors = c.failed
+            + c.dropped
+            + lost
+            + push.as_ref().map_or(0, |p| p.publish_errors + p.duplicated);
         let samples = c.attempted + expected + push.as_ref().map_or(0, |p| p.publish_errors);
         let rss_per_conn = (c.opened > 0 && raw.rss_loaded_kb > 0).then(|| {
             (raw.rss_loaded_kb.saturating_sub(raw.rss_before_kb) as f64 * 1024.0) / c.opened as f64
@@ -456,6 +479,7 @@ impl Report {
         Report {
             mode: info.mode.clone(),
             url: info.url.clone(),
+            transport: info.transport.clone(),
             conns: info.conns,
             processes: raw.processes.max(1),
             threads: info.threads,
@@ -488,7 +512,7 @@ impl Report {
             },
             errors,
             samples,
-            error_rule: "(failed + dropped connections + lost messages + failed publishes) / (connect attempts + expected messages + failed publishes)",
+            error_rule: "(failed + dropped connections + lost messages + duplicated deliveries + failed publishes) / (connect attempts + expected messages + failed publishes)",
             push,
             client_cpu_secs: raw.cpu_secs,
             client_cpu_pct_of_one_core: raw.cpu_secs * 100.0 / (raw.connect_secs + secs),
@@ -509,8 +533,15 @@ impl Report {
         let l = &self.latency;
         let _ = writeln!(
             s,
-            "throng bench {}: {}, {} connections, {} process(es) x {} thread(s)",
-            self.mode, self.url, self.conns, self.processes, self.threads
+            "throng bench {}{}: {}, {} connections, {} process(es) x {} thread(s)",
+            self.mode,
+            self.transport
+                .as_deref()
+                .map_or(String::new(), |t| format!(" over {t}")),
+            self.url,
+            self.conns,
+            self.processes,
+            self.threads
         );
         let _ = writeln!(
             s,
@@ -561,6 +592,13 @@ impl Report {
                 p.duplicated,
                 p.out_of_order
             );
+            if p.reconnects > 0 || p.server_reported_gaps > 0 {
+                let _ = writeln!(
+                    s,
+                    "reconnects:       {} resumed during the load; {} gap(s) reported by the server",
+                    p.reconnects, p.server_reported_gaps
+                );
+            }
             for (reason, n) in &p.publish_errors_by_reason {
                 let _ = writeln!(s, "  publish failed: {reason}: {n}");
             }
@@ -755,6 +793,7 @@ mod tests {
         raw.at_load_start.messages_in = 100;
         raw.at_load_start.frames_in = 100;
         let info = RunInfo {
+            transport: None,
             mode: "echo".into(),
             url: "ws://x".into(),
             conns: 10,
