@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of throng on a fresh machine: installs what is missing, builds,
 # then runs formatting and lint checks, the Rust unit tests, the Python
-# (`websockets`) and Go (`gorilla/websocket`) integration suites against the real
-# binary, and the Autobahn TestSuite cases 1-10 against a server it starts on a
+# (`websockets`, `httpx`, curl, and Nchan as a foreign SSE server) and Go
+# (`gorilla/websocket`) integration suites against the real binary, and the Autobahn TestSuite cases 1-10 against a server it starts on a
 # free port and stops by pid.
 #
 # Usage: scripts/test.sh [--quick]     (--quick skips Autobahn)
@@ -36,6 +36,18 @@ have python3 || apt_install python3
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
 have curl || apt_install curl
 have ip || apt_install iproute2   # network namespaces play remote peers in tests
+# Nchan (nginx module): a foreign SSE server the bench is tested against. The
+# packages would start the system nginx on port 80; a refusing policy-rc.d stops that.
+if ! have nginx || [[ ! -f /usr/lib/nginx/modules/ngx_nchan_module.so ]]; then
+    made_policy=0
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        made_policy=1
+    fi
+    apt_install nginx-light libnginx-mod-nchan
+    if [[ $made_policy == 1 ]]; then rm -f /usr/sbin/policy-rc.d; fi
+fi
 cargo --version; go version; python3 --version
 
 step "cargo fmt --check"
