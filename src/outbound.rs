@@ -4,9 +4,12 @@
 //! Bytes go straight to the socket, gathered into as few `writev` calls as it takes;
 //! only what the socket does not take is kept, in an [`OutQueue`] of shared chunks
 //! (`Bytes`), so a broadcast frame waits in many queues by reference and an idle
-//! connection owns no buffer at all ([`Outbound`] is one null pointer then). This
-//! module must not know what the bytes mean: framing belongs to `protocol` and the
-//! transports, deciding when a queue is too long to the caller.
+//! connection owns no buffer at all ([`Outbound`] is one null pointer then). A
+//! catch-up (a returning subscriber's replay of history) can be marked as such
+//! while it waits, so the caller's queue limit counts only what comes on top of it
+//! ([`Outbound::counted_bytes`]). This module must not know what the bytes mean:
+//! framing belongs to `protocol` and the transports, deciding when a queue is too
+//! long to the caller.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
@@ -74,6 +77,11 @@ pub struct OutQueue {
     bytes: usize,
     /// The front chunk is partly on the wire already.
     front_started: bool,
+    /// Bytes queued ahead of the catch-up (they count).
+    ahead: usize,
+    /// Bytes of a catch-up still queued, right behind `ahead`: they do not count
+    /// (see [`Outbound::send_catch_up`]). `ahead + catch_up <= bytes`.
+    catch_up: usize,
 }
 
 impl OutQueue {
@@ -88,6 +96,9 @@ impl OutQueue {
     /// Drops `n` bytes from the front: they are on the wire.
     fn consume(&mut self, mut n: usize) {
         self.bytes -= n;
+        let ahead = n.min(self.ahead);
+        self.ahead -= ahead;
+        self.catch_up = self.catch_up.saturating_sub(n - ahead);
         while n > 0 {
             let Some(front) = self.chunks.front_mut() else {
                 break;
@@ -121,6 +132,14 @@ impl Outbound {
         self.0.as_ref().map_or(0, |q| q.bytes)
     }
 
+    /// Bytes waiting that count against a queue limit: all of them but what is
+    /// left of a catch-up (see [`Outbound::send_catch_up`]).
+    pub fn counted_bytes(&self) -> usize {
+        self.0
+            .as_ref()
+            .map_or(0, |q| q.bytes.saturating_sub(q.catch_up))
+    }
+
     /// Sends `bytes` (copied only if the socket does not take them all now).
     pub fn send<W: Write>(&mut self, socket: W, bytes: &[u8]) -> io::Result<()> {
         if let Some(queue) = self.0.as_mut() {
@@ -130,6 +149,28 @@ impl Outbound {
         let written = write_chunks(socket, &[bytes])?;
         if written < bytes.len() {
             self.queue_rest(&[bytes], written, |b: &&[u8]| Bytes::copy_from_slice(b));
+        }
+        Ok(())
+    }
+
+    /// Sends `bytes` as [`Outbound::send`] does, where the last `catch_up` of them
+    /// are a catch-up: what of those the socket does not take now waits without
+    /// counting in [`Outbound::counted_bytes`], until it is written. What is sent
+    /// after them counts as usual. One catch-up at a time: another one replaces
+    /// what is left of the last (which then counts).
+    pub fn send_catch_up<W: Write>(
+        &mut self,
+        socket: W,
+        bytes: &[u8],
+        catch_up: usize,
+    ) -> io::Result<()> {
+        let before = self.queued_bytes();
+        self.send(socket, bytes)?;
+        if let Some(queue) = self.0.as_mut() {
+            // What of `bytes` waits is their tail, at the back of the queue.
+            let waiting = (queue.bytes - before).min(catch_up);
+            queue.ahead = queue.bytes - waiting;
+            queue.catch_up = waiting;
         }
         Ok(())
     }
@@ -211,6 +252,8 @@ impl Outbound {
         let keep = usize::from(queue.front_started).min(queue.chunks.len());
         queue.chunks.truncate(keep);
         queue.bytes = queue.chunks.iter().map(Bytes::len).sum();
+        queue.ahead = 0;
+        queue.catch_up = 0;
         if queue.chunks.is_empty() {
             self.0 = None;
         }
@@ -293,5 +336,48 @@ mod tests {
         out.send(tight(0), b"xyz").unwrap();
         out.truncate_unstarted();
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_catch_up_waits_without_counting_until_it_is_written() {
+        let mut out = Outbound::default();
+        let mut socket = tight(2);
+        // Two bytes of head go out; the rest of the head and the catch-up wait.
+        out.send_catch_up(&mut socket, b"headCATCHUP", 7).unwrap();
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (9, 2));
+        // Live bytes on top of it count.
+        let live = Bytes::from_static(b"live");
+        out.send_shared(&mut socket, &[&live]).unwrap();
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (13, 6));
+        // The head goes first, then the catch-up: it stops being allowed as it goes.
+        socket.room = 1;
+        assert!(!out.flush(&mut socket).unwrap());
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (12, 5));
+        socket.room = 4;
+        assert!(!out.flush(&mut socket).unwrap());
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (8, 4));
+        socket.room = 5;
+        assert!(!out.flush(&mut socket).unwrap());
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (3, 3));
+        socket.room = 100;
+        assert!(out.flush(&mut socket).unwrap());
+        assert_eq!(socket.taken, b"headCATCHUPlive");
+        assert_eq!(out.counted_bytes(), 0);
+    }
+
+    #[test]
+    fn a_catch_up_behind_a_queue_counts_only_from_its_own_bytes() {
+        let mut out = Outbound::default();
+        out.send(tight(0), b"waiting").unwrap();
+        // Wholly queued behind seven bytes that count: none of it counts.
+        out.send_catch_up(tight(0), b"oldnew", 6).unwrap();
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (13, 7));
+        let mut socket = tight(9);
+        assert!(!out.flush(&mut socket).unwrap());
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (4, 0));
+        // Cutting a slow consumer's queue leaves nothing allowed.
+        out.send(tight(0), b"more").unwrap();
+        out.truncate_unstarted();
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (4, 4));
     }
 }
