@@ -162,7 +162,7 @@ pub struct ServeArgs {
     pub max_message_size: usize,
 
     /// Outbound bytes queued for one connection; past it: close 1008 "slow consumer"
-    /// (never below one largest message)
+    /// (never below one largest message; a since= replay being written does not count)
     #[arg(long, env = "THRONG_MAX_QUEUE", value_name = "BYTES", default_value = defaults::MAX_QUEUE, value_parser = parse_size)]
     pub max_queue: usize,
 
@@ -233,7 +233,9 @@ pub struct ServeConfig {
     pub max_message_size: usize,
     /// Outbound bytes that may wait for one connection; past it the client is a slow
     /// consumer and is closed with 1008. Default 1 MiB, never below one largest echo.
-    /// This bounds the memory a reader that stopped reading can cost.
+    /// This bounds the memory a reader that stopped reading can cost, beyond its
+    /// replay of history (`since=`), which does not count while it is being written
+    /// and is itself bounded by the history limits.
     pub max_queue: usize,
     /// Most concurrent WebSocket connections; more handshakes get 503. Default: none
     /// (the open-files limit is the ceiling).

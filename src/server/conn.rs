@@ -249,6 +249,12 @@ impl Conn {
         self.out.send(&mut self.socket, bytes)
     }
 
+    /// Sends `bytes`, whose last `catch_up` are a returning subscriber's replay:
+    /// what of it waits does not count against `--max-queue` until it is written.
+    pub fn send_catch_up(&mut self, bytes: &[u8], catch_up: usize) -> std::io::Result<()> {
+        self.out.send_catch_up(&mut self.socket, bytes, catch_up)
+    }
+
     /// Writes what is queued; `Ok(true)` once nothing is left.
     pub fn flush(&mut self) -> std::io::Result<bool> {
         self.out.flush(&mut self.socket)

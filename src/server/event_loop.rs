@@ -394,12 +394,25 @@ impl EventLoop {
                 Ok((sub, count, replay)) => {
                     conn.session = Session::opened(&opening.handover, Some(sub));
                     conn.session.write_welcome(&mut self.out, count);
-                    if let (Some(replay), Some(resume)) = (replay, subscribe.resume)
-                        && conn.session.write_replay(&mut self.out, replay, resume) == After::Close
-                    {
-                        // Answered from history at once (a long-poll).
-                        self.send_out(key, After::Close);
-                        return;
+                    if let (Some(replay), Some(resume)) = (replay, subscribe.resume) {
+                        let start = self.out.len();
+                        if conn.session.write_replay(&mut self.out, replay, resume) == After::Close
+                        {
+                            // Answered from history at once (a long-poll).
+                            self.send_out(key, After::Close);
+                            return;
+                        }
+                        // The replay goes out now, ahead of anything live. It is at
+                        // most --history-size messages, and a socket that cannot
+                        // take it at once is not a slow consumer for that: only
+                        // what comes on top of it counts against --max-queue.
+                        let catch_up = self.out.len() - start;
+                        let sent = conn.send_catch_up(&self.out, catch_up);
+                        self.out.clear();
+                        if sent.is_err() {
+                            self.drop_conn(key);
+                            return;
+                        }
                     }
                 }
                 Err(e) => {
@@ -496,7 +509,7 @@ impl EventLoop {
             }
             return;
         }
-        if conn.out.queued_bytes() > max_queue {
+        if conn.out.counted_bytes() > max_queue {
             if conn.session.is_counted() {
                 self.close_with(key, CloseReason::SlowConsumer);
             } else {

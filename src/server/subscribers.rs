@@ -42,7 +42,8 @@ fn channel_key(channel: &Arc<Channel>) -> usize {
 pub enum Follow {
     /// Its socket failed.
     Dead(usize),
-    /// More than `--max-queue` bytes wait for it.
+    /// More than `--max-queue` bytes wait for it (what is left of its replay of
+    /// history not counted).
     Slow(usize),
     /// A one-shot subscriber (a long-poll) got its answer: close it.
     Answered(usize),
@@ -258,7 +259,7 @@ impl LocalSubscribers {
             counts.messages_out += frames.len() as u64;
             if conn.out.send_shared(&mut conn.socket, frames).is_err() {
                 failed.push(Follow::Dead(key));
-            } else if conn.out.queued_bytes() > max_queue {
+            } else if conn.out.counted_bytes() > max_queue {
                 failed.push(Follow::Slow(key));
             } else if format.one_shot() {
                 // Answered: no later group of this batch may write to it again.
@@ -409,5 +410,60 @@ mod tests {
         assert!(failed.is_empty());
         assert_eq!(received(&mut clients[0]), b"\x81\x03one\x81\x03two");
         assert_eq!(received(&mut clients[1]), b"\x81\x03two");
+    }
+
+    #[test]
+    fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
+        let (_poll, hub, broker) = broker(10);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut conns: Slab<Conn> = Slab::new();
+        let mut subscribers = LocalSubscribers::new(0);
+        // The client never reads.
+        let (key, _client) = connect(&listener, &mut conns);
+        let subscribe = Subscribe {
+            channel: "big".into(),
+            format: Format::WsRaw,
+            resume: Some(Resume {
+                since: 0,
+                epoch: None,
+            }),
+        };
+        let (sub, _, _) = subscribers
+            .join(&broker, &Namespaces::default(), key, &subscribe, 1)
+            .unwrap();
+        let conn = &mut conns[key];
+        conn.session = Session::WebSocket(WsState::new(Some(sub)));
+        // A catch-up far larger than the queue limit and than the socket's buffers.
+        let max_queue = 4096;
+        let replay = vec![b'r'; 16 << 20];
+        conn.send_catch_up(&replay, replay.len()).unwrap();
+        assert!(conn.out.queued_bytes() > max_queue);
+        let (mut counts, mut follow) = (TurnCounts::default(), Vec::new());
+        broker.publish("big", text(&"a".repeat(3000))).unwrap();
+        subscribers.deliver(
+            hub.inbox(0),
+            &mut conns,
+            max_queue,
+            &mut counts,
+            &mut follow,
+        );
+        assert_eq!(
+            follow,
+            vec![],
+            "live bytes within --max-queue on top of a replay"
+        );
+        broker.publish("big", text(&"b".repeat(3000))).unwrap();
+        subscribers.deliver(
+            hub.inbox(0),
+            &mut conns,
+            max_queue,
+            &mut counts,
+            &mut follow,
+        );
+        assert_eq!(
+            follow,
+            vec![Follow::Slow(key)],
+            "live bytes past --max-queue"
+        );
     }
 }

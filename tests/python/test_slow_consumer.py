@@ -1,7 +1,9 @@
 """Slow consumers on a channel: a subscriber that stops reading is cut off
 (close 1008 "slow consumer", or at least the server drops its connection) once
 its outbound queue passes --max-queue, the server's memory stays bounded, and
-the other subscribers of the same channel still get every message in order."""
+the other subscribers of the same channel still get every message in order. A
+returning subscriber's replay (since=) bigger than --max-queue does not count
+against it while it is written; live messages piling up on top of it still do."""
 
 from __future__ import annotations
 
@@ -148,3 +150,93 @@ def test_slow_raw_subscriber_is_cut_off_while_others_get_everything(start_server
         f"slow consumer: publish+deliver {elapsed:.1f}s; stalled socket got {frames} messages (last {last}), "
         f"close {code} {reason!r}; server RSS samples kB {rss_samples}"
     )
+
+
+CATCH_UP_SIZE = 60 * 1024
+
+
+def kernel_send_buffer_max() -> int:
+    """The most a TCP socket's send buffer grows to (on loopback it starts near it)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            return int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 << 20
+
+
+# A catch-up of kept 60 KiB messages far bigger than --max-queue (256 KiB) and than
+# all the kernel can buffer, so most of it has to wait in the server: at least 40
+# messages, and more than the send buffer's maximum plus 1 MiB (100 with 4 MiB).
+CATCH_UP_MESSAGES = max(40, (kernel_send_buffer_max() + (1 << 20)) // CATCH_UP_SIZE + 1)
+CATCH_UP_FLAGS = [
+    "--max-queue",
+    "256KiB",
+    "--max-message-size",
+    "64KiB",
+    "--history-size",
+    str(CATCH_UP_MESSAGES + 10),
+]
+
+
+def big_payload(i: int) -> str:
+    head = f"{i:06d}|"
+    return head + "y" * (CATCH_UP_SIZE - len(head))
+
+
+def test_a_replay_bigger_than_max_queue_is_not_a_slow_consumer(start_server):
+    srv = start_server(*CATCH_UP_FLAGS)
+    channel = "catchup"
+    for i in range(1, CATCH_UP_MESSAGES + 1):
+        assert publish_ok(srv.port, channel, big_payload(i)) == i
+    # A tiny receive buffer, and a second before it starts reading: nearly all of
+    # the replay has to wait in the server.
+    back = raw_connect(srv.port, path=f"/ws/{channel}?since=0", rcvbuf=4096, timeout=10)
+    try:
+        time.sleep(1.0)
+        assert channel_info(srv.port, channel)["subscribers"] == 1, "the returning subscriber was dropped"
+        for i in range(1, CATCH_UP_MESSAGES + 1):
+            op, data = back.read_message(timeout=10)
+            assert op == OP_TEXT, f"message {i}: opcode {op} {data!r:.80}"
+            assert data.decode() == big_payload(i), f"message {i} is {data[:7]!r}..."
+        # Caught up, it stays subscribed and gets live messages.
+        publish_ok(srv.port, channel, "live")
+        assert back.read_message(timeout=10) == (OP_TEXT, b"live")
+        assert channel_info(srv.port, channel)["subscribers"] == 1
+    finally:
+        back.close()
+
+
+def test_a_returning_subscriber_that_stops_reading_is_still_a_slow_consumer(start_server):
+    srv = start_server(*CATCH_UP_FLAGS)
+    channel = "catchup-stall"
+    for i in range(1, CATCH_UP_MESSAGES + 1):
+        publish_ok(srv.port, channel, big_payload(i))
+    stalled = raw_connect(srv.port, path=f"/ws/{channel}?since=0", rcvbuf=4096, timeout=10)
+    try:
+        wait_subscribers(srv.port, channel, 1)
+        # Live messages keep coming on top of its replay, and it reads nothing:
+        # 20 x 60 KiB is far past --max-queue.
+        total = CATCH_UP_MESSAGES + 20
+        for i in range(CATCH_UP_MESSAGES + 1, total + 1):
+            publish_ok(srv.port, channel, big_payload(i))
+        wait_subscribers(srv.port, channel, 0, timeout=10)
+        # What it gets: whole messages in order (the replay the server had started
+        # to write), then close 1008 "slow consumer".
+        last, code, reason = 0, None, b""
+        try:
+            while True:
+                op, data = stalled.read_message(timeout=10)
+                if op == "close":
+                    code, reason = data
+                    break
+                n = int(data[:6])
+                assert n == last + 1, f"message {n} after {last}"
+                last = n
+        except Closed as e:
+            warnings.warn(f"stalled subscriber: connection ended ({e}) without a close frame after {last}")
+        if code is not None:
+            assert (code, reason) == (1008, b"slow consumer"), (code, reason)
+        assert last < total, f"the stalled subscriber was not cut off: it got all {total} messages"
+    finally:
+        stalled.close()
+    assert publish_ok(srv.port, channel, "after") == total + 1
