@@ -82,6 +82,8 @@ pub struct OutQueue {
     /// Bytes of a catch-up still queued, right behind `ahead`: they do not count
     /// (see [`Outbound::send_catch_up`]). `ahead + catch_up <= bytes`.
     catch_up: usize,
+    /// `catch_up` when [`Outbound::expire_stalled_catch_up`] last looked.
+    catch_up_seen: usize,
 }
 
 impl OutQueue {
@@ -138,6 +140,24 @@ impl Outbound {
         self.0
             .as_ref()
             .map_or(0, |q| q.bytes.saturating_sub(q.catch_up))
+    }
+
+    /// A catch-up that made no progress since the last call stops being exempt:
+    /// from now on it counts like any queued bytes. Called once per heartbeat, so
+    /// a reader that takes nothing of its replay for a whole interval is held to
+    /// the queue limit instead of holding its replay forever. True if it expired.
+    pub fn expire_stalled_catch_up(&mut self) -> bool {
+        let Some(queue) = self.0.as_mut() else {
+            return false;
+        };
+        if queue.catch_up > 0 && queue.catch_up == queue.catch_up_seen {
+            queue.ahead += queue.catch_up;
+            queue.catch_up = 0;
+            queue.catch_up_seen = 0;
+            return true;
+        }
+        queue.catch_up_seen = queue.catch_up;
+        false
     }
 
     /// Sends `bytes` (copied only if the socket does not take them all now).
@@ -254,6 +274,7 @@ impl Outbound {
         queue.bytes = queue.chunks.iter().map(Bytes::len).sum();
         queue.ahead = 0;
         queue.catch_up = 0;
+        queue.catch_up_seen = 0;
         if queue.chunks.is_empty() {
             self.0 = None;
         }
@@ -336,6 +357,23 @@ mod tests {
         out.send(tight(0), b"xyz").unwrap();
         out.truncate_unstarted();
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_catch_up_that_stalls_for_a_whole_interval_starts_counting() {
+        let mut out = Outbound::default();
+        out.send_catch_up(tight(0), b"CATCHUP", 7).unwrap();
+        assert_eq!(out.counted_bytes(), 0);
+        // First look: it is new. Some of it goes out before the second look.
+        assert!(!out.expire_stalled_catch_up());
+        let mut socket = tight(3);
+        out.flush(&mut socket).unwrap();
+        assert!(!out.expire_stalled_catch_up());
+        assert_eq!(out.counted_bytes(), 0);
+        // Nothing more taken for a whole interval: the rest counts now.
+        assert!(out.expire_stalled_catch_up());
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (4, 4));
+        assert!(!out.expire_stalled_catch_up());
     }
 
     #[test]

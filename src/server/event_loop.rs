@@ -603,6 +603,9 @@ impl EventLoop {
             };
             let due = next_due(conn, self.idle_ticks);
             set_deadline(&mut self.wheel, key, conn, due);
+            // A replay the reader took nothing of for a whole interval counts
+            // against --max-queue from now on (send_out checks it).
+            conn.out.expire_stalled_catch_up();
             self.out.clear();
             let after = conn.session.write_heartbeat(&mut self.out);
             self.send_out(key, after);

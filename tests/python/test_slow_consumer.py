@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import warnings
 
-from rawws import OP_CLOSE, OP_PING, OP_TEXT, Closed, channel_info, parse_close, publish_ok, wait_subscribers
+from rawws import (
+    OP_CLOSE, OP_PING, OP_TEXT, Closed, channel_info, http_request, parse_close, publish_ok, wait_subscribers,
+)
 from rawws import ws_connect as raw_connect
 from wsutil import run, ws_connect
 
@@ -240,3 +243,65 @@ def test_a_returning_subscriber_that_stops_reading_is_still_a_slow_consumer(star
     finally:
         stalled.close()
     assert publish_ok(srv.port, channel, "after") == total + 1
+
+
+def sse_connections(port: int) -> int:
+    return http_request(port, "GET", "/api/stats").json()["connections"]["sse"]
+
+
+def test_a_returning_sse_reader_that_never_reads_its_replay_is_let_go(start_server):
+    # SSE streams have no idle timeout, so a stalled replay must not be held
+    # forever: a catch-up the reader takes nothing of for a whole ping interval
+    # counts against --max-queue from then on.
+    srv = start_server(*CATCH_UP_FLAGS, "--ping-interval", "1s")
+    channel = "catchup-sse"
+    for i in range(1, CATCH_UP_MESSAGES + 1):
+        publish_ok(srv.port, channel, big_payload(i))
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(("127.0.0.1", srv.port))
+    try:
+        stalled.sendall(f"GET /sse/{channel}?since=0 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        deadline = time.monotonic() + 2
+        while sse_connections(srv.port) != 1:
+            assert time.monotonic() < deadline, "the SSE stream never opened"
+            time.sleep(0.05)
+        # Two heartbeats (the first only notes where the replay stands), then it is
+        # closed as a slow consumer: it leaves the channel at once, and its socket
+        # goes once the close gives up on flushing (5 s).
+        wait_subscribers(srv.port, channel, 0, timeout=5)
+        deadline = time.monotonic() + 10
+        while sse_connections(srv.port) != 0:
+            assert time.monotonic() < deadline, "a reader that takes nothing still holds its replay"
+            time.sleep(0.1)
+    finally:
+        stalled.close()
+
+
+def test_a_returning_sse_reader_that_reads_slowly_keeps_its_replay(start_server):
+    # The other side of the rule: a reader that keeps taking its replay, however
+    # slowly, is never cut off for it.
+    srv = start_server(*CATCH_UP_FLAGS, "--ping-interval", "1s")
+    channel = "catchup-sse-slow"
+    for i in range(1, CATCH_UP_MESSAGES + 1):
+        publish_ok(srv.port, channel, big_payload(i))
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.connect(("127.0.0.1", srv.port))
+    reader.settimeout(10)
+    got = b""
+    try:
+        reader.sendall(f"GET /sse/{channel}?since=0 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        want = f"{CATCH_UP_MESSAGES:06d}|".encode()
+        t0 = time.monotonic()
+        # Take a little every 100 ms for 3 s (three heartbeats), then the rest.
+        while time.monotonic() - t0 < 3:
+            got += reader.recv(16 * 1024)
+            time.sleep(0.1)
+        while want not in got:
+            chunk = reader.recv(1 << 16)
+            assert chunk, "the slow but steady reader was cut off"
+            got += chunk
+        assert sse_connections(srv.port) == 1
+    finally:
+        reader.close()
