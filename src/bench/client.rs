@@ -150,6 +150,22 @@ fn in_fraction(index: u64, fraction: f64) -> bool {
     ((index + 1) as f64 * f).floor() > (index as f64 * f).floor()
 }
 
+/// `path` without any `name=` parameter in its query.
+fn without_param(path: &str, name: &str) -> String {
+    let Some((base, query)) = path.split_once('?') else {
+        return path.to_string();
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| p.split('=').next() != Some(name))
+        .collect();
+    if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    }
+}
+
 /// `path` with `name=value` added to its query.
 fn with_query(path: &str, name: &str, value: impl std::fmt::Display) -> String {
     let sep = if path.contains('?') { '&' } else { '?' };
@@ -437,6 +453,13 @@ fn poll_answer_bounds(
     if status != 200 {
         return Err(format!("poll: status {status}"));
     }
+    let chunked = resp.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("transfer-encoding")
+            && !h.value.trim_ascii().eq_ignore_ascii_case(b"identity")
+    });
+    if chunked {
+        return Err("poll: chunked answers are not supported (send Content-Length)".into());
+    }
     let length = resp
         .headers
         .iter()
@@ -448,8 +471,16 @@ fn poll_answer_bounds(
                 .ok_or_else(|| "poll: bad Content-Length".to_string())
         })
         .transpose()?;
-    match length {
-        Some(len) if bytes.len() >= used + len => Ok(Some(used..used + len)),
+    let end = match length {
+        Some(len) => Some(
+            used.checked_add(len)
+                .filter(|&end| end <= MAX_MESSAGE + MAX_RESPONSE_HEAD)
+                .ok_or_else(|| "poll: answer too large".to_string())?,
+        ),
+        None => None,
+    };
+    match end {
+        Some(end) if bytes.len() >= end => Ok(Some(used..end)),
         Some(_) if closed => Err("poll: closed before the answer".into()),
         Some(_) => Ok(None),
         None if closed => Ok(Some(used..bytes.len())),
@@ -753,8 +784,8 @@ impl ClientLoop {
                 self.reconnect_queue.push_back((next, key, index));
                 continue;
             }
-            self.tally.c.reconnects += 1;
             if self.reopen(key) {
+                self.tally.c.reconnects += 1;
                 self.reconnect_queue.push_back((next, key, index));
             }
         }
@@ -893,15 +924,23 @@ impl ClientLoop {
                 send(conn, request.as_bytes())
             }
             Transport::Poll => {
-                if let Some(since) = conn.cursor {
-                    path = with_query(&path, "since", since);
+                let first = conn.cursor.is_none();
+                match conn.cursor {
+                    Some(since) => path = with_query(&path, "since", since),
+                    // The first poll only asks where the channel is (answered at
+                    // once); what history holds from before the run is not counted.
+                    None => path = with_query(&without_param(&path, "timeout"), "timeout", 0),
                 }
                 let request = format!(
                     "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\nUser-Agent: throng-bench\r\n\r\n",
                 );
-                // A waiting poll is an open subscriber: the server holds it.
                 conn.read = Some(Box::new(ReadState::Poll(Vec::new())));
-                self.mark_open(key);
+                if first {
+                    conn.state = State::Handshake;
+                } else {
+                    // A waiting poll is an open subscriber: the server holds it.
+                    self.mark_open(key);
+                }
                 match self.conns.get_mut(key) {
                     Some(conn) => send(conn, request.as_bytes()),
                     None => Ok(()),
@@ -929,13 +968,19 @@ impl ClientLoop {
                 return;
             };
             let n = match (&conn.socket).read(&mut self.buf) {
-                Ok(0) if self.plan.transport == Transport::Poll && conn.state == State::Open => {
+                Ok(0)
+                    if self.plan.transport == Transport::Poll
+                        && matches!(conn.state, State::Open | State::Handshake) =>
+                {
                     self.on_poll_end(key);
                     return;
                 }
                 Ok(0) => {
                     let reason = match conn.state {
-                        State::Open => "closed without a close frame",
+                        State::Open if self.plan.transport == Transport::Ws => {
+                            "closed without a close frame"
+                        }
+                        State::Open => "closed by the server",
                         _ => "reset",
                     };
                     return self.remove(key, Some(reason.into()));
@@ -947,6 +992,7 @@ impl ClientLoop {
             };
             let alive = match (conn.state, self.plan.transport) {
                 (State::Connecting, _) => true,
+                (State::Handshake, Transport::Poll) => self.on_poll(key, n),
                 (State::Handshake, _) => self.on_http(key, n),
                 (State::Open | State::Closing, Transport::Ws) => self.on_ws(key, 0, n),
                 (State::Open | State::Closing, Transport::Sse) => self.on_sse(key, 0, n),
@@ -1140,13 +1186,15 @@ impl ClientLoop {
         let Some(conn) = conns.get_mut(key) else {
             return false;
         };
-        let Some(state) = conn.read.take() else {
-            return false;
-        };
-        let ReadState::Poll(bytes) = *state else {
-            return false;
+        let bytes = match conn.read.take().map(|b| *b) {
+            Some(ReadState::Poll(bytes)) => bytes,
+            _ => {
+                self.remove(key, Some("poll: answer without a request".into()));
+                return false;
+            }
         };
         let Some(text) = bytes.get(body) else {
+            self.remove(key, Some("poll: bad Content-Length".into()));
             return false;
         };
         let answer = match PollAnswer::parse(text) {
@@ -1157,9 +1205,9 @@ impl ClientLoop {
             }
         };
         tally.c.frames_in += 1;
-        // Before the load, an answer only tells where the channel is: what history
-        // held from earlier runs is not this run's.
-        if *seen_phase >= phase::LOAD {
+        // The first answer only tells where the channel is: what history held from
+        // before the run is not this run's.
+        if conn.cursor.is_some() {
             let now_unix = unix_nanos();
             for m in &answer.messages {
                 tally.c.messages_in += 1;
@@ -1386,7 +1434,7 @@ impl ClientLoop {
             let open: Vec<(usize, u32)> = self
                 .conns
                 .iter()
-                .filter(|(_, c)| c.state == State::Open)
+                .filter(|(_, c)| c.opened_once)
                 .map(|(k, c)| (k, c.index))
                 .collect();
             match self.plan.mode {
@@ -1539,6 +1587,9 @@ mod tests {
             "/p?timeout=30&since=5"
         );
         assert_eq!(with_query("/ws/a", "since", 5), "/ws/a?since=5");
+        assert_eq!(without_param("/p?timeout=30&x=1", "timeout"), "/p?x=1");
+        assert_eq!(without_param("/p?timeout=30", "timeout"), "/p");
+        assert_eq!(without_param("/p", "timeout"), "/p");
         let mut s = 7;
         assert_ne!(next_mask(&mut s), next_mask(&mut s));
     }

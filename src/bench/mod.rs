@@ -423,10 +423,10 @@ impl BenchArgs {
                 }
                 if self.reconnect > 0.0
                     && self.seq_from == SeqFrom::Payload
-                    && self.transport != Transport::Sse
+                    && self.transport == Transport::Ws
                 {
                     return bad(
-                        "--reconnect with --seq-from payload resumes only over --transport sse (Last-Event-ID); ws and poll resume from the server's seq".into(),
+                        "--reconnect with --seq-from payload does not work over --transport ws: a WebSocket resumes from the server's seq (sse resumes from Last-Event-ID, poll from the answer's next)".into(),
                     );
                 }
                 self.publish_url()?;

@@ -113,15 +113,29 @@ fn publish_loop(
     // One kept-alive connection per publisher thread (reconnecting if the server
     // closes it), so high rates do not pile up TIME_WAIT sockets.
     let mut session = Session::new(plan.url.clone(), PUBLISH_TIMEOUT);
-    let mut i = id as u64;
+    // Payload numbering: a channel's messages must leave in order, so thread `id`
+    // owns the channels `c % threads == id` (walking every message index, taking
+    // its own); with the server's seqs, threads simply take turns.
+    let channels = plan.channels.max(1);
+    let owns = |i: u64| plan.seq_from == SeqFrom::Server || (i % channels) % step == id as u64;
+    if plan.seq_from == SeqFrom::Payload && id as u64 >= channels {
+        return summary; // more threads than channels: this one owns none
+    }
+    let (mut i, advance) = match plan.seq_from {
+        SeqFrom::Payload => (0, 1),
+        SeqFrom::Server => (id as u64, step),
+    };
     while !stop.load(Ordering::Acquire) {
+        if !owns(i) {
+            i += advance;
+            continue;
+        }
         let due = start + Duration::from_secs_f64(i as f64 / plan.rate);
         let now = Instant::now();
         if due > now {
             std::thread::sleep((due - now).min(Duration::from_millis(50)));
             continue;
         }
-        let channels = plan.channels.max(1);
         let channel = (i % channels) as usize;
         // The n-th message of its channel, whichever thread sends it.
         let count = i / channels + 1;
@@ -149,7 +163,7 @@ fn publish_loop(
             Ok(r) => fail(&mut summary, format!("status {}", r.status)),
             Err(e) => fail(&mut summary, e.to_string()),
         }
-        i += step;
+        i += advance;
     }
     summary
 }

@@ -100,6 +100,7 @@ def test_reconnects_over_sse_in_child_processes(start_server):
 def test_without_history_reconnects_lose_messages_and_the_run_fails(start_server, transport):
     # The check must be able to fail: with no history the server cannot give a
     # resuming subscriber what it missed, says so (gap), and the bench counts it.
+    # (A long-poll loses messages between its polls too, reconnecting or not.)
     srv = start_server("--history-size", "0")
     run = push_run(
         srv, transport, "--reconnect", "1", "--reconnect-interval", "100ms",
@@ -120,7 +121,7 @@ BAD = [
     (["echo", "--transport", "sse"], "--transport"),
     (["push", "--reconnect", "2"], "--reconnect"),
     (["push", "--url", "http://127.0.0.1:1"], "http://"),
-    (["push", "--transport", "poll", "--seq-from", "payload", "--reconnect", "0.1"], "--seq-from payload"),
+    (["push", "--transport", "ws", "--seq-from", "payload", "--reconnect", "0.1"], "--seq-from payload"),
     (["push", "--transport", "carrier-pigeon"], "carrier-pigeon"),
 ]
 
@@ -133,3 +134,51 @@ def test_bad_transport_flags_fail_clearly(args, mentions):
     assert run.returncode not in (0, 101), ctx
     assert mentions in run.stderr, ctx
     assert run.stdout.strip() == "", ctx
+
+
+def test_poll_does_not_count_what_history_held_before_the_run(start_server):
+    # A second run on the same channels: history is full of the first run's
+    # messages, and the first poll of each subscriber would get them at once.
+    srv = start_server()
+    first = push_run(srv, "poll", "--size", "1500", conns=20, channels=2, rate=200, prefix="again-")
+    assert first.returncode == 0, first.describe()
+    run = run_bench(
+        "push", "--url", f"http://127.0.0.1:{srv.port}", "--transport", "poll", "--rate", "0",
+        "--conns", 600, "--channels", 2, "--channel-prefix", "again-", "--publish-rate", 100,
+        "--size", "1500", "--grace", "1s", *short(duration="2s"),
+    )
+    ctx = run.describe()
+    assert_no_panic(run)
+    assert run.returncode == 0, ctx
+    r = run.report()
+    p = assert_complete(r, 600, 2, ctx)
+    # Only this run's messages: none from before its load began.
+    assert r["messages_total"] == p["delivered"], ctx
+    assert r["latency"]["max_us"] < 2_000_000, ctx
+
+
+def test_payload_numbering_with_several_publishers_keeps_each_channel_in_order(start_server):
+    srv = start_server()
+    conns, channels = 10, 2
+    run = push_run(
+        srv, "sse", "--seq-from", "payload", "--publishers", "4",
+        conns=conns, channels=channels, rate=2000,
+    )
+    ctx = run.describe()
+    assert_no_panic(run)
+    assert run.returncode == 0, ctx
+    assert_complete(run.report(), conns, channels, ctx)
+
+
+def test_a_refused_first_poll_is_a_failed_connection(start_server):
+    srv = start_server()
+    run = run_bench(
+        "push", "--url", f"http://127.0.0.1:{srv.port}/no-such-path/{{channel}}",
+        "--transport", "poll", "--conns", 5, *short(),
+    )
+    ctx = run.describe()
+    assert_no_panic(run)
+    assert run.returncode == 1, ctx
+    r = run.report()
+    assert (r["opened"], r["failed"], r["dropped"]) == (0, 5, 0), ctx
+    assert r["failures"] == {"poll: status 404": 5}, ctx
