@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of throng on a fresh machine: installs what is missing, builds,
 # then runs formatting and lint checks, the Rust unit tests, the Python
-# (`websockets`, `httpx`, curl, and Nchan as a foreign SSE server) and Go
+# (`websockets`, `httpx`, curl, Nchan as a foreign SSE server, two nodes on a real
+# Redis) and Go
 # (`gorilla/websocket`) integration suites against the real binary, and the Autobahn TestSuite cases 1-10 against a server it starts on a
 # free port and stops by pid.
 #
@@ -36,17 +37,23 @@ have python3 || apt_install python3
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
 have curl || apt_install curl
 have ip || apt_install iproute2   # network namespaces play remote peers in tests
-# Nchan (nginx module): a foreign SSE server the bench is tested against. The
-# packages would start the system nginx on port 80; a refusing policy-rc.d stops that.
-if ! have nginx || [[ ! -f /usr/lib/nginx/modules/ngx_nchan_module.so ]]; then
-    made_policy=0
+# Servers the tests start themselves, on free ports: Redis (the Redis broker's
+# tests; redis-cli comes along) and Nchan (nginx module: a foreign SSE server the
+# bench is tested against). Their packages would start system services (Redis on
+# 6379, nginx on 80); a refusing policy-rc.d stops that during the install.
+apt_install_no_services() {
+    local made_policy=0
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod +x /usr/sbin/policy-rc.d
         made_policy=1
     fi
-    apt_install nginx-light libnginx-mod-nchan
+    apt_install "$@"
     if [[ $made_policy == 1 ]]; then rm -f /usr/sbin/policy-rc.d; fi
+}
+have redis-server || apt_install_no_services redis-server
+if ! have nginx || [[ ! -f /usr/lib/nginx/modules/ngx_nchan_module.so ]]; then
+    apt_install_no_services nginx-light libnginx-mod-nchan
 fi
 cargo --version; go version; python3 --version
 

@@ -117,6 +117,33 @@ pub mod defaults {
     pub const HISTORY_SIZE: &str = "100";
     pub const HISTORY_TTL: &str = "5m";
     pub const STATS_INTERVAL: &str = "10s";
+    pub const BROKER: &str = "memory";
+}
+
+/// Which broker keeps channels: this process alone, or Redis for every node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrokerSpec {
+    Memory,
+    /// `redis://host[:port][/db]`, as written.
+    Redis(String),
+}
+
+impl std::str::FromStr for BrokerSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "memory" {
+            return Ok(BrokerSpec::Memory);
+        }
+        if s.starts_with("redis://") {
+            let client = ::redis::Client::open(s).map_err(|e| format!("'{s}': {e}"))?;
+            drop(client);
+            return Ok(BrokerSpec::Redis(s.to_string()));
+        }
+        Err(format!(
+            "'{s}' is not a broker: use memory or redis://host[:port][/db]"
+        ))
+    }
 }
 
 fn default_threads() -> usize {
@@ -195,6 +222,11 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_HISTORY_TTL", value_name = "DURATION", default_value = defaults::HISTORY_TTL, value_parser = parse_duration)]
     pub history_ttl: Duration,
 
+    /// Where channels live: memory (this process) or redis://host[:port][/db] (every
+    /// node sharing that Redis: one seq and history per channel, cluster-wide delivery)
+    #[arg(long, env = "THRONG_BROKER", value_name = "BROKER", default_value = defaults::BROKER)]
+    pub broker: BrokerSpec,
+
     /// On SIGTERM/SIGINT: close clients with 1001 and exit within this time
     #[arg(long, env = "THRONG_DRAIN_TIMEOUT", value_name = "DURATION", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -260,6 +292,10 @@ pub struct ServeConfig {
     /// How long a kept message stays, in whole seconds. Default 5 min; zero keeps
     /// none. Expired messages give their memory back.
     pub history_ttl: Duration,
+    /// Where channels live. Default `memory` (this process only); `redis://…` shares
+    /// seq, history, presence and delivery with every node on that Redis, at one
+    /// Redis round trip per publish and per resuming subscribe.
+    pub broker: BrokerSpec,
     /// Namespaces the config file declares (`[namespaces.NAME]`), each overriding
     /// the built-in rules and the history flags for its channels. Default: none
     /// (`chat:*` channels are chat rooms, every other channel is push-only).
@@ -296,6 +332,7 @@ impl Default for ServeConfig {
                 defaults::HISTORY_SIZE,
             ),
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
+            broker: builtin(str::parse, defaults::BROKER),
             namespaces: Namespaces::default(),
         }
     }
@@ -383,6 +420,7 @@ impl ServeArgs {
             stats_interval: self.stats_interval,
             history_size: self.history_size,
             history_ttl: self.history_ttl,
+            broker: self.broker,
             namespaces: match &self.config {
                 Some(path) => namespaces_from_file(path)?,
                 None => Namespaces::default(),

@@ -30,7 +30,8 @@ use std::thread::JoinHandle;
 use mio::{Poll, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::broker::{Broker, MemoryBroker};
+use crate::broker::{Broker, MemoryBroker, RedisBroker};
+use crate::config::BrokerSpec;
 use crate::config::ServeConfig;
 use crate::history::Limits;
 use crate::hub::Hub;
@@ -54,6 +55,8 @@ pub enum ServerError {
     Thread(io::Error),
     #[error("I/O thread panicked")]
     Panicked,
+    #[error("cannot start the broker: {0}")]
+    Broker(#[from] crate::broker::BrokerError),
 }
 
 /// A running server.
@@ -170,11 +173,19 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         size: config.history_size,
         ttl: config.history_ttl,
     };
-    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new(
-        Arc::clone(&hub),
-        history,
-        config.namespaces.clone(),
-    ));
+    let broker: Arc<dyn Broker> = match &config.broker {
+        BrokerSpec::Memory => Arc::new(MemoryBroker::new(
+            Arc::clone(&hub),
+            history,
+            config.namespaces.clone(),
+        )),
+        BrokerSpec::Redis(url) => Arc::new(RedisBroker::start(
+            Arc::clone(&hub),
+            url,
+            history,
+            config.namespaces.clone(),
+        )?),
+    };
     let shared = Arc::new(Shared::new(config, hub, broker));
     let mut handles = Vec::with_capacity(threads);
     for (index, (listeners, poll)) in per_thread.into_iter().zip(polls).enumerate() {

@@ -239,7 +239,10 @@ impl LocalSubscribers {
                 Some(after) => {
                     only_new = group
                         .iter()
-                        .filter(|m| !matches!(m.body, Body::Data { seq, .. } if seq <= after))
+                        .filter(|m| {
+                            // Seq 0 was never sequenced, so never replayed.
+                            !matches!(m.body, Body::Data { seq, .. } if seq != 0 && seq <= after)
+                        })
                         .filter_map(|m| format.frame(m))
                         .collect();
                     &only_new

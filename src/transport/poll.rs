@@ -104,6 +104,11 @@ pub fn encode(message: &Message) -> Option<Bytes> {
     else {
         return None;
     };
+    if *seq == 0 {
+        // Published straight into Redis and never sequenced: a poll could not say
+        // where to poll next, so polls do not get it.
+        return None;
+    }
     let item = Item {
         seq: *seq,
         payload,

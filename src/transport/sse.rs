@@ -70,7 +70,11 @@ fn data_lines(out: &mut Vec<u8>, text: &[u8]) {
 
 /// One message as an event.
 fn message_event(out: &mut Vec<u8>, seq: u64, epoch: u64, payload: &[u8], kind: DataKind) {
-    out.extend_from_slice(format!("id: {seq}:{epoch:016x}\n").as_bytes());
+    // Seq 0 (published straight into Redis, never sequenced) has no id, so a
+    // browser keeps resuming from the last message that had one.
+    if seq != 0 {
+        out.extend_from_slice(format!("id: {seq}:{epoch:016x}\n").as_bytes());
+    }
     match kind {
         DataKind::Text => data_lines(out, payload),
         DataKind::Binary => {

@@ -161,8 +161,12 @@ fn json_message_frame(
     body.extend_from_slice(b"{\"channel\":\"");
     // Channel names are validated to need no escaping.
     body.extend_from_slice(channel.as_bytes());
-    body.extend_from_slice(b"\",\"seq\":");
-    body.extend_from_slice(seq.to_string().as_bytes());
+    body.push(b'"');
+    // Seq 0: published straight into Redis by another program, never sequenced.
+    if seq != 0 {
+        body.extend_from_slice(b",\"seq\":");
+        body.extend_from_slice(seq.to_string().as_bytes());
+    }
     body.extend_from_slice(b",\"data\":");
     json_data(&mut body, payload, kind);
     if let Some(from) = from {

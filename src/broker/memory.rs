@@ -1,0 +1,489 @@
+//! The in-memory broker: every channel's `seq`, history, epoch and presence in
+//! this process, handed to the local [`Hub`]. The whole story on one process; it
+//! must not touch sockets, connections or wire formats.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{
+    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, Member, Outgoing, Replay, Resume,
+    Subscribed, new_epoch,
+};
+use crate::history::{self, History, Limits};
+use crate::hub::{Audience, Body, Channel, ConnRef, Hub};
+use crate::rules::Namespaces;
+
+const SHARDS: usize = 64;
+
+/// One channel's life in the memory broker.
+#[derive(Debug)]
+struct Log {
+    seq: u64,
+    last_used: Instant,
+    history: History,
+    /// What this channel's history keeps (its namespace's, or the server's).
+    limits: Limits,
+    epoch: u64,
+    /// The hub's channel while this process has subscribers: set by the first
+    /// subscribe and cleared by the last unsubscribe, both under this log's lock,
+    /// so a publish reaches the hub without a second lookup by name.
+    local: Option<Arc<Channel>>,
+}
+
+/// A shard of channel logs, by name.
+type LogShard = Mutex<HashMap<Box<str>, Arc<Mutex<Log>>>>;
+
+/// Everything in this process: `seq`, history and presence live here and in the hub.
+#[derive(Debug)]
+pub struct MemoryBroker {
+    hub: Arc<Hub>,
+    shards: Vec<LogShard>,
+    hasher: std::collections::hash_map::RandomState,
+    /// How much history each channel keeps, unless its namespace says otherwise.
+    history: Limits,
+    namespaces: Namespaces,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl MemoryBroker {
+    pub fn new(hub: Arc<Hub>, history: Limits, namespaces: Namespaces) -> Self {
+        MemoryBroker {
+            hub,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+            history,
+            namespaces,
+        }
+    }
+
+    fn shard(&self, name: &str) -> MutexGuard<'_, HashMap<Box<str>, Arc<Mutex<Log>>>> {
+        lock(&self.shards[(self.hasher.hash_one(name) as usize) % SHARDS])
+    }
+
+    /// The channel's log, created if new. Whoever uses it marks it used.
+    fn log(&self, name: &str) -> Arc<Mutex<Log>> {
+        let mut shard = self.shard(name);
+        if let Some(log) = shard.get(name) {
+            return Arc::clone(log);
+        }
+        let log = Arc::new(Mutex::new(Log {
+            seq: 0,
+            last_used: Instant::now(),
+            history: History::default(),
+            limits: {
+                let (size, ttl) = self.namespaces.history(name);
+                Limits {
+                    size: size.unwrap_or(self.history.size),
+                    ttl: ttl.unwrap_or(self.history.ttl),
+                }
+            },
+            epoch: new_epoch(),
+            local: None,
+        }));
+        shard.insert(name.into(), Arc::clone(&log));
+        log
+    }
+
+    fn find(&self, name: &str) -> Option<Arc<Mutex<Log>>> {
+        self.shard(name).get(name).cloned()
+    }
+
+    fn announce(
+        &self,
+        channel: &Arc<Channel>,
+        event: &'static str,
+        client: &str,
+        count: u64,
+        exclude: Option<ConnRef>,
+    ) {
+        // An event nobody can take right now is dropped: presence is advisory and
+        // the count in the next event is exact again.
+        let _ = self
+            .hub
+            .deliver(channel, Audience::Listeners, exclude, || Body::Event {
+                event,
+                client: client.into(),
+                count,
+            });
+    }
+
+    /// Forgets channels nobody subscribed to or published on for `retention`
+    /// (their `seq` starts again at 1 if they come back).
+    fn sweep(&self, retention: Duration) -> usize {
+        let now = Instant::now();
+        let mut removed = 0;
+        for shard in &self.shards {
+            let secs = history::now_secs();
+            lock(shard).retain(|_, log| {
+                let mut guard = lock(log);
+                let ttl = guard.limits.ttl;
+                guard.history.expire(secs, ttl);
+                // A log someone holds right now (a publish under way) is in use.
+                let idle = Arc::strong_count(log) == 1
+                    && guard.local.is_none()
+                    && now.duration_since(guard.last_used) >= retention;
+                drop(guard);
+                removed += usize::from(idle);
+                !idle
+            });
+        }
+        removed
+    }
+}
+
+impl Broker for MemoryBroker {
+    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
+        let log = self.log(channel);
+        // The log stays locked while the hub hands the message out, so every
+        // subscriber sees one channel's messages in `seq` order.
+        let mut log = lock(&log);
+        log.last_used = Instant::now();
+        let seq = log.seq + 1;
+        if let Some(local) = &log.local {
+            self.hub
+                .deliver(local, Audience::Everyone, None, || Body::Data {
+                    seq,
+                    epoch: log.epoch,
+                    payload: bytes::Bytes::copy_from_slice(message.payload),
+                    kind: message.kind,
+                    from: message.from.map(Box::from),
+                })?;
+        }
+        log.seq = seq;
+        let limits = log.limits;
+        if limits.enabled() {
+            let now = history::now_secs();
+            log.history.push(
+                seq,
+                message.payload,
+                message.kind,
+                message.from,
+                now,
+                limits,
+            );
+        }
+        Ok(seq)
+    }
+
+    fn subscribe(
+        &self,
+        channel: &str,
+        member: Member<'_>,
+        resume: Option<Resume>,
+    ) -> Result<Subscribed, BrokerError> {
+        let log = self.log(channel);
+        let mut log = lock(&log);
+        log.last_used = Instant::now();
+        let replay = resume.map(|_| {
+            let ttl = log.limits.ttl;
+            log.history.expire(history::now_secs(), ttl);
+            Replay {
+                messages: log.history.after(0),
+                last_seq: log.seq,
+                oldest: log.history.oldest_seq().unwrap_or(log.seq + 1),
+                epoch: log.epoch,
+            }
+        });
+        // Registered under the log's lock: a publish is delivered either before
+        // this subscriber counts (and history has it) or to it, never neither.
+        let (hub_channel, count) =
+            self.hub
+                .subscribe(channel, member.conn.loop_index, member.listens);
+        log.local = Some(Arc::clone(&hub_channel));
+        drop(log);
+        if let Some(name) = member.announce {
+            self.announce(&hub_channel, "join", name, count, Some(member.conn));
+        }
+        Ok(Subscribed {
+            channel: hub_channel,
+            count,
+            replay,
+        })
+    }
+
+    fn unsubscribe(&self, channel: &Arc<Channel>, member: Member<'_>) {
+        let log = self.find(channel.name());
+        let mut log = log.as_deref().map(lock);
+        let left = self
+            .hub
+            .unsubscribe(channel, member.conn.loop_index, member.listens);
+        if let Some(log) = log.as_mut() {
+            log.last_used = Instant::now();
+            if left == 0 {
+                log.local = None;
+            }
+        }
+        drop(log);
+        if let Some(name) = member.announce
+            && left > 0
+        {
+            self.announce(channel, "leave", name, left, None);
+        }
+    }
+
+    fn history(&self, channel: &str, since: u64) -> Result<Replay, BrokerError> {
+        let log = self.log(channel);
+        let mut log = lock(&log);
+        let ttl = log.limits.ttl;
+        log.history.expire(history::now_secs(), ttl);
+        Ok(Replay {
+            messages: log.history.after(since),
+            last_seq: log.seq,
+            oldest: log.history.oldest_seq().unwrap_or(log.seq + 1),
+            epoch: log.epoch,
+        })
+    }
+
+    fn channel_info(&self, channel: &str) -> ChannelInfo {
+        let Some(log) = self.find(channel) else {
+            return ChannelInfo::default();
+        };
+        let mut log = lock(&log);
+        let ttl = log.limits.ttl;
+        log.history.expire(history::now_secs(), ttl);
+        ChannelInfo {
+            subscribers: log.local.as_ref().map_or(0, |c| c.subscribers()),
+            last_seq: log.seq,
+            history_len: log.history.len(),
+            epoch: Some(log.epoch),
+        }
+    }
+
+    fn channel_count(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    fn maintain(&self) {
+        self.sweep(CHANNEL_RETENTION);
+    }
+
+    fn describe(&self) -> String {
+        "memory".into()
+    }
+
+    fn healthy(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::{Gap, GapReason};
+    use crate::hub::Delivery;
+    use crate::protocol::DataKind;
+
+    fn broker(loops: usize, history_size: usize) -> (MemoryBroker, Arc<Hub>, Vec<mio::Poll>) {
+        let limits = Limits {
+            size: history_size,
+            ttl: Duration::from_secs(300),
+        };
+        let polls: Vec<mio::Poll> = (0..loops).map(|_| mio::Poll::new().unwrap()).collect();
+        let wakers = polls
+            .iter()
+            .map(|p| Arc::new(mio::Waker::new(p.registry(), mio::Token(0)).unwrap()))
+            .collect();
+        let hub = Arc::new(Hub::new(wakers, 2));
+        let broker = MemoryBroker::new(Arc::clone(&hub), limits, Namespaces::default());
+        (broker, hub, polls)
+    }
+
+    fn text(payload: &str) -> Outgoing<'_> {
+        Outgoing {
+            payload: payload.as_bytes(),
+            kind: DataKind::Text,
+            from: None,
+        }
+    }
+
+    fn member(key: usize, announce: Option<&str>) -> Member<'_> {
+        Member {
+            conn: ConnRef { loop_index: 0, key },
+            listens: true,
+            announce,
+        }
+    }
+
+    fn taken(hub: &Hub) -> Vec<Delivery> {
+        let mut batch = Vec::new();
+        hub.inbox(0).take(&mut batch);
+        batch
+    }
+
+    #[test]
+    fn seq_counts_up_per_channel_with_or_without_subscribers() {
+        let (broker, hub, _polls) = broker(1, 0);
+        assert_eq!(broker.publish("a", text("x")), Ok(1));
+        broker.subscribe("a", member(1, None), None).unwrap();
+        assert_eq!(broker.publish("a", text("y")), Ok(2));
+        assert_eq!(broker.publish("b", text("z")), Ok(1));
+        let batch = taken(&hub);
+        assert_eq!(batch.len(), 1);
+        assert!(matches!(batch[0].body, Body::Data { seq: 2, .. }));
+        let info = broker.channel_info("a");
+        assert_eq!((info.subscribers, info.last_seq), (1, 2));
+        assert_eq!(broker.channel_count(), 2);
+    }
+
+    #[test]
+    fn members_are_announced_to_others_on_joining_and_leaving() {
+        let (broker, hub, _polls) = broker(1, 0);
+        broker
+            .subscribe("chat:r", member(1, Some("c1")), None)
+            .unwrap();
+        let second = broker
+            .subscribe("chat:r", member(2, Some("c2")), None)
+            .unwrap();
+        assert_eq!(second.count, 2);
+        broker.unsubscribe(&second.channel, member(2, Some("c2")));
+        let batch = taken(&hub);
+        let events: Vec<(&str, &str, u64, Option<ConnRef>)> = batch
+            .iter()
+            .filter_map(|m| match &m.body {
+                Body::Event {
+                    event,
+                    client,
+                    count,
+                } => Some((*event, &**client, *count, m.exclude)),
+                Body::Data { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            events,
+            vec![
+                ("join", "c1", 1, Some(member(1, None).conn)),
+                ("join", "c2", 2, Some(member(2, None).conn)),
+                ("leave", "c2", 1, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn history_keeps_the_last_messages_after_a_seq() {
+        let (broker, _hub, _polls) = broker(1, 3);
+        for word in ["a", "b", "c", "d", "e"] {
+            broker.publish("h", text(word)).unwrap();
+        }
+        let replay = broker.history("h", 3).unwrap();
+        let seqs: Vec<u64> = replay.messages.iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, vec![4, 5]);
+        assert_eq!((replay.last_seq, replay.oldest), (5, 3));
+        assert_eq!(replay.messages[0].payload, bytes::Bytes::from_static(b"d"));
+        // Up to seq 1 seen: seq 2 is gone, which the reader can tell.
+        assert!(broker.history("h", 1).unwrap().oldest > 2);
+        assert_eq!(broker.channel_info("h").history_len, 3);
+        let none = broker.history("never", 0).unwrap();
+        assert!(none.messages.is_empty() && none.oldest == 1);
+    }
+
+    #[test]
+    fn history_keeps_who_sent_a_chat_message() {
+        let (broker, _hub, _polls) = broker(1, 10);
+        let said = Outgoing {
+            payload: b"hi",
+            kind: DataKind::Text,
+            from: Some("c42"),
+        };
+        broker.publish("chat:r", said).unwrap();
+        broker.publish("chat:r", text("pushed")).unwrap();
+        let replay = broker.history("chat:r", 0).unwrap();
+        let from: Vec<Option<&str>> = replay.messages.iter().map(|m| m.from.as_deref()).collect();
+        assert_eq!(from, vec![Some("c42"), None]);
+    }
+
+    #[test]
+    fn a_returning_subscriber_gets_what_it_missed_or_is_told_of_the_gap() {
+        let (broker, _hub, _polls) = broker(1, 3);
+        for word in ["a", "b", "c", "d", "e"] {
+            broker.publish("r", text(word)).unwrap();
+        }
+        let resume = |since, epoch| Some(Resume { since, epoch });
+        let seqs = |s: &Subscribed| -> Vec<u64> {
+            s.replay
+                .as_ref()
+                .unwrap()
+                .messages
+                .iter()
+                .map(|m| m.seq)
+                .collect()
+        };
+        let joined = broker
+            .subscribe("r", member(1, None), resume(3, None))
+            .unwrap();
+        let replay = joined.replay.clone().unwrap();
+        let epoch = replay.epoch;
+        let (given, gap) = replay.for_resume(Resume {
+            since: 3,
+            epoch: Some(epoch),
+        });
+        assert_eq!(
+            given.messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
+            vec![4, 5]
+        );
+        assert_eq!(gap, None);
+        assert_eq!(seqs(&joined), vec![3, 4, 5]);
+        // seq 2 fell out of history (size 3 keeps 3..=5).
+        let (given, gap) = joined.replay.clone().unwrap().for_resume(Resume {
+            since: 1,
+            epoch: None,
+        });
+        assert_eq!(given.messages.len(), 3);
+        assert_eq!(
+            gap,
+            Some(Gap {
+                from: 2,
+                to: 2,
+                reason: GapReason::TooOld
+            })
+        );
+        // Another epoch, or a seq this epoch never reached: everything kept, and the gap.
+        for (since, epoch) in [(3, Some(epoch ^ 1)), (9, None)] {
+            let (given, gap) = joined
+                .replay
+                .clone()
+                .unwrap()
+                .for_resume(Resume { since, epoch });
+            assert_eq!(given.messages.len(), 3);
+            assert_eq!(
+                gap,
+                Some(Gap {
+                    from: 1,
+                    to: 2,
+                    reason: GapReason::NewEpoch
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn a_forgotten_channel_comes_back_in_a_new_epoch() {
+        let (broker, _hub, _polls) = broker(1, 10);
+        broker.publish("e", text("x")).unwrap();
+        let first = broker.history("e", 0).unwrap();
+        assert_eq!(first.messages.len(), 1);
+        assert_eq!(broker.channel_info("e").epoch, Some(first.epoch));
+        assert_eq!(broker.sweep(Duration::ZERO), 1);
+        assert_eq!(broker.channel_info("e").epoch, None);
+        assert_eq!(broker.publish("e", text("y")), Ok(1));
+        let second = broker.history("e", 0).unwrap();
+        assert_ne!(first.epoch, second.epoch);
+        assert_eq!(second.messages[0].payload, bytes::Bytes::from_static(b"y"));
+    }
+
+    #[test]
+    fn unused_channels_are_forgotten_and_their_seq_starts_again() {
+        let (broker, _hub, _polls) = broker(1, 0);
+        let kept = broker.subscribe("kept", member(1, None), None).unwrap();
+        broker.publish("idle", text("x")).unwrap();
+        assert_eq!(broker.sweep(Duration::ZERO), 1);
+        assert_eq!(broker.channel_info("kept").subscribers, 1);
+        assert_eq!(broker.publish("idle", text("x")), Ok(1));
+        broker.unsubscribe(&kept.channel, member(1, None));
+        assert_eq!(broker.sweep(Duration::from_secs(60)), 0);
+    }
+}
