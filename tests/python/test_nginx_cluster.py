@@ -1,0 +1,155 @@
+"""The cluster as deployed: Redis, two throng nodes on it, and nginx in front with
+deploy/nginx.conf (its upstream pointed at the two nodes; ip_hash taken out, since
+every test client comes from 127.0.0.1 and would land on one node; round-robin
+spreads them over both). Subscribers over WebSocket, SSE and long-poll through
+nginx, publishes through nginx and straight to each node: every subscriber gets
+every message exactly once, in order, with the same seq everywhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, tcp_connectable
+from rawws import channel_info, http_request, publish_ok
+from test_redis import poll, redis, wait_for, wait_healthy  # noqa: F401 (redis: the fixture)
+from test_sse import EventReader
+from wsutil import recv_json, run, ws_connect
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY_CONF = ROOT / "deploy/nginx.conf"
+
+
+class Nginx:
+    def __init__(self, node_ports: list[int]):
+        self.dir = tempfile.TemporaryDirectory(prefix="throng-nginx-")
+        d = Path(self.dir.name)
+        (d / "tmp").mkdir()
+        self.port = free_port()
+        site = DEPLOY_CONF.read_text()
+        servers = "\n".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;" for p in node_ports)
+        site, n = re.subn(r"(?m)^    server 127\.0\.0\.1:\d+ .*\n(    server 127\.0\.0\.1:\d+ .*\n)*", servers + "\n", site)
+        assert n == 1, "deploy/nginx.conf: the upstream's server lines were not found"
+        site = site.replace("    ip_hash;\n", "")
+        site = site.replace("listen 80;", f"listen 127.0.0.1:{self.port};")
+        (d / "site.conf").write_text(site)
+        user = ""
+        if os.geteuid() == 0:
+            import grp
+            import pwd
+
+            user = f"user {pwd.getpwuid(os.getuid()).pw_name} {grp.getgrgid(os.getgid()).gr_name};"
+        (d / "nginx.conf").write_text(f"""{user}
+daemon off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    include {d}/site.conf;
+}}
+""")
+        self.log = d / "error.log"
+        self.proc = subprocess.Popen(
+            ["nginx", "-p", f"{d}/", "-c", "nginx.conf", "-e", str(self.log)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 10
+        while not tcp_connectable(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                err = self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
+                self.stop()
+                raise RuntimeError(f"nginx did not start: {err} {self.describe()}")
+            time.sleep(0.05)
+
+    def describe(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        self.dir.cleanup()
+
+
+@pytest.fixture
+def fronted(start_server, redis):
+    a = start_server("--broker", redis.url)
+    b = start_server("--broker", redis.url)
+    for node in (a, b):
+        wait_healthy(node.port)
+    proxy = Nginx([a.port, b.port])
+    yield a, b, proxy
+    proxy.stop()
+
+
+def test_every_transport_through_nginx_gets_everything_once_in_order(fronted):
+    a, b, proxy = fronted
+    n = 30
+
+    async def main():
+        url = f"ws://127.0.0.1:{proxy.port}/ws/feed?format=json"
+        sockets = [await ws_connect(url) for _ in range(4)]
+        readers = [EventReader(f"http://127.0.0.1:{proxy.port}/sse/feed") for _ in range(4)]
+        try:
+            # Round-robin put them on both nodes.
+            wait_for(lambda: channel_info(a.port, "feed")["subscribers"] == 8, timeout=5, what="8 subscribers")
+            local = [
+                http_request(node.port, "GET", "/api/stats").json()["connections"] for node in (a, b)
+            ]
+            assert all(c["websocket"] > 0 and c["sse"] > 0 for c in local), local
+            polled: list[dict] = []
+            poller = threading.Thread(target=lambda: polled.extend(poll_all(proxy.port, n)))
+            poller.start()
+            seqs = []
+            for i in range(n):
+                port = (proxy.port, a.port, b.port)[i % 3]
+                seqs.append(publish_ok(port, "feed", f"m{i}"))
+            assert seqs == list(range(1, n + 1)), seqs
+            for ws in sockets:
+                got = [await recv_json(ws) for _ in range(n)]
+                assert [(m["seq"], m["data"]) for m in got] == [(i + 1, f"m{i}") for i in range(n)]
+            epoch = channel_info(proxy.port, "feed")["epoch"]
+            for reader in readers:
+                assert reader.wait(n) == [{"id": f"{i + 1}:{epoch}", "data": f"m{i}"} for i in range(n)]
+            poller.join(30)
+            assert [(m["seq"], m["data"]) for m in polled] == [(i + 1, f"m{i}") for i in range(n)], polled
+        finally:
+            for ws in sockets:
+                await ws.close()
+            for reader in readers:
+                reader.close()
+
+    run(main(), timeout=60)
+
+
+def poll_all(port: int, n: int) -> list[dict]:
+    """A long-poll client loop through nginx: since=next until n messages came."""
+    got: list[dict] = []
+    since = 0
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        answer = poll(port, "feed", since=since, timeout=10)
+        got.extend(answer["messages"])
+        since = answer["next"]
+    return got
