@@ -118,6 +118,7 @@ pub mod defaults {
     pub const HISTORY_TTL: &str = "5m";
     pub const STATS_INTERVAL: &str = "10s";
     pub const BROKER: &str = "memory";
+    pub const WORKERS: &str = "1";
 }
 
 /// Which broker keeps channels: this process alone, or Redis for every node.
@@ -227,6 +228,11 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_BROKER", value_name = "BROKER", default_value = defaults::BROKER)]
     pub broker: BrokerSpec,
 
+    /// Processes sharing the listeners (SO_REUSEPORT), each with --threads I/O
+    /// threads; above 1 they reach each other through the broker (needs redis://)
+    #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
+    pub workers: usize,
+
     /// On SIGTERM/SIGINT: close clients with 1001 and exit within this time
     #[arg(long, env = "THRONG_DRAIN_TIMEOUT", value_name = "DURATION", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -296,6 +302,10 @@ pub struct ServeConfig {
     /// seq, history, presence and delivery with every node on that Redis, at one
     /// Redis round trip per publish and per resuming subscribe.
     pub broker: BrokerSpec,
+    /// Worker processes sharing the listeners. Default 1 (this process serves);
+    /// above 1 a master runs that many and restarts any that dies, each holding up
+    /// to its own open-files limit. Needs a Redis broker.
+    pub workers: usize,
     /// Namespaces the config file declares (`[namespaces.NAME]`), each overriding
     /// the built-in rules and the history flags for its channels. Default: none
     /// (`chat:*` channels are chat rooms, every other channel is push-only).
@@ -333,6 +343,7 @@ impl Default for ServeConfig {
             ),
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
             broker: builtin(str::parse, defaults::BROKER),
+            workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
             namespaces: Namespaces::default(),
         }
     }
@@ -421,6 +432,7 @@ impl ServeArgs {
             history_size: self.history_size,
             history_ttl: self.history_ttl,
             broker: self.broker,
+            workers: self.workers,
             namespaces: match &self.config {
                 Some(path) => namespaces_from_file(path)?,
                 None => Namespaces::default(),

@@ -10,13 +10,13 @@
 //!   responses, as pure functions and a per-connection decoder (no I/O).
 //! - [`server`]: listeners, one mio event loop per I/O thread, per-connection
 //!   state, HTTP connections, routes, per-loop subscribers, admission, shutdown.
-//! - [`transport`]: the transport seam; WebSocket today (SSE and long-poll are
-//!   further files there): formats, what a connection holds while idle, heartbeat,
-//!   close.
+//! - [`transport`]: the transport seam: WebSocket, SSE and long-poll; formats,
+//!   what a connection holds while idle, heartbeat, close.
 //! - [`rules`]: channel names, namespaces (chat rooms, push-only channels), client
 //!   names, and what a client's message means, as pure decisions.
 //! - [`broker`]: a channel's life: `seq`, subscribe/unsubscribe, presence, history
-//!   (in memory now, Redis later); [`hub`]: the local, transport-neutral hand-off
+//!   (in this process, or shared by every node through Redis); [`hub`]: the local,
+//!   transport-neutral hand-off
 //!   of each message to the event loops with subscribers.
 //! - [`outbound`]: the one write path (writev, a queue of shared chunks only while
 //!   the socket is behind), used by the server and the load generator.
@@ -25,6 +25,7 @@
 //! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1
 //!   client for the API (`throng pub`).
 //! - [`os`]: the open-files limit and the connection ceiling it gives.
+//! - [`workers`]: `--workers N`, a master that keeps N serving processes running.
 
 pub mod bench;
 pub mod broker;
@@ -39,3 +40,4 @@ pub mod rules;
 pub mod server;
 pub mod stats;
 pub mod transport;
+pub mod workers;

@@ -84,6 +84,9 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Serve(serve_args) => {
             let config = serve_args.into_config()?;
+            if config.workers > 1 && !throng::workers::is_worker() {
+                return supervise(&config);
+            }
             serve(config)
         }
         Command::Pub(args) => publish(args),
@@ -143,6 +146,33 @@ fn publish(args: PubArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--workers N`: this process runs N serving processes and keeps them running.
+fn supervise(config: &ServeConfig) -> Result<()> {
+    if config.broker == config::BrokerSpec::Memory {
+        anyhow::bail!(
+            "--workers {} needs --broker redis://host:port: workers fan out to each other through the broker, and the memory broker is one process's",
+            config.workers
+        );
+    }
+    if config.listen.iter().any(|a| a.port() == 0) {
+        anyhow::bail!(
+            "--workers {} needs fixed ports: with port 0 every worker would listen on a port of its own",
+            config.workers
+        );
+    }
+    let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
+    let per_worker = limit.connection_ceiling(config.listen.len() * config.threads);
+    tracing::info!(
+        "{} workers on {}, joined through Redis: at most ~{} connections each, ~{} in all",
+        config.workers,
+        listen_ranges(&config.listen).join(", "),
+        os::thousands(per_worker),
+        os::thousands(per_worker * config.workers as u64)
+    );
+    throng::workers::supervise(config.workers, config.drain_timeout)?;
+    Ok(())
+}
+
 fn serve(config: ServeConfig) -> Result<()> {
     let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
     let listeners = config.listen.len() * config.threads;
@@ -163,6 +193,13 @@ fn serve(config: ServeConfig) -> Result<()> {
     }
     let broker = handle.broker();
     tracing::info!(threads, "I/O threads: {threads}; broker: {broker}");
+    if let Some(index) = std::env::var_os(throng::workers::WORKER_ENV) {
+        tracing::info!(
+            "worker {}, pid {}",
+            index.to_string_lossy(),
+            std::process::id()
+        );
+    }
     tracing::info!("limits: {summary}");
     if config.api_key.is_none() {
         tracing::info!("publish API: no --api-key set, accepting loopback peers only");

@@ -510,6 +510,8 @@ fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome
             "uptime_seconds": uptime,
             "broker": ctx.shared.broker.describe(),
             "broker_healthy": ctx.shared.broker.healthy(),
+            // Which process answered (with --workers, each counts its own).
+            "pid": std::process::id(),
         }),
         0,
     )

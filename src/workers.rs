@@ -1,0 +1,158 @@
+//! `--workers N`: a master process that runs N worker processes of this same
+//! binary with the same flags, all listening on the same ports (SO_REUSEPORT, so
+//! the kernel spreads connections over them), and keeps them running.
+//!
+//! It owns the workers' lives: starting them (each marked by
+//! `THRONG_WORKER_INDEX`), restarting one that dies (after a pause if it died
+//! young, so a worker that cannot start does not spin), and on SIGTERM/SIGINT
+//! passing the signal on for a graceful drain and waiting for them (a second
+//! signal kills them). Workers reach each other only through the broker, so more
+//! than one needs Redis. It must not serve connections or read the server's state.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Set in a worker's environment to its index: the process serves instead of
+/// supervising, whatever `--workers` says.
+pub const WORKER_ENV: &str = "THRONG_WORKER_INDEX";
+/// A worker that dies sooner than this after its start waits before the next try.
+const YOUNG: Duration = Duration::from_secs(2);
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+/// How often the master looks at its workers.
+const TICK: Duration = Duration::from_millis(100);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkersError {
+    #[error("cannot find this program to start workers: {0}")]
+    Exe(std::io::Error),
+    #[error("cannot start worker {index}: {source}")]
+    Spawn {
+        index: usize,
+        source: std::io::Error,
+    },
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// This process is a worker of a master (`--workers` then means nothing here).
+pub fn is_worker() -> bool {
+    std::env::var_os(WORKER_ENV).is_some()
+}
+
+struct Worker {
+    index: usize,
+    child: Child,
+    started: Instant,
+}
+
+fn spawn(exe: &std::path::Path, args: &[OsString], index: usize) -> Result<Worker, WorkersError> {
+    let child = Command::new(exe)
+        .args(args)
+        .env(WORKER_ENV, index.to_string())
+        // Its own process group: a terminal's Ctrl-C reaches the master only, which
+        // passes one SIGTERM on (a second signal would make a worker skip its drain).
+        .process_group(0)
+        .spawn()
+        .map_err(|source| WorkersError::Spawn { index, source })?;
+    tracing::info!(worker = index, pid = child.id(), "worker started");
+    Ok(Worker {
+        index,
+        child,
+        started: Instant::now(),
+    })
+}
+
+fn signal_all(workers: &[Worker], signal: libc::c_int) {
+    for w in workers {
+        if let Ok(pid) = libc::pid_t::try_from(w.child.id()) {
+            // SAFETY: kill(2) on a child's pid; a child already gone gives ESRCH.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+}
+
+/// Runs `count` workers with this process's own arguments until a signal, then
+/// drains them (up to `drain` plus a margin) and returns.
+pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
+    let exe = std::env::current_exe().map_err(WorkersError::Exe)?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let signals = Arc::new(AtomicUsize::new(0));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let seen = Arc::clone(&signals);
+        // SAFETY: the handler only increments an atomic.
+        unsafe {
+            signal_hook::low_level::register(signal, move || {
+                seen.fetch_add(1, Ordering::SeqCst);
+            })
+        }
+        .map_err(WorkersError::Signals)?;
+    }
+    let mut workers = Vec::with_capacity(count);
+    for index in 0..count {
+        workers.push(spawn(&exe, &args, index)?);
+    }
+    let mut restarts: Vec<(usize, Instant)> = Vec::new();
+    loop {
+        if signals.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        let mut i = 0;
+        while i < workers.len() {
+            match workers[i].child.try_wait() {
+                Ok(Some(status)) => {
+                    let w = workers.swap_remove(i);
+                    tracing::warn!(worker = w.index, %status, "worker died; starting it again");
+                    let at = if w.started.elapsed() < YOUNG {
+                        Instant::now() + RESTART_PAUSE
+                    } else {
+                        Instant::now()
+                    };
+                    restarts.push((w.index, at));
+                }
+                Ok(None) => i += 1,
+                Err(e) => {
+                    tracing::warn!(worker = workers[i].index, error = %e, "cannot check worker");
+                    i += 1;
+                }
+            }
+        }
+        let now = Instant::now();
+        let mut j = 0;
+        while j < restarts.len() {
+            if restarts[j].1 <= now {
+                let (index, _) = restarts.swap_remove(j);
+                match spawn(&exe, &args, index) {
+                    Ok(w) => workers.push(w),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "restart failed; trying again");
+                        restarts.push((index, now + RESTART_PAUSE));
+                    }
+                }
+            } else {
+                j += 1;
+            }
+        }
+        std::thread::sleep(TICK);
+    }
+    tracing::info!("shutting down: draining {} worker(s)", workers.len());
+    signal_all(&workers, libc::SIGTERM);
+    let deadline = Instant::now() + drain + Duration::from_secs(5);
+    let mut killed = false;
+    while !workers.is_empty() {
+        workers.retain_mut(|w| !matches!(w.child.try_wait(), Ok(Some(_))));
+        if !killed && (signals.load(Ordering::SeqCst) > 1 || Instant::now() >= deadline) {
+            tracing::warn!("workers still running: killing them");
+            signal_all(&workers, libc::SIGKILL);
+            killed = true;
+        }
+        std::thread::sleep(TICK);
+    }
+    tracing::info!("all workers stopped");
+    Ok(())
+}

@@ -1,0 +1,93 @@
+"""`--workers N`: a master runs N serving processes on one port (SO_REUSEPORT), all
+joined through Redis, and keeps them running: connections spread over the workers,
+a broadcast reaches subscribers of every worker, a killed worker is started again,
+SIGTERM drains them all; without Redis, more than one worker is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from conftest import free_port, throng_bin
+from rawws import http_request, publish_ok
+from test_redis import redis, wait_for  # noqa: F401 (redis: the fixture)
+from wsutil import recv_json, run, ws_connect
+
+
+def children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def answering_pids(port: int, tries: int = 60) -> set[int]:
+    return {http_request(port, "GET", "/api/stats").json()["pid"] for _ in range(tries)}
+
+
+def test_workers_share_a_port_fan_out_through_redis_and_are_restarted(start_server, redis):
+    port = free_port()
+    master = start_server("--listen", f"127.0.0.1:{port}", "--workers", "4", "--broker", redis.url,
+                          ports=[port])
+    def four_workers():
+        c = children(master.pid)
+        return c if len(c) == 4 else None
+
+    workers = wait_for(four_workers, what="4 workers")
+
+    def several_answering():
+        p = answering_pids(port)
+        return p if len(p) >= 2 else None
+
+    # The kernel spreads connections over the workers.
+    pids = wait_for(several_answering, what="several workers answering")
+    assert pids <= workers, (pids, workers)
+
+    async def main():
+        subs = [await ws_connect(f"ws://127.0.0.1:{port}/ws/all?format=json") for _ in range(24)]
+        try:
+            wait_for(lambda: http_request(port, "GET", "/api/channels/all").json()["subscribers"] == 24,
+                     what="24 subscribers counted over the workers")
+            seq = publish_ok(port, "all", "to everyone")
+            for ws in subs:
+                msg = await recv_json(ws)
+                assert (msg["seq"], msg["data"]) == (seq, "to everyone"), msg
+        finally:
+            for ws in subs:
+                await ws.close()
+
+    run(main())
+    # A worker killed outright is started again; the port keeps answering.
+    victim = sorted(workers)[0]
+    os.kill(victim, signal.SIGKILL)
+    def replaced():
+        c = children(master.pid)
+        return c if len(c) == 4 and victim not in c else None
+
+    renewed = wait_for(replaced, timeout=10, what="the killed worker replaced")
+    assert len(renewed - workers) == 1
+    assert http_request(port, "GET", "/healthz").status == 200
+    # SIGTERM to the master drains every worker and ends the master.
+    os.kill(master.pid, signal.SIGTERM)
+    assert master.wait(20) == 0, master.describe()
+    assert not any(os.path.exists(f"/proc/{p}") for p in renewed), "a worker outlived its master"
+    assert "worker died; starting it again" in master.stderr()
+
+
+def test_more_than_one_worker_needs_redis():
+    out = subprocess.run(
+        [str(throng_bin()), "serve", "--listen", f"127.0.0.1:{free_port()}", "--workers", "2"],
+        capture_output=True, timeout=10,
+    )
+    assert out.returncode != 0
+    assert b"--workers 2 needs --broker redis://" in out.stderr, out.stderr
