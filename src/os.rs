@@ -26,6 +26,19 @@ impl FileLimit {
     }
 }
 
+/// Bytes a TCP socket's kernel send queue still holds (not yet acknowledged by
+/// the peer); 0 if the kernel will not say.
+pub fn unsent_bytes(fd: std::os::fd::RawFd) -> usize {
+    let mut unsent: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one c_int for a socket fd; a bad fd only fails.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut unsent) };
+    if rc == 0 {
+        usize::try_from(unsent).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit and returns both.
 pub fn raise_open_files_limit() -> io::Result<FileLimit> {
     let mut lim = libc::rlimit {

@@ -82,8 +82,9 @@ pub struct OutQueue {
     /// Bytes of a catch-up still queued, right behind `ahead`: they do not count
     /// (see [`Outbound::send_catch_up`]). `ahead + catch_up <= bytes`.
     catch_up: usize,
-    /// `catch_up` when [`Outbound::expire_stalled_catch_up`] last looked.
-    catch_up_seen: usize,
+    /// Unsent bytes (here and in the kernel) when
+    /// [`Outbound::expire_stalled_catch_up`] last looked; 0: not yet.
+    unsent_seen: usize,
 }
 
 impl OutQueue {
@@ -142,21 +143,30 @@ impl Outbound {
             .map_or(0, |q| q.bytes.saturating_sub(q.catch_up))
     }
 
-    /// A catch-up that made no progress since the last call stops being exempt:
-    /// from now on it counts like any queued bytes. Called once per heartbeat, so
-    /// a reader that takes nothing of its replay for a whole interval is held to
-    /// the queue limit instead of holding its replay forever. True if it expired.
-    pub fn expire_stalled_catch_up(&mut self) -> bool {
+    /// A catch-up whose reader took nothing since the last call stops being
+    /// exempt: from now on it counts like any queued bytes. `kernel_unsent` is what
+    /// the kernel still holds for the socket (see [`crate::os::unsent_bytes`]):
+    /// progress is the two together shrinking, since a large send buffer may take
+    /// a slow reader's bytes for a long while before this queue moves. Called once
+    /// per heartbeat, so a reader that takes nothing of its replay for a whole
+    /// interval is held to the queue limit instead of holding its replay forever.
+    /// True if it expired.
+    pub fn expire_stalled_catch_up(&mut self, kernel_unsent: usize) -> bool {
         let Some(queue) = self.0.as_mut() else {
             return false;
         };
-        if queue.catch_up > 0 && queue.catch_up == queue.catch_up_seen {
+        if queue.catch_up == 0 {
+            queue.unsent_seen = 0;
+            return false;
+        }
+        let unsent = queue.bytes + kernel_unsent;
+        if queue.unsent_seen != 0 && unsent >= queue.unsent_seen {
             queue.ahead += queue.catch_up;
             queue.catch_up = 0;
-            queue.catch_up_seen = 0;
+            queue.unsent_seen = 0;
             return true;
         }
-        queue.catch_up_seen = queue.catch_up;
+        queue.unsent_seen = unsent;
         false
     }
 
@@ -274,7 +284,7 @@ impl Outbound {
         queue.bytes = queue.chunks.iter().map(Bytes::len).sum();
         queue.ahead = 0;
         queue.catch_up = 0;
-        queue.catch_up_seen = 0;
+        queue.unsent_seen = 0;
         if queue.chunks.is_empty() {
             self.0 = None;
         }
@@ -365,15 +375,17 @@ mod tests {
         out.send_catch_up(tight(0), b"CATCHUP", 7).unwrap();
         assert_eq!(out.counted_bytes(), 0);
         // First look: it is new. Some of it goes out before the second look.
-        assert!(!out.expire_stalled_catch_up());
+        assert!(!out.expire_stalled_catch_up(100));
         let mut socket = tight(3);
         out.flush(&mut socket).unwrap();
-        assert!(!out.expire_stalled_catch_up());
+        assert!(!out.expire_stalled_catch_up(100));
+        // The queue did not move, but the kernel passed bytes on: progress.
+        assert!(!out.expire_stalled_catch_up(40));
         assert_eq!(out.counted_bytes(), 0);
-        // Nothing more taken for a whole interval: the rest counts now.
-        assert!(out.expire_stalled_catch_up());
+        // Nothing more taken anywhere for a whole interval: the rest counts now.
+        assert!(out.expire_stalled_catch_up(40));
         assert_eq!((out.queued_bytes(), out.counted_bytes()), (4, 4));
-        assert!(!out.expire_stalled_catch_up());
+        assert!(!out.expire_stalled_catch_up(40));
     }
 
     #[test]

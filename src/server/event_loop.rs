@@ -605,7 +605,9 @@ impl EventLoop {
             set_deadline(&mut self.wheel, key, conn, due);
             // A replay the reader took nothing of for a whole interval counts
             // against --max-queue from now on (send_out checks it).
-            conn.out.expire_stalled_catch_up();
+            let kernel_unsent =
+                crate::os::unsent_bytes(std::os::fd::AsRawFd::as_raw_fd(&conn.socket));
+            conn.out.expire_stalled_catch_up(kernel_unsent);
             self.out.clear();
             let after = conn.session.write_heartbeat(&mut self.out);
             self.send_out(key, after);
