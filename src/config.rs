@@ -119,6 +119,15 @@ pub mod defaults {
     pub const STATS_INTERVAL: &str = "10s";
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
+    pub const REDIS_SUBSCRIBE: &str = "channels";
+}
+
+fn parse_redis_subscribe(s: &str) -> Result<crate::broker::Subscribe, String> {
+    match s {
+        "channels" => Ok(crate::broker::Subscribe::Channels),
+        "pattern" => Ok(crate::broker::Subscribe::Pattern),
+        _ => Err(format!("'{s}' is not channels or pattern")),
+    }
 }
 
 /// Which broker keeps channels: this process alone, or Redis for every node.
@@ -228,6 +237,11 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_BROKER", value_name = "BROKER", default_value = defaults::BROKER)]
     pub broker: BrokerSpec,
 
+    /// With a Redis broker: channels (each node subscribes to the channels it has
+    /// subscribers of) or pattern (one PSUBSCRIBE: every node gets every message)
+    #[arg(long, env = "THRONG_REDIS_SUBSCRIBE", value_name = "HOW", default_value = defaults::REDIS_SUBSCRIBE, value_parser = parse_redis_subscribe)]
+    pub redis_subscribe: crate::broker::Subscribe,
+
     /// Processes sharing the listeners (SO_REUSEPORT), each with --threads I/O
     /// threads; above 1 they reach each other through the broker (needs redis://)
     #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
@@ -302,6 +316,11 @@ pub struct ServeConfig {
     /// seq, history, presence and delivery with every node on that Redis, at one
     /// Redis round trip per publish and per resuming subscribe.
     pub broker: BrokerSpec,
+    /// How a node listens to Redis. Default `channels`: it subscribes to the
+    /// channels it has subscribers of (the first subscriber of a channel on a node
+    /// waits for Redis to confirm); `pattern`: one PSUBSCRIBE, nothing to wait for,
+    /// but every node gets every message.
+    pub redis_subscribe: crate::broker::Subscribe,
     /// Worker processes sharing the listeners. Default 1 (this process serves);
     /// above 1 a master runs that many and restarts any that dies, each holding up
     /// to its own open-files limit. Needs a Redis broker.
@@ -344,6 +363,7 @@ impl Default for ServeConfig {
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
             broker: builtin(str::parse, defaults::BROKER),
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
+            redis_subscribe: builtin(parse_redis_subscribe, defaults::REDIS_SUBSCRIBE),
             namespaces: Namespaces::default(),
         }
     }
@@ -433,6 +453,7 @@ impl ServeArgs {
             history_ttl: self.history_ttl,
             broker: self.broker,
             workers: self.workers,
+            redis_subscribe: self.redis_subscribe,
             namespaces: match &self.config {
                 Some(path) => namespaces_from_file(path)?,
                 None => Namespaces::default(),

@@ -23,7 +23,7 @@ mod memory;
 mod redis;
 
 pub use memory::MemoryBroker;
-pub use redis::RedisBroker;
+pub use redis::{RedisBroker, Subscribe};
 
 /// How long an unused channel (no subscribers, no publishes) keeps its `seq`.
 pub(crate) const CHANNEL_RETENTION: Duration = Duration::from_secs(300);

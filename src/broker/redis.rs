@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ::redis::{Client, Connection, Script, Value};
@@ -47,6 +47,31 @@ const NODE_TTL_SECS: u64 = 30;
 const MAGIC: &[u8] = b"\x00throng1";
 /// The pubsub channel of channel `NAME` is this prefix and the name.
 const PUBSUB_PREFIX: &str = "throng:ch:";
+/// A node's listener is woken on `throng:wake:NODE` to change its subscriptions.
+const WAKE_PREFIX: &str = "throng:wake:";
+
+/// How a node listens to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Subscribe {
+    /// `SUBSCRIBE` to the channels this node has subscribers of: a node gets only
+    /// what it delivers; the first subscriber of a channel on a node waits for
+    /// Redis to confirm (one round trip, plus one to wake the listener).
+    #[default]
+    Channels,
+    /// `PSUBSCRIBE throng:ch:*` once: nothing to wait for, but every node gets
+    /// every message of every channel.
+    Pattern,
+}
+
+/// Per-channel subscriptions: what the listener should hold, and what it has not
+/// done yet, in order.
+#[derive(Debug, Default)]
+struct Subs {
+    /// Channels with subscribers here, and whether Redis confirmed each.
+    wanted: HashMap<Box<str>, bool>,
+    /// (channel, subscribe?) changes for the listener to make.
+    todo: Vec<(Box<str>, bool)>,
+}
 
 /// Next seq, keep, publish: atomic, so every node sees one order.
 /// KEYS: seq, epoch, hist. ARGV: message, now (s), history size, key life (s),
@@ -348,6 +373,10 @@ struct Shared {
     namespaces: Namespaces,
     /// Local channels and the member count this node last wrote for each.
     written_members: Mutex<HashMap<Box<str>, u64>>,
+    mode: Subscribe,
+    subs: Mutex<Subs>,
+    /// Signalled when the listener confirmed subscriptions.
+    confirmed: Condvar,
 }
 
 impl Shared {
@@ -470,6 +499,61 @@ impl Shared {
         Ok(u64::try_from(total).unwrap_or(0))
     }
 
+    /// Per-channel mode: makes sure Redis sends this node the channel's messages
+    /// before a new subscriber counts on them (waits for the listener's word).
+    fn ensure_subscribed(&self, channel: &str) -> Result<(), BrokerError> {
+        if self.mode == Subscribe::Pattern {
+            return Ok(());
+        }
+        let wake = {
+            let mut subs = lock(&self.subs);
+            if subs.wanted.contains_key(channel) {
+                false
+            } else {
+                subs.wanted.insert(channel.into(), false);
+                subs.todo.push((channel.into(), true));
+                true
+            }
+        };
+        if wake {
+            self.wake_listener()?;
+        }
+        let subs = lock(&self.subs);
+        let (subs, timeout) = self
+            .confirmed
+            .wait_timeout_while(subs, REDIS_TIMEOUT, |s| {
+                s.wanted.get(channel).is_some_and(|confirmed| !confirmed)
+            })
+            .unwrap_or_else(|p| p.into_inner());
+        if timeout.timed_out() && subs.wanted.get(channel) == Some(&false) {
+            return Err(unavailable("the subscription was not confirmed in time"));
+        }
+        Ok(())
+    }
+
+    /// Per-channel mode: the channel's last local subscriber left.
+    fn release(&self, channel: &str) {
+        if self.mode == Subscribe::Pattern {
+            return;
+        }
+        {
+            let mut subs = lock(&self.subs);
+            // Someone subscribed again meanwhile: keep listening.
+            if self.hub.find(channel).is_some() || subs.wanted.remove(channel).is_none() {
+                return;
+            }
+            subs.todo.push((channel.into(), false));
+        }
+        // A failed wake leaves the subscription until the next one; harmless.
+        let _ = self.wake_listener();
+    }
+
+    fn wake_listener(&self) -> Result<(), BrokerError> {
+        let wake = format!("{WAKE_PREFIX}{}", self.node);
+        self.with_connection(|con| ::redis::cmd("PUBLISH").arg(&wake).arg("").query::<i64>(con))
+            .map(drop)
+    }
+
     /// Every second: this node's member counts; every few: its heartbeat.
     fn keep_house(&self) {
         let mut tick: u64 = 0;
@@ -574,8 +658,8 @@ impl Listener {
                 continue;
             }
             let mut pubsub = con.as_pubsub();
-            if let Err(e) = pubsub.psubscribe(format!("{PUBSUB_PREFIX}*")) {
-                tracing::warn!(error = %e, "redis psubscribe failed; retrying");
+            if let Err(e) = self.subscribe_all(&mut pubsub) {
+                tracing::warn!(error = %e, "redis subscribe failed; retrying");
                 lost = true;
                 std::thread::sleep(backoff);
                 continue;
@@ -595,14 +679,71 @@ impl Listener {
                     }
                 };
                 let channel = msg.get_channel_name();
-                let Some(name) = channel.strip_prefix(PUBSUB_PREFIX) else {
-                    continue;
-                };
-                self.handle(name, msg.get_payload_bytes());
+                if let Some(name) = channel.strip_prefix(PUBSUB_PREFIX) {
+                    self.handle(name, msg.get_payload_bytes());
+                } else if channel.starts_with(WAKE_PREFIX)
+                    && let Err(e) = self.apply_todo(&mut pubsub)
+                {
+                    tracing::warn!(error = %e, "redis subscription change failed; reconnecting");
+                    break;
+                }
             }
             self.shared.listening.store(false, Ordering::Relaxed);
             lost = true;
         }
+    }
+
+    /// After (re)connecting: the wake channel and every wanted channel (or the
+    /// pattern); every wanted channel is confirmed.
+    fn subscribe_all(&self, pubsub: &mut ::redis::PubSub<'_>) -> ::redis::RedisResult<()> {
+        if self.shared.mode == Subscribe::Pattern {
+            return pubsub.psubscribe(format!("{PUBSUB_PREFIX}*"));
+        }
+        let mut subs = lock(&self.shared.subs);
+        subs.todo.clear();
+        let mut names = vec![format!("{WAKE_PREFIX}{}", self.shared.node)];
+        names.extend(subs.wanted.keys().map(|n| format!("{PUBSUB_PREFIX}{n}")));
+        // One SUBSCRIBE for all: Redis answers once every channel is subscribed.
+        for batch in names.chunks(1024) {
+            pubsub.subscribe(batch)?;
+        }
+        for confirmed in subs.wanted.values_mut() {
+            *confirmed = true;
+        }
+        drop(subs);
+        self.shared.confirmed.notify_all();
+        Ok(())
+    }
+
+    /// Makes the subscription changes asked for, in order, and confirms them.
+    fn apply_todo(&self, pubsub: &mut ::redis::PubSub<'_>) -> ::redis::RedisResult<()> {
+        let todo = std::mem::take(&mut lock(&self.shared.subs).todo);
+        let mut i = 0;
+        while i < todo.len() {
+            let subscribe = todo[i].1;
+            let run: Vec<String> = todo[i..]
+                .iter()
+                .take_while(|(_, s)| *s == subscribe)
+                .map(|(n, _)| format!("{PUBSUB_PREFIX}{n}"))
+                .collect();
+            i += run.len();
+            for batch in run.chunks(1024) {
+                if subscribe {
+                    pubsub.subscribe(batch)?;
+                } else {
+                    pubsub.unsubscribe(batch)?;
+                }
+            }
+        }
+        let mut subs = lock(&self.shared.subs);
+        for (name, subscribe) in &todo {
+            if *subscribe && let Some(confirmed) = subs.wanted.get_mut(name) {
+                *confirmed = true;
+            }
+        }
+        drop(subs);
+        self.shared.confirmed.notify_all();
+        Ok(())
     }
 
     fn handle(&mut self, name: &str, bytes: &[u8]) {
@@ -725,6 +866,7 @@ impl RedisBroker {
     pub fn start(
         hub: Arc<Hub>,
         url: &str,
+        mode: Subscribe,
         history: Limits,
         namespaces: Namespaces,
     ) -> Result<RedisBroker, BrokerError> {
@@ -742,6 +884,9 @@ impl RedisBroker {
             history,
             namespaces,
             written_members: Mutex::new(HashMap::new()),
+            mode,
+            subs: Mutex::new(Subs::default()),
+            confirmed: Condvar::new(),
         });
         let listener = Listener {
             shared: Arc::clone(&shared),
@@ -867,6 +1012,13 @@ impl Broker for RedisBroker {
         lock(&self.shared.written_members)
             .entry(channel.into())
             .or_insert(0);
+        if let Err(e) = self.shared.ensure_subscribed(channel) {
+            self.shared
+                .hub
+                .unsubscribe(&hub_channel, member.conn.loop_index, member.listens);
+            self.shared.release(channel);
+            return Err(e);
+        }
         let replay = match resume {
             Some(_) => match self.replay(channel, 0) {
                 Ok(r) => Some(r),
@@ -876,6 +1028,7 @@ impl Broker for RedisBroker {
                         member.conn.loop_index,
                         member.listens,
                     );
+                    self.shared.release(channel);
                     return Err(e);
                 }
             },
@@ -901,6 +1054,9 @@ impl Broker for RedisBroker {
             .shared
             .hub
             .unsubscribe(channel, member.conn.loop_index, member.listens);
+        if left == 0 {
+            self.shared.release(channel.name());
+        }
         if let Some(name) = member.announce {
             let count = self.shared.members(channel.name(), -1).unwrap_or(left);
             if count > 0 {

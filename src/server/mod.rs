@@ -182,6 +182,7 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         BrokerSpec::Redis(url) => Arc::new(RedisBroker::start(
             Arc::clone(&hub),
             url,
+            config.redis_subscribe,
             history,
             config.namespaces.clone(),
         )?),
