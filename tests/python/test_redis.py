@@ -77,11 +77,11 @@ def redis():
     r.dir.cleanup()
 
 
-@pytest.fixture
-def cluster(start_server, redis):
-    """Two nodes on one Redis."""
-    a = start_server("--broker", redis.url)
-    b = start_server("--broker", redis.url)
+@pytest.fixture(params=["channels", "pattern"])
+def cluster(request, start_server, redis):
+    """Two nodes on one Redis, subscribed per channel or by pattern."""
+    a = start_server("--broker", redis.url, "--redis-subscribe", request.param)
+    b = start_server("--broker", redis.url, "--redis-subscribe", request.param)
     for node in (a, b):
         wait_healthy(node.port)
     return a, b
@@ -373,10 +373,11 @@ class CuttableProxy:
         self.listener.close()
 
 
-def test_a_node_cut_off_from_redis_fills_in_what_it_missed(start_server, redis):
+@pytest.mark.parametrize("mode", ["channels", "pattern"])
+def test_a_node_cut_off_from_redis_fills_in_what_it_missed(start_server, redis, mode):
     proxy = CuttableProxy(redis.port)
-    a = start_server("--broker", redis.url)
-    b = start_server("--broker", f"redis://127.0.0.1:{proxy.port}")
+    a = start_server("--broker", redis.url, "--redis-subscribe", mode)
+    b = start_server("--broker", f"redis://127.0.0.1:{proxy.port}", "--redis-subscribe", mode)
     for node in (a, b):
         wait_healthy(node.port)
 
@@ -412,6 +413,26 @@ def test_a_node_starts_without_redis_and_says_so(start_server):
     assert resp.status == 503, resp
     stats = http_request(node.port, "GET", "/api/stats").json()
     assert stats["broker"] == f"redis://127.0.0.1:{dead}", stats
+
+
+def test_a_node_subscribes_in_redis_only_to_its_channels(cluster, redis):
+    a, b = cluster
+
+    async def main():
+        ws = await ws_connect(b.url("/ws/only-b"))
+        try:
+            subscribed = redis.cli("PUBSUB", "CHANNELS", "throng:ch:*").split()
+            patterns = int(redis.cli("PUBSUB", "NUMPAT"))
+            if patterns:  # pattern mode: the nodes' one pattern, no channels
+                assert (patterns, subscribed) == (1, []), (patterns, subscribed)
+            else:
+                assert subscribed == ["throng:ch:only-b"], subscribed
+        finally:
+            await ws.close()
+        if not patterns:
+            wait_for(lambda: redis.cli("PUBSUB", "CHANNELS", "throng:ch:*") == "", what="unsubscribed")
+
+    run(main())
 
 
 def test_a_bad_broker_is_refused_at_start():
