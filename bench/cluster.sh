@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fan-out through Redis against the memory broker, same run (issue 11): one throng
 # node with --broker memory, then two throng nodes on one redis-server (Debian's,
-# started here on a free port with no persistence, stopped by pid), each a fresh
-# process per scenario; subscribers spread over both nodes (--ports), the publisher
-# on the first node, clients on the same machine with sources over 127.0.0.2-254:
+# started here on a free port with no persistence, stopped by pid), subscribed per
+# channel (redis) and by pattern (redis-pattern, --redis-subscribe pattern), each a
+# fresh process per scenario; subscribers spread over both nodes (--ports), the
+# publisher on the first node, clients on the same machine, sources 127.0.0.2-254:
 #   (A) fan-out: --subs subscribers of one channel, --publish-rate msg/s;
 #       deliveries/s, publish-to-delivery p50/p99, lost, CPU per delivery of
 #       throng (all nodes) and of redis-server.
@@ -65,11 +66,12 @@ PIDS=()
 cleanup_all() { local p; for p in "${PIDS[@]+"${PIDS[@]}"}"; do kill "$p" 2>/dev/null || true; done; }
 trap 'cleanup_all; cleanup' EXIT
 
-# setup BROKER: starts redis (for redis) and the nodes; sets NODE_PORTS, NODE_PIDS, REDIS_PID
+# setup BROKER: starts redis (for redis*) and the nodes; sets NODE_PORTS, NODE_PIDS, REDIS_PID
 setup() {
   NODE_PORTS=(); NODE_PIDS=(); REDIS_PID=
-  local broker=memory nodes=1 i port
-  if [ "$1" = redis ]; then
+  local broker=memory nodes=1 i port mode=channels
+  [ "$1" = redis-pattern ] && mode=pattern
+  if [ "$1" != memory ]; then
     local rport; rport=$(free_port)
     redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
       >"$WORK/redis.log" 2>&1 &
@@ -82,6 +84,7 @@ setup() {
   for i in $(seq 0 $((nodes - 1))); do
     port=$((base + i))
     "$WORK/throng" serve --listen "127.0.0.1:$port" --threads 1 --stats-interval 0 --broker "$broker" \
+      --redis-subscribe "$mode" \
       >"$WORK/node-$i.log" 2>&1 &
     NODE_PIDS+=($!); PIDS+=($!); NODE_PORTS+=("$port")
   done
@@ -126,7 +129,7 @@ run() { # BROKER SCENARIO
 
 for sc in A B; do
   wantsc "$sc" || continue
-  for broker in memory redis; do
+  for broker in memory redis redis-pattern; do
     log "$broker: ($sc)"
     run "$broker" "$sc"
     log "  -> $(jq -c '{published: .push.published, delivered: .push.delivered, lost: .push.lost, p99: .latency.p99_us, throng_us: .throng_cpu_us_per_delivery, redis_us: .redis_cpu_us_per_delivery, error}' "$WORK/$broker-$sc.json")"
@@ -148,7 +151,7 @@ render() {
   echo "# Fan-out through Redis against the memory broker"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL; $(throng_version throng); $(redis-server --version | cut -d' ' -f1-3)"
-  echo "- memory: one node; redis: two nodes on one redis-server, subscribers spread over both, publisher on the first; --threads 1 each"
+  echo "- memory: one node; redis: two nodes on one redis-server (redis: subscribed per channel; redis-pattern: PSUBSCRIBE), subscribers spread over both, publisher on the first; --threads 1 each"
   echo "- A: $SUBS subscribers of 1 channel, $PUBLISH_RATE msg/s; B: $CHANNELS_B channels x 1 subscriber, $PUBLISH_RATE_B msg/s; $DURATION each"
   echo
   echo "| run | published | deliveries/s | p50 ms | p99 ms | lost | throng CPU µs/delivery | redis CPU µs/delivery | redis CPU s per 10k msgs |"
