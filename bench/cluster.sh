@@ -14,7 +14,9 @@
 # Every node runs --threads 1. Prints the machine line and a markdown table; raw
 # JSON goes to bench/results/cluster-<date>.json (and the table to .md).
 #
+# --nodes N runs N redis nodes instead of two; --brokers picks the rows.
 # Usage: bench/cluster.sh [--scenarios A,B] [--subs 10000] [--publish-rate 10]
+#                         [--nodes 2] [--brokers memory,redis,redis-pattern]
 #                         [--channels-b 10000] [--publish-rate-b 10000]
 #                         [--duration 10s] [--rate 3000] [--results-dir DIR]
 # Installs redis-server (apt-get) when missing; builds throng when missing.
@@ -34,9 +36,13 @@ PUBLISH_RATE_B=10000
 DURATION=10s
 RATE=3000
 SOURCE_IPS=127.0.0.2-127.0.0.254
+NODES=2
+BROKERS=memory,redis,redis-pattern
 
 parse_options "--scenarios=SCENARIOS --subs=SUBS --publish-rate=PUBLISH_RATE --channels-b=CHANNELS_B
-  --publish-rate-b=PUBLISH_RATE_B --duration=DURATION --rate=RATE --results-dir=RESULTS_DIR" "$@"
+  --publish-rate-b=PUBLISH_RATE_B --duration=DURATION --rate=RATE --results-dir=RESULTS_DIR
+  --nodes=NODES --brokers=BROKERS" "$@"
+check_names broker "$BROKERS" memory redis redis-pattern
 check_names scenario "$SCENARIOS" A B
 wantsc() { case ",$SCENARIOS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 need jq
@@ -77,7 +83,7 @@ setup() {
       >"$WORK/redis.log" 2>&1 &
     REDIS_PID=$!; PIDS+=("$REDIS_PID")
     for i in $(seq 1 50); do server_ready "$rport" && break; sleep 0.1; done
-    broker=redis://127.0.0.1:$rport; nodes=2
+    broker=redis://127.0.0.1:$rport; nodes=$NODES
   fi
   # Consecutive ports, so --ports spreads the subscribers over the nodes.
   local base; base=$(free_port)
@@ -129,7 +135,7 @@ run() { # BROKER SCENARIO
 
 for sc in A B; do
   wantsc "$sc" || continue
-  for broker in memory redis redis-pattern; do
+  for broker in ${BROKERS//,/ }; do
     log "$broker: ($sc)"
     run "$broker" "$sc"
     log "  -> $(jq -c '{published: .push.published, delivered: .push.delivered, lost: .push.lost, p99: .latency.p99_us, throng_us: .throng_cpu_us_per_delivery, redis_us: .redis_cpu_us_per_delivery, error}' "$WORK/$broker-$sc.json")"
@@ -151,7 +157,7 @@ render() {
   echo "# Fan-out through Redis against the memory broker"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL; $(throng_version throng); $(redis-server --version | cut -d' ' -f1-3)"
-  echo "- memory: one node; redis: two nodes on one redis-server (redis: subscribed per channel; redis-pattern: PSUBSCRIBE), subscribers spread over both, publisher on the first; --threads 1 each"
+  echo "- memory: one node; redis: $NODES nodes on one redis-server (redis: subscribed per channel; redis-pattern: PSUBSCRIBE), subscribers spread over both, publisher on the first; --threads 1 each"
   echo "- A: $SUBS subscribers of 1 channel, $PUBLISH_RATE msg/s; B: $CHANNELS_B channels x 1 subscriber, $PUBLISH_RATE_B msg/s; $DURATION each"
   echo
   echo "| run | published | deliveries/s | p50 ms | p99 ms | lost | throng CPU µs/delivery | redis CPU µs/delivery | redis CPU s per 10k msgs |"
