@@ -28,9 +28,11 @@ from wsutil import recv_json, run, ws_connect
 
 
 class Redis:
-    """redis-server on a free loopback port, no persistence, stopped by pid."""
+    """redis-server on a free loopback port, stopped by pid; with `persist` it keeps
+    an append-only file, so what it acknowledged survives a restart."""
 
-    def __init__(self) -> None:
+    def __init__(self, persist: bool = False) -> None:
+        self.persist = persist
         assert shutil.which("redis-server"), "redis-server is not installed (scripts/test.sh installs it)"
         self.port = free_port()
         self.dir = tempfile.TemporaryDirectory(prefix="throng-redis-")
@@ -40,7 +42,8 @@ class Redis:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir.name],
+             "--appendonly", "yes" if self.persist else "no", "--appendfsync", "always",
+             "--dir", self.dir.name],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
@@ -403,6 +406,33 @@ def test_a_node_cut_off_from_redis_fills_in_what_it_missed(start_server, redis, 
             proxy.close()
 
     run(main(), timeout=60)
+
+
+def test_acknowledged_messages_survive_a_persistent_redis_restart(start_server):
+    # With an append-only Redis, a 200 means kept: after Redis restarts, a client
+    # resuming on either node gets every acknowledged message, same epoch.
+    redis = Redis(persist=True)
+    try:
+        a = start_server("--broker", redis.url)
+        b = start_server("--broker", redis.url)
+        for node in (a, b):
+            wait_healthy(node.port)
+        acked = [publish_ok(a.port, "kept", f"k{i}") for i in range(5)]
+        epoch = channel_info(a.port, "kept")["epoch"]
+        redis.stop()
+        assert publish(a.port, "kept", "refused").status == 503
+        redis.start()
+        wait_healthy(a.port)
+        wait_healthy(b.port)
+        answer = poll(b.port, "kept", since=0)
+        assert answer["epoch"] == epoch, answer
+        assert [(m["seq"], m["data"]) for m in answer["messages"]] == [
+            (seq, f"k{i}") for i, seq in enumerate(acked)
+        ], answer
+        assert publish_ok(b.port, "kept", "after") == 6
+    finally:
+        redis.stop()
+        redis.dir.cleanup()
 
 
 def test_a_node_starts_without_redis_and_says_so(start_server):
