@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
 
 use bytes::Bytes;
 use mio::Waker;
@@ -100,6 +101,8 @@ pub struct Message {
     pub body: Body,
     /// A connection that must not get this (the joiner of its own join event).
     pub exclude: Option<ConnRef>,
+    /// When the broker handed it to the hub (the start of its delivery latency).
+    pub handed: Instant,
     /// One slot per transport format, filled on first use.
     encoded: Box<[OnceLock<Option<Bytes>>]>,
 }
@@ -304,6 +307,7 @@ impl Hub {
             channel: Arc::clone(channel),
             body: body(),
             exclude,
+            handed: Instant::now(),
             encoded: (0..self.formats).map(|_| OnceLock::new()).collect(),
         });
         // Pushed under the channel's lock, so every loop sees one channel's

@@ -1,14 +1,111 @@
 //! Counters every I/O thread keeps, and the seeds' stats block built from them.
 //!
 //! Each event loop owns one cache-line-aligned [`LoopCounters`] and is its only
-//! writer, so counting a frame costs an uncontended relaxed add; readers (the stats
-//! printer, later the API and metrics) sum all loops. This module must not know
-//! about sockets or protocol state.
+//! writer, so counting costs an uncontended relaxed add; most counts are first
+//! gathered in the loop's plain [`TurnCounts`] and added once per loop turn.
+//! Readers (the stats printer, `/api/stats`, `/metrics`) sum all loops, so a read
+//! costs O(loops), never O(connections). This module must not know about sockets
+//! or protocol state (its [`Counted`] writer only counts the bytes a socket took).
 
 use std::fmt::Write as _;
+use std::io::{self, IoSlice, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Why a request for a transport (a WebSocket upgrade, an SSE stream, a
+/// long-poll) was refused, or an HTTP request never completed: the reasons the
+/// server tells apart, each a label value of `throng_handshake_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// A malformed or unparseable request (400, 405 or 431): a defective upgrade,
+    /// a bad channel name or parameter, not HTTP at all.
+    BadRequest,
+    /// A WebSocket version other than 13 (426).
+    UnsupportedVersion,
+    /// Over `--max-conns` (503).
+    MaxConns,
+    /// Over `--max-conns-per-ip` (429).
+    MaxConnsPerIp,
+    /// A request begun but not complete within `--handshake-timeout` (slowloris).
+    /// A kept-alive connection idle between requests is not one.
+    Timeout,
+    /// The broker could not take the subscription (Redis down).
+    BrokerUnavailable,
+}
+
+impl HandshakeFailure {
+    pub const COUNT: usize = 6;
+    pub const ALL: [HandshakeFailure; Self::COUNT] = [
+        HandshakeFailure::BadRequest,
+        HandshakeFailure::UnsupportedVersion,
+        HandshakeFailure::MaxConns,
+        HandshakeFailure::MaxConnsPerIp,
+        HandshakeFailure::Timeout,
+        HandshakeFailure::BrokerUnavailable,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandshakeFailure::BadRequest => "bad_request",
+            HandshakeFailure::UnsupportedVersion => "unsupported_version",
+            HandshakeFailure::MaxConns => "max_conns",
+            HandshakeFailure::MaxConnsPerIp => "max_conns_per_ip",
+            HandshakeFailure::Timeout => "timeout",
+            HandshakeFailure::BrokerUnavailable => "broker_unavailable",
+        }
+    }
+}
+
+/// Upper bounds of the delivery-latency buckets, in nanoseconds, with the same
+/// bound in seconds as the `le` label shows it. A last bucket (`+Inf`) follows.
+pub const LATENCY_BOUNDS: [(u64, &str); 16] = [
+    (25_000, "0.000025"),
+    (50_000, "0.00005"),
+    (100_000, "0.0001"),
+    (250_000, "0.00025"),
+    (500_000, "0.0005"),
+    (1_000_000, "0.001"),
+    (2_500_000, "0.0025"),
+    (5_000_000, "0.005"),
+    (10_000_000, "0.01"),
+    (25_000_000, "0.025"),
+    (50_000_000, "0.05"),
+    (100_000_000, "0.1"),
+    (250_000_000, "0.25"),
+    (500_000_000, "0.5"),
+    (1_000_000_000, "1"),
+    (2_500_000_000, "2.5"),
+];
+/// Buckets of the latency histogram: one per bound and `+Inf`.
+pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS.len() + 1;
+
+/// A loop turn's latency observations: plain counts per bucket (not cumulative)
+/// and their sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Latencies {
+    pub buckets: [u64; LATENCY_BUCKETS],
+    pub sum_ns: u64,
+}
+
+impl Latencies {
+    /// Counts one observation: a scan of 16 bounds and two adds.
+    pub fn observe(&mut self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BOUNDS
+            .iter()
+            .position(|&(bound, _)| ns <= bound)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        self.buckets[bucket] += 1;
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+    }
+
+    /// How many observations there are (the `+Inf` bucket's cumulative count).
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+}
 
 /// One event loop's counters.
 #[derive(Debug, Default)]
@@ -28,6 +125,20 @@ pub struct LoopCounters {
     pub messages_out: AtomicU64,
     /// TCP connections accepted (WebSocket and plain HTTP).
     pub accepted: AtomicU64,
+    /// Messages this loop's clients published (HTTP API, chat members).
+    pub published: AtomicU64,
+    /// Channel messages and events written to subscribers (live fan-out; replays
+    /// of history not included).
+    pub delivered: AtomicU64,
+    /// Bytes the sockets of this loop took (every response, frame and event).
+    pub bytes_sent: AtomicU64,
+    /// Subscribers closed for passing `--max-queue`.
+    pub slow_consumers: AtomicU64,
+    /// Refused or unfinished handshakes, by [`HandshakeFailure`].
+    pub handshake_failures: [AtomicU64; HandshakeFailure::COUNT],
+    /// Delivery latency per bucket (not cumulative), see [`Latencies`].
+    pub latency_buckets: [AtomicU64; LATENCY_BUCKETS],
+    pub latency_sum_ns: AtomicU64,
 }
 
 impl LoopCounters {
@@ -37,27 +148,80 @@ impl LoopCounters {
 }
 
 /// Counts gathered during one loop turn, added to the loop's counters with one
-/// atomic add each at the end of the turn.
+/// atomic add each (of those that moved) at the end of the turn.
 #[derive(Debug, Default)]
 pub struct TurnCounts {
     pub frames_in: u64,
     pub messages_in: u64,
     pub messages_out: u64,
+    pub published: u64,
+    pub delivered: u64,
+    pub bytes_sent: u64,
+    pub slow_consumers: u64,
+    pub handshake_failures: [u64; HandshakeFailure::COUNT],
+    pub latency: Latencies,
 }
 
 impl TurnCounts {
+    pub fn handshake_failed(&mut self, why: HandshakeFailure) {
+        self.handshake_failures[why as usize] += 1;
+    }
+
     /// Adds the turn's counts to `counters` and starts afresh.
     pub fn publish(&mut self, counters: &LoopCounters) {
         let t = std::mem::take(self);
-        for (counter, n) in [
-            (&counters.frames_in, t.frames_in),
-            (&counters.messages_in, t.messages_in),
-            (&counters.messages_out, t.messages_out),
-        ] {
+        let add = |counter: &AtomicU64, n: u64| {
             if n > 0 {
                 LoopCounters::add(counter, n);
             }
+        };
+        add(&counters.frames_in, t.frames_in);
+        add(&counters.messages_in, t.messages_in);
+        add(&counters.messages_out, t.messages_out);
+        add(&counters.published, t.published);
+        add(&counters.delivered, t.delivered);
+        add(&counters.bytes_sent, t.bytes_sent);
+        add(&counters.slow_consumers, t.slow_consumers);
+        for (counter, n) in counters.handshake_failures.iter().zip(t.handshake_failures) {
+            add(counter, n);
         }
+        if t.latency.sum_ns > 0 || t.latency.buckets.iter().any(|&n| n > 0) {
+            for (counter, n) in counters.latency_buckets.iter().zip(t.latency.buckets) {
+                add(counter, n);
+            }
+            add(&counters.latency_sum_ns, t.latency.sum_ns);
+        }
+    }
+}
+
+/// A writer that counts the bytes `inner` took, for the loop's `bytes_sent`.
+/// Vectored writes stay vectored.
+pub struct Counted<'a, W> {
+    inner: W,
+    bytes: &'a mut u64,
+}
+
+impl<'a, W: Write> Counted<'a, W> {
+    pub fn new(inner: W, bytes: &'a mut u64) -> Self {
+        Counted { inner, bytes }
+    }
+}
+
+impl<W: Write> Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        *self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let n = self.inner.write_vectored(bufs)?;
+        *self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
     }
 }
 
@@ -71,6 +235,20 @@ pub struct Snapshot {
     pub messages_in: u64,
     pub messages_out: u64,
     pub accepted: u64,
+    pub published: u64,
+    pub delivered: u64,
+    pub bytes_sent: u64,
+    pub slow_consumers: u64,
+    pub handshake_failures: [u64; HandshakeFailure::COUNT],
+    pub latency: Latencies,
+}
+
+impl Snapshot {
+    /// Open WebSockets: every counted connection that is not an event stream or a
+    /// long-poll. (Loads of one snapshot are not one instant: never below 0.)
+    pub fn websockets(&self) -> u64 {
+        self.sockets.saturating_sub(self.sse + self.poll)
+    }
 }
 
 /// Every loop's counters, shared with whoever reports them.
@@ -95,15 +273,27 @@ impl ServerStats {
     }
 
     pub fn snapshot(&self) -> Snapshot {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut s = Snapshot::default();
         for l in &self.loops {
-            s.sockets += l.sockets.load(Ordering::Relaxed);
-            s.sse += l.sse.load(Ordering::Relaxed);
-            s.poll += l.poll.load(Ordering::Relaxed);
-            s.frames_in += l.frames_in.load(Ordering::Relaxed);
-            s.messages_in += l.messages_in.load(Ordering::Relaxed);
-            s.messages_out += l.messages_out.load(Ordering::Relaxed);
-            s.accepted += l.accepted.load(Ordering::Relaxed);
+            s.sockets += load(&l.sockets);
+            s.sse += load(&l.sse);
+            s.poll += load(&l.poll);
+            s.frames_in += load(&l.frames_in);
+            s.messages_in += load(&l.messages_in);
+            s.messages_out += load(&l.messages_out);
+            s.accepted += load(&l.accepted);
+            s.published += load(&l.published);
+            s.delivered += load(&l.delivered);
+            s.bytes_sent += load(&l.bytes_sent);
+            s.slow_consumers += load(&l.slow_consumers);
+            for (sum, c) in s.handshake_failures.iter_mut().zip(&l.handshake_failures) {
+                *sum += load(c);
+            }
+            for (sum, c) in s.latency.buckets.iter_mut().zip(&l.latency_buckets) {
+                *sum += load(c);
+            }
+            s.latency.sum_ns += load(&l.latency_sum_ns);
         }
         s
     }
@@ -153,6 +343,100 @@ mod tests {
             block,
             "SOCKETS:          4\nFRAMES_TOTAL:     120\nMESSAGES_TOTAL:   60\nFRAMES_PER_MIN:   240.0\nMESSAGES_PER_MIN: 120.0\n"
         );
+    }
+
+    #[test]
+    fn latencies_fall_in_the_first_bucket_that_holds_them() {
+        let mut l = Latencies::default();
+        l.observe(Duration::from_nanos(25_000)); // on the first bound
+        l.observe(Duration::from_nanos(25_001));
+        l.observe(Duration::from_millis(3));
+        l.observe(Duration::from_secs(60)); // past every bound
+        assert_eq!(l.buckets[0], 1);
+        assert_eq!(l.buckets[1], 1);
+        assert_eq!(l.buckets[7], 1, "3 ms is at most 5 ms");
+        assert_eq!(l.buckets[LATENCY_BUCKETS - 1], 1);
+        assert_eq!(l.count(), 4);
+        assert_eq!(l.sum_ns, 25_000 + 25_001 + 3_000_000 + 60_000_000_000);
+    }
+
+    #[test]
+    fn a_turn_adds_every_count_once_and_starts_afresh() {
+        let counters = LoopCounters::default();
+        let mut turn = TurnCounts {
+            published: 2,
+            delivered: 6,
+            bytes_sent: 100,
+            slow_consumers: 1,
+            ..TurnCounts::default()
+        };
+        turn.handshake_failed(HandshakeFailure::Timeout);
+        turn.latency.observe(Duration::from_micros(10));
+        turn.publish(&counters);
+        turn.publish(&counters);
+        let stats = ServerStats {
+            loops: vec![Arc::new(counters)],
+            started: Instant::now(),
+        };
+        let s = stats.snapshot();
+        assert_eq!(
+            (s.published, s.delivered, s.bytes_sent, s.slow_consumers),
+            (2, 6, 100, 1)
+        );
+        assert_eq!(s.handshake_failures[HandshakeFailure::Timeout as usize], 1);
+        assert_eq!(s.handshake_failures.iter().sum::<u64>(), 1);
+        assert_eq!((s.latency.count(), s.latency.sum_ns), (1, 10_000));
+    }
+
+    #[test]
+    fn counted_writes_add_what_the_writer_took() {
+        /// Takes at most `room` bytes per call.
+        struct Tight {
+            room: usize,
+            vectored_calls: usize,
+        }
+        impl Write for Tight {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                Ok(buf.len().min(self.room))
+            }
+            fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+                self.vectored_calls += 1;
+                let total: usize = bufs.iter().map(|b| b.len()).sum();
+                Ok(total.min(self.room))
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut inner = Tight {
+            room: 5,
+            vectored_calls: 0,
+        };
+        let mut sent = 0;
+        let mut w = Counted::new(&mut inner, &mut sent);
+        assert_eq!(w.write(b"abc").unwrap(), 3);
+        assert_eq!(w.write(b"abcdefgh").unwrap(), 5);
+        let bufs = [IoSlice::new(b"ab"), IoSlice::new(b"cd")];
+        assert_eq!(w.write_vectored(&bufs).unwrap(), 4);
+        assert_eq!(sent, 12);
+        assert_eq!(inner.vectored_calls, 1, "vectored writes stay vectored");
+    }
+
+    #[test]
+    fn websockets_are_the_counted_connections_that_are_not_streams_or_polls() {
+        let s = Snapshot {
+            sockets: 10,
+            sse: 3,
+            poll: 2,
+            ..Snapshot::default()
+        };
+        assert_eq!(s.websockets(), 5);
+        let torn = Snapshot {
+            sockets: 1,
+            sse: 2,
+            ..Snapshot::default()
+        };
+        assert_eq!(torn.websockets(), 0);
     }
 
     #[test]
