@@ -21,7 +21,8 @@
 //! - [`outbound`]: the one write path (writev, a queue of shared chunks only while
 //!   the socket is behind), used by the server and the load generator.
 //! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file.
-//! - [`stats`]: per-loop counters and the seeds' stats block.
+//! - [`stats`]: per-loop counters and the seeds' stats block; [`metrics`]: the
+//!   same counters (and a few process figures) as Prometheus text for `/metrics`.
 //! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1
 //!   client for the API (`throng pub`).
 //! - [`os`]: the open-files limit and the connection ceiling it gives.
@@ -33,6 +34,7 @@ pub mod client;
 pub mod config;
 pub mod history;
 pub mod hub;
+pub mod metrics;
 pub mod os;
 pub mod outbound;
 pub mod protocol;

@@ -15,7 +15,7 @@ use super::shared::Shared;
 use super::timer::Tick;
 use crate::broker::{Replay, Resume};
 use crate::outbound::Outbound;
-use crate::stats::TurnCounts;
+use crate::stats::{Counted, TurnCounts};
 use crate::transport::poll::{self, PollState};
 use crate::transport::sse::{self, SseState};
 use crate::transport::websocket::{self, WsState};
@@ -81,7 +81,9 @@ impl Session {
         counts: &mut TurnCounts,
     ) -> Handled {
         match self {
-            Session::Http(pending) => Handled::Http(http::serve(pending, input, shared, peer, out)),
+            Session::Http(pending) => {
+                Handled::Http(http::serve(pending, input, shared, peer, out, counts))
+            }
             Session::WebSocket(ws) => {
                 let mut ctx = Ctx {
                     out,
@@ -244,20 +246,27 @@ impl Conn {
         }
     }
 
-    /// Sends `bytes`, queueing what the socket does not take.
-    pub fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.out.send(&mut self.socket, bytes)
+    /// Sends `bytes`, queueing what the socket does not take; adds what it took
+    /// to `sent`.
+    pub fn send(&mut self, bytes: &[u8], sent: &mut u64) -> std::io::Result<()> {
+        self.out.send(Counted::new(&mut self.socket, sent), bytes)
     }
 
     /// Sends `bytes`, whose last `catch_up` are a returning subscriber's replay:
     /// what of it waits does not count against `--max-queue` until it is written.
-    pub fn send_catch_up(&mut self, bytes: &[u8], catch_up: usize) -> std::io::Result<()> {
-        self.out.send_catch_up(&mut self.socket, bytes, catch_up)
+    pub fn send_catch_up(
+        &mut self,
+        bytes: &[u8],
+        catch_up: usize,
+        sent: &mut u64,
+    ) -> std::io::Result<()> {
+        self.out
+            .send_catch_up(Counted::new(&mut self.socket, sent), bytes, catch_up)
     }
 
     /// Writes what is queued; `Ok(true)` once nothing is left.
-    pub fn flush(&mut self) -> std::io::Result<bool> {
-        self.out.flush(&mut self.socket)
+    pub fn flush(&mut self, sent: &mut u64) -> std::io::Result<bool> {
+        self.out.flush(Counted::new(&mut self.socket, sent))
     }
 }
 

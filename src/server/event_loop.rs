@@ -26,7 +26,7 @@ use super::subscribers::{Follow, LocalSubscribers};
 use super::timer::{Tick, TimerWheel, ticks};
 use crate::hub;
 use crate::protocol::http::write_error;
-use crate::stats::{LoopCounters, TurnCounts};
+use crate::stats::{HandshakeFailure, LoopCounters, TurnCounts};
 use crate::transport::{After, CloseReason, Opening};
 
 /// Bytes read per `read` call, shared by every connection of the loop.
@@ -281,7 +281,7 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        match conn.flush() {
+        match conn.flush(&mut self.turn.bytes_sent) {
             Ok(true) if conn.phase == Phase::Closing => self.finish_close(key),
             Ok(_) => {}
             Err(_) => self.drop_conn(key),
@@ -366,6 +366,11 @@ impl EventLoop {
             return;
         };
         if let Err(refusal) = self.shared.admission.try_admit(conn.peer) {
+            self.turn.handshake_failed(if refusal.status == 429 {
+                HandshakeFailure::MaxConnsPerIp
+            } else {
+                HandshakeFailure::MaxConns
+            });
             write_error(&mut self.out, refusal.status, &refusal.reason, &[]);
             self.send_out(key, After::Close);
             return;
@@ -407,7 +412,8 @@ impl EventLoop {
                         // take it at once is not a slow consumer for that: only
                         // what comes on top of it counts against --max-queue.
                         let catch_up = self.out.len() - start;
-                        let sent = conn.send_catch_up(&self.out, catch_up);
+                        let sent =
+                            conn.send_catch_up(&self.out, catch_up, &mut self.turn.bytes_sent);
                         self.out.clear();
                         if sent.is_err() {
                             self.drop_conn(key);
@@ -418,6 +424,8 @@ impl EventLoop {
                 Err(e) => {
                     let channel = subscribe.channel;
                     tracing::warn!(error = %e, channel, "subscribe failed");
+                    self.turn
+                        .handshake_failed(HandshakeFailure::BrokerUnavailable);
                     conn.session
                         .write_close(&mut self.out, CloseReason::Unavailable);
                     self.send_out(key, After::Close);
@@ -486,7 +494,7 @@ impl EventLoop {
             return;
         };
         if !self.out.is_empty() {
-            let sent = conn.send(&self.out);
+            let sent = conn.send(&self.out, &mut self.turn.bytes_sent);
             self.out.clear();
             if sent.is_err() {
                 self.drop_conn(key);
@@ -530,6 +538,7 @@ impl EventLoop {
         }
         if reason == CloseReason::SlowConsumer {
             conn.out.truncate_unstarted();
+            self.turn.slow_consumers += 1;
         }
         self.out.clear();
         conn.session.write_close(&mut self.out, reason);
@@ -576,6 +585,13 @@ impl EventLoop {
             if open {
                 self.on_open_timer(key);
             } else {
+                // A request begun and not finished in time (a kept-alive connection
+                // idle between requests has nothing pending).
+                if conn.phase == Phase::Active
+                    && matches!(&conn.session, Session::Http(pending) if !pending.is_empty())
+                {
+                    self.turn.handshake_failed(HandshakeFailure::Timeout);
+                }
                 self.drop_conn(key);
             }
         }

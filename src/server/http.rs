@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use super::routes::{self, Outcome, RouteContext};
 use super::shared::Shared;
 use crate::protocol::http::{ParseError, parse_request, write_error};
+use crate::stats::{HandshakeFailure, TurnCounts};
 use crate::transport::Opening;
 
 /// What to do with the connection once its input is served.
@@ -30,12 +31,14 @@ pub enum Next {
 
 /// Serves every whole request in `pending` followed by `input`, appending the
 /// answers to `out`; whatever is left of an unfinished request stays in `pending`.
+/// Refused transport requests (and unreadable ones) are counted in `counts`.
 pub fn serve(
     pending: &mut Vec<u8>,
     input: &[u8],
     shared: &Shared,
     peer: IpAddr,
     out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
 ) -> Next {
     let joined;
     let data: &[u8] = if pending.is_empty() {
@@ -56,10 +59,12 @@ pub fn serve(
                 return Next::KeepOpen { answered };
             }
             Err(e @ ParseError::TooLarge) => {
+                counts.handshake_failed(HandshakeFailure::BadRequest);
                 write_error(out, 431, &e.to_string(), &[]);
                 return Next::Close;
             }
             Err(e @ ParseError::Malformed(_)) => {
+                counts.handshake_failed(HandshakeFailure::BadRequest);
                 write_error(out, 400, &e.to_string(), &[]);
                 return Next::Close;
             }
@@ -70,7 +75,7 @@ pub fn serve(
             body: &rest[head_len..],
             head_len,
         };
-        match routes::route(&request, ctx, out) {
+        match routes::route(&request, ctx, out, counts) {
             Outcome::NeedBody => {
                 *pending = rest.to_vec();
                 return Next::KeepOpen { answered };
@@ -111,6 +116,7 @@ mod tests {
             &shared,
             LOCAL.into(),
             &mut out,
+            &mut TurnCounts::default(),
         );
         assert!(matches!(next, Next::KeepOpen { answered: false }));
         assert!(out.is_empty() && !pending.is_empty());
@@ -120,6 +126,7 @@ mod tests {
             &shared,
             LOCAL.into(),
             &mut out,
+            &mut TurnCounts::default(),
         );
         assert!(matches!(next, Next::KeepOpen { answered: true }));
         assert!(pending.is_empty());
@@ -132,7 +139,14 @@ mod tests {
         let mut pending = Vec::new();
         let mut out = Vec::new();
         let two = b"GET /api/channels/a HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-        let next = serve(&mut pending, two, &shared, LOCAL.into(), &mut out);
+        let next = serve(
+            &mut pending,
+            two,
+            &shared,
+            LOCAL.into(),
+            &mut out,
+            &mut TurnCounts::default(),
+        );
         assert!(matches!(next, Next::Close));
         let text = String::from_utf8_lossy(&out);
         let first = text.find("\"channel\":\"a\"").unwrap();
@@ -147,7 +161,14 @@ mod tests {
         let mut out = Vec::new();
         let mut raw = b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".to_vec();
         raw.extend_from_slice(&[0x81, 0x80, 1, 2, 3, 4]);
-        match serve(&mut pending, &raw, &shared, LOCAL.into(), &mut out) {
+        match serve(
+            &mut pending,
+            &raw,
+            &shared,
+            LOCAL.into(),
+            &mut out,
+            &mut TurnCounts::default(),
+        ) {
             Next::Open { leftover, .. } => assert_eq!(leftover, [0x81, 0x80, 1, 2, 3, 4]),
             other => panic!("{other:?}"),
         }
@@ -157,19 +178,32 @@ mod tests {
     fn garbage_gets_400_and_a_huge_head_431() {
         let (shared, _polls) = test_shared(None);
         let mut out = Vec::new();
+        let mut counts = TurnCounts::default();
         let next = serve(
             &mut Vec::new(),
             b"\x16\x03\x01garbage\r\n\r\n",
             &shared,
             LOCAL.into(),
             &mut out,
+            &mut counts,
         );
         assert!(matches!(next, Next::Close));
         assert!(out.starts_with(b"HTTP/1.1 400"));
+        assert_eq!(
+            counts.handshake_failures[HandshakeFailure::BadRequest as usize],
+            1
+        );
         let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
         big.resize(20_000, b'a');
         out.clear();
-        let next = serve(&mut Vec::new(), &big, &shared, LOCAL.into(), &mut out);
+        let next = serve(
+            &mut Vec::new(),
+            &big,
+            &shared,
+            LOCAL.into(),
+            &mut out,
+            &mut TurnCounts::default(),
+        );
         assert!(matches!(next, Next::Close));
         assert!(out.starts_with(b"HTTP/1.1 431"));
     }

@@ -1,6 +1,7 @@
 //! What each request path does: which requests become WebSockets (echo or a
-//! channel subscription), the HTTP API (publish, channel info, stats, health) and
-//! the JSON errors for everything else.
+//! channel subscription), SSE streams or long-polls, the HTTP API (publish, channel
+//! info, stats, health, Prometheus metrics) and the JSON errors for everything else.
+//! Refused transport requests are counted by reason for `/metrics`.
 //!
 //! It owns the URL space and the API's access rules. It must not do socket I/O or
 //! hold connection state: it reads a parsed request (and its body, once complete)
@@ -13,10 +14,12 @@ use std::sync::atomic::Ordering;
 use super::shared::Shared;
 use crate::broker::Outgoing;
 use crate::broker::Resume;
+use crate::metrics;
 use crate::protocol::DataKind;
 use crate::protocol::handshake::{self, HandshakeError};
 use crate::protocol::http::{self, Request};
 use crate::rules::validate_channel_name;
+use crate::stats::{HandshakeFailure, TurnCounts};
 use crate::transport::{Format, Handover, Opening, Subscribe, sse};
 
 /// What the router decided.
@@ -61,25 +64,31 @@ Subscribe:            ws://HOST/ws/CHANNEL[?format=json]  (chat:ROOM channels ar
 Publish:              POST /api/publish/CHANNEL  (body = message)\n\
 Channel info:         GET /api/channels/CHANNEL\n\
 Stats:                GET /api/stats\n\
+Metrics:              GET /metrics  (Prometheus text format)\n\
 Health:               GET /healthz\n";
 
-/// Routes one request.
-pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
+/// Routes one request; a refused transport request is counted in `counts`.
+pub fn route(
+    req: &Request<'_>,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
     let path = req.path();
     if path == "/" || path == "/echo" {
-        return websocket_endpoint(req, None, out);
+        return websocket_endpoint(req, None, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/ws/") {
-        return subscribe_endpoint(req, channel, out);
+        return subscribe_endpoint(req, channel, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/sse/") {
-        return sse_endpoint(req, channel, out);
+        return sse_endpoint(req, channel, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/poll/") {
-        return poll_endpoint(req, channel, out);
+        return poll_endpoint(req, channel, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/api/publish/") {
-        return publish(req, channel, ctx, out);
+        return publish(req, channel, ctx, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/api/channels/") {
         if only_get(req, out) {
@@ -91,6 +100,11 @@ pub fn route(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Out
         "/api/stats" => {
             if only_get(req, out) {
                 return stats(req, ctx, out);
+            }
+        }
+        "/metrics" => {
+            if only_get(req, out) {
+                return prometheus(req, ctx, out);
             }
         }
         "/healthz" => {
@@ -158,6 +172,7 @@ fn websocket_endpoint(
     req: &Request<'_>,
     subscribe: Option<Subscribe>,
     out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
 ) -> Outcome {
     if !req.wants_upgrade() {
         if req.method != "GET" {
@@ -186,6 +201,10 @@ fn websocket_endpoint(
             subscribe,
         }),
         Err(err) => {
+            counts.handshake_failed(match err {
+                HandshakeError::UnsupportedVersion => HandshakeFailure::UnsupportedVersion,
+                _ => HandshakeFailure::BadRequest,
+            });
             let extra: &[(&str, &str)] = match err {
                 HandshakeError::UnsupportedVersion => &[("Sec-WebSocket-Version", "13")],
                 HandshakeError::NotGet => &[("Allow", "GET")],
@@ -206,44 +225,61 @@ fn query_param<'a>(req: &Request<'a>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-fn subscribe_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome {
+/// Answers 400 with `reason`; `counts`: the request asked for a transport, so it
+/// is a failed handshake.
+fn refuse(out: &mut Vec<u8>, counts: Option<&mut TurnCounts>, reason: &str) -> Outcome {
+    if let Some(counts) = counts {
+        counts.handshake_failed(HandshakeFailure::BadRequest);
+    }
+    http::write_error(out, 400, reason, &[]);
+    Outcome::Responded
+}
+
+fn subscribe_endpoint(
+    req: &Request<'_>,
+    channel: &str,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
+    // A plain GET of a WebSocket path is no handshake to count.
+    let upgrade = req.wants_upgrade();
     if let Err(e) = validate_channel_name(channel) {
-        http::write_error(out, 400, &e.to_string(), &[]);
-        return Outcome::Responded;
+        return refuse(out, upgrade.then_some(counts), &e.to_string());
     }
     let format = match query_param(req, "format") {
         None | Some("raw") => Format::WsRaw,
         Some("json") => Format::WsJson,
         Some(other) => {
             let reason = format!("format must be raw or json, not '{}'", truncate(other, 40));
-            http::write_error(out, 400, &reason, &[]);
-            return Outcome::Responded;
+            return refuse(out, upgrade.then_some(counts), &reason);
         }
     };
     let resume = match resume_param(req) {
         Ok(resume) => resume,
-        Err(reason) => {
-            http::write_error(out, 400, &reason, &[]);
-            return Outcome::Responded;
-        }
+        Err(reason) => return refuse(out, upgrade.then_some(counts), &reason),
     };
     let subscribe = Subscribe {
         channel: channel.to_string(),
         format,
         resume,
     };
-    websocket_endpoint(req, Some(subscribe), out)
+    websocket_endpoint(req, Some(subscribe), out, counts)
 }
 
 /// `GET /sse/{channel}`: an event stream of the channel. A browser coming back
 /// sends `Last-Event-ID`, which wins over a `since=` still in its URL.
-fn sse_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome {
+fn sse_endpoint(
+    req: &Request<'_>,
+    channel: &str,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
     if !only_get(req, out) {
+        counts.handshake_failed(HandshakeFailure::BadRequest);
         return Outcome::Responded;
     }
     if let Err(e) = validate_channel_name(channel) {
-        http::write_error(out, 400, &e.to_string(), &[]);
-        return Outcome::Responded;
+        return refuse(out, Some(counts), &e.to_string());
     }
     let last_event_id = req
         .header("last-event-id")
@@ -253,15 +289,11 @@ fn sse_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome 
         Some(None) => {
             let reason =
                 "Last-Event-ID must be SEQ or SEQ:EPOCH (16 hex digits), as the server sent it";
-            http::write_error(out, 400, reason, &[]);
-            return Outcome::Responded;
+            return refuse(out, Some(counts), reason);
         }
         None => match resume_param(req) {
             Ok(resume) => resume,
-            Err(reason) => {
-                http::write_error(out, 400, &reason, &[]);
-                return Outcome::Responded;
-            }
+            Err(reason) => return refuse(out, Some(counts), &reason),
         },
     };
     Outcome::Open(Opening {
@@ -282,13 +314,18 @@ const DEFAULT_POLL_TIMEOUT: u64 = 30;
 /// `GET /poll/{channel}?since=SEQ[&epoch=E]&timeout=S`: answered at once if anything
 /// is newer than SEQ (0 when absent: everything history holds), else within S
 /// seconds (default 30, at most 60).
-fn poll_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome {
+fn poll_endpoint(
+    req: &Request<'_>,
+    channel: &str,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
     if !only_get(req, out) {
+        counts.handshake_failed(HandshakeFailure::BadRequest);
         return Outcome::Responded;
     }
     if let Err(e) = validate_channel_name(channel) {
-        http::write_error(out, 400, &e.to_string(), &[]);
-        return Outcome::Responded;
+        return refuse(out, Some(counts), &e.to_string());
     }
     let timeout = match query_param(req, "timeout") {
         None => DEFAULT_POLL_TIMEOUT,
@@ -299,8 +336,7 @@ fn poll_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome
                     "timeout must be whole seconds from 0 to {MAX_POLL_TIMEOUT}, not '{}'",
                     truncate(v, 40)
                 );
-                http::write_error(out, 400, &reason, &[]);
-                return Outcome::Responded;
+                return refuse(out, Some(counts), &reason);
             }
         },
     };
@@ -309,10 +345,7 @@ fn poll_endpoint(req: &Request<'_>, channel: &str, out: &mut Vec<u8>) -> Outcome
             since: 0,
             epoch: None,
         }),
-        Err(reason) => {
-            http::write_error(out, 400, &reason, &[]);
-            return Outcome::Responded;
-        }
+        Err(reason) => return refuse(out, Some(counts), &reason),
     };
     Outcome::Open(Opening {
         handover: Handover::Poll {
@@ -398,7 +431,13 @@ fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bo
     }
 }
 
-fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
+fn publish(
+    req: &Request<'_>,
+    channel: &str,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
     if req.method != "POST" {
         http::write_error(
             out,
@@ -460,7 +499,10 @@ fn publish(req: &Request<'_>, channel: &str, ctx: RouteContext<'_>, out: &mut Ve
         from: None,
     };
     match ctx.shared.broker.publish(channel, message) {
-        Ok(seq) => ok_json(req, ctx, out, &serde_json::json!({ "seq": seq }), length),
+        Ok(seq) => {
+            counts.published += 1;
+            ok_json(req, ctx, out, &serde_json::json!({ "seq": seq }), length)
+        }
         Err(e) => {
             http::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);
             Outcome::Responded
@@ -498,7 +540,7 @@ fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome
         out,
         &serde_json::json!({
             "connections": {
-                "websocket": snap.sockets.saturating_sub(snap.sse + snap.poll),
+                "websocket": snap.websockets(),
                 "sse": snap.sse,
                 "poll": snap.poll,
             },
@@ -515,6 +557,22 @@ fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome
         }),
         0,
     )
+}
+
+/// `GET /metrics`: every loop's counters summed, the broker's channel count and
+/// health, and the process figures, in the Prometheus text format. Nothing here
+/// looks at a connection.
+fn prometheus(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
+    let shared = ctx.shared;
+    let scrape = metrics::Scrape {
+        snapshot: shared.stats.snapshot(),
+        channels: shared.broker.channel_count() as u64,
+        broker_up: shared.broker.healthy(),
+        uptime: shared.stats.started.elapsed(),
+        process: metrics::Process::read(),
+    };
+    let body = metrics::render(&scrape);
+    ok(req, ctx, out, metrics::CONTENT_TYPE, body.as_bytes(), 0)
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -541,7 +599,7 @@ mod tests {
             body: &bytes[head..],
             head_len: head,
         };
-        let outcome = route(&req, ctx, &mut out);
+        let outcome = route(&req, ctx, &mut out, &mut TurnCounts::default());
         (outcome, String::from_utf8(out).unwrap())
     }
 
@@ -730,6 +788,77 @@ mod tests {
         // Errors always close.
         let (outcome, _) = answer_from("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", local, &shared);
         assert!(matches!(outcome, Outcome::Responded));
+    }
+
+    /// The reasons counted while routing `raw` (from loopback).
+    fn failures_of(raw: &str) -> Vec<&'static str> {
+        let (shared, _polls) = test_shared(None);
+        let bytes = raw.as_bytes();
+        let (req, head) = parse_request(bytes).unwrap().unwrap();
+        let ctx = RouteContext {
+            shared: &shared,
+            peer: [127, 0, 0, 1].into(),
+            body: &bytes[head..],
+            head_len: head,
+        };
+        let mut counts = TurnCounts::default();
+        route(&req, ctx, &mut Vec::new(), &mut counts);
+        HandshakeFailure::ALL
+            .into_iter()
+            .filter(|&why| counts.handshake_failures[why as usize] > 0)
+            .map(HandshakeFailure::as_str)
+            .collect()
+    }
+
+    #[test]
+    fn refused_transport_requests_are_counted_by_reason() {
+        let v8 = UPGRADE.replace("Version: 13", "Version: 8");
+        let no_key = UPGRADE.replace("Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", "");
+        for (raw, want) in [
+            (format!("GET /echo {v8}"), vec!["unsupported_version"]),
+            (format!("GET /ws/news {no_key}"), vec!["bad_request"]),
+            (format!("GET /ws/a%20b {UPGRADE}"), vec!["bad_request"]),
+            (format!("GET /ws/x?since=no {UPGRADE}"), vec!["bad_request"]),
+            (
+                "GET /sse/a*b HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                vec!["bad_request"],
+            ),
+            (
+                "POST /sse/a HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                vec!["bad_request"],
+            ),
+            (
+                "GET /poll/a?timeout=99 HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                vec!["bad_request"],
+            ),
+            // Not handshakes: a good one, plain GETs, the API.
+            (format!("GET /ws/news {UPGRADE}"), vec![]),
+            ("GET /ws/a%20b HTTP/1.1\r\nHost: x\r\n\r\n".into(), vec![]),
+            ("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n".into(), vec![]),
+            ("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n".into(), vec![]),
+            (
+                "POST /api/publish/a*b HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                vec![],
+            ),
+        ] {
+            assert_eq!(failures_of(&raw), want, "{raw}");
+        }
+    }
+
+    #[test]
+    fn metrics_are_prometheus_text_and_kept_alive() {
+        let (outcome, out) = answer("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(
+            out.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{out}"
+        );
+        assert!(matches!(outcome, Outcome::KeepAlive { .. }));
+        let body = &out[out.find("\r\n\r\n").unwrap() + 4..];
+        assert!(body.contains("\nthrong_broker_up 1\n"), "{body}");
+        assert!(body.contains("\nthrong_channels 0\n"), "{body}");
+        let (_, out) = answer("POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 405"));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use slab::Slab;
 
@@ -19,7 +20,7 @@ use crate::broker::{Broker, BrokerError, Member, Replay};
 use crate::hub::Body;
 use crate::hub::{Channel, ConnRef, Delivery, Inbox};
 use crate::rules::{self, Namespaces};
-use crate::stats::TurnCounts;
+use crate::stats::{Counted, TurnCounts};
 use crate::transport::{Format, Subscribe, Subscription};
 
 /// Deliveries of one channel gathered into one write per subscriber.
@@ -186,7 +187,17 @@ impl LocalSubscribers {
             {
                 end += 1;
             }
-            self.fan_out(ckey, &batch[start..end], conns, max_queue, counts, failed);
+            let group = &batch[start..end];
+            if self.fan_out(ckey, group, conns, max_queue, counts, failed) {
+                // Delivery latency: once per message on this loop, when every
+                // subscriber here has been written to.
+                let now = Instant::now();
+                for message in group {
+                    counts
+                        .latency
+                        .observe(now.saturating_duration_since(message.handed));
+                }
+            }
             start = end;
         }
         batch.clear();
@@ -197,6 +208,7 @@ impl LocalSubscribers {
 
     /// Sends a run of deliveries of one channel to this loop's subscribers: each
     /// subscriber gets all of them in one write, by reference to the shared frames.
+    /// Returns whether any subscriber was written to.
     fn fan_out(
         &self,
         ckey: usize,
@@ -205,10 +217,11 @@ impl LocalSubscribers {
         max_queue: usize,
         counts: &mut TurnCounts,
         failed: &mut Vec<Follow>,
-    ) {
+    ) -> bool {
         let Some(list) = self.lists.get(&ckey) else {
-            return;
+            return false;
         };
+        let mut wrote = false;
         // Each format's frames are gathered (and encoded) only if a subscriber here
         // uses it.
         let mut by_format: [Option<Vec<&bytes::Bytes>>; Format::COUNT] = Default::default();
@@ -260,7 +273,10 @@ impl LocalSubscribers {
                 &frames[..]
             };
             counts.messages_out += frames.len() as u64;
-            if conn.out.send_shared(&mut conn.socket, frames).is_err() {
+            counts.delivered += frames.len() as u64;
+            wrote = true;
+            let socket = Counted::new(&mut conn.socket, &mut counts.bytes_sent);
+            if conn.out.send_shared(socket, frames).is_err() {
                 failed.push(Follow::Dead(key));
             } else if conn.out.counted_bytes() > max_queue {
                 failed.push(Follow::Slow(key));
@@ -270,6 +286,7 @@ impl LocalSubscribers {
                 failed.push(Follow::Answered(key));
             }
         }
+        wrote
     }
 }
 
@@ -439,7 +456,7 @@ mod tests {
         // A catch-up far larger than the queue limit and than the socket's buffers.
         let max_queue = 4096;
         let replay = vec![b'r'; 16 << 20];
-        conn.send_catch_up(&replay, replay.len()).unwrap();
+        conn.send_catch_up(&replay, replay.len(), &mut 0).unwrap();
         assert!(conn.out.queued_bytes() > max_queue);
         let (mut counts, mut follow) = (TurnCounts::default(), Vec::new());
         broker.publish("big", text(&"a".repeat(3000))).unwrap();

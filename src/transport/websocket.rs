@@ -203,6 +203,7 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
     let broker = ctx.broker;
     let mut after = After::Nothing;
     let mut echoed = 0u64;
+    let mut published = 0u64;
     let result = decoder.feed(data, config.max_message_size, |event| match event {
         Event::Message { kind, payload } => match rules::on_client_message(role) {
             Action::Echo => {
@@ -227,7 +228,10 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                     from: from.as_deref(),
                 };
                 match broker.publish(channel, message) {
-                    Ok(_) => Flow::Continue,
+                    Ok(_) => {
+                        published += 1;
+                        Flow::Continue
+                    }
                     Err(e) => {
                         encode_close(out, close_code::TRY_AGAIN_LATER, &e.to_string());
                         after = After::Close;
@@ -256,6 +260,7 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
         }
     });
     ctx.counts.messages_out += echoed;
+    ctx.counts.published += published;
     match result {
         Ok(stats) => {
             ctx.counts.frames_in += stats.frames;
