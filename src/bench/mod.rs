@@ -9,7 +9,8 @@
 //! - `comet`: reading event streams and long-poll answers for push mode;
 //! - `fleet`: this process's loops, or `--procs` child processes and their protocol;
 //! - `publish`: push mode's HTTP publisher;
-//! - [`report`]: counters, seq tracking, histogram merging, the printed report.
+//! - [`report`]: counters, seq tracking, histogram merging, the timeline, the
+//!   printed report;
 //!
 //! It must not touch the server's code or state; it talks to servers only over
 //! the network, so it works against throng and any other WebSocket server.
@@ -33,7 +34,9 @@ use crate::config::{parse_duration, parse_size};
 use client::{Plan, phase};
 use fleet::{ChildFleet, Fleet, LocalFleet};
 use publish::{PublishPlan, Publisher};
-use report::{Counters, PublishSummary, RawResult, Report, RunInfo};
+use report::{
+    Counters, Phase, PublishSummary, RawResult, Report, RunInfo, Timeline, TimelineSample,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -686,7 +689,11 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     } else {
         None
     };
-    let (timing, publish) = drive(&args, fleet.as_mut(), publisher, &interrupted)?;
+    let Driven {
+        timing,
+        publish,
+        timeline,
+    } = drive(&args, fleet.as_mut(), publisher, &interrupted)?;
     let raw = {
         let mut merged = fleet.finish()?;
         merged.at_load_start = timing.at_load_start;
@@ -709,7 +716,8 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         chat: args.mode == Mode::Chat,
         transport: (args.mode == Mode::Push).then(|| args.transport.name().to_string()),
     };
-    let report = Report::build(&info, &raw, publish.as_ref());
+    let mut report = Report::build(&info, &raw, publish.as_ref());
+    report.timeline = timeline;
     if args.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| BenchError::Loop(format!("cannot encode the report: {e}")))?;
@@ -724,15 +732,37 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// The timeline. Returns the timing figures (in a `RawResult` whose other fields
-/// are empty) and the publisher's summary; the caller then finishes the fleet.
+/// How often the driver samples the fleet's counters for the timeline.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// What [`drive`] hands back; the caller then finishes the fleet.
+struct Driven {
+    /// The timing figures, in a `RawResult` whose other fields are empty.
+    timing: RawResult,
+    /// Push: the publisher's summary.
+    publish: Option<PublishSummary>,
+    timeline: Vec<TimelineSample>,
+}
+
+/// The next sampling moment after `now`, on the `from + k * SAMPLE_EVERY` grid
+/// (a late wake-up skips the moments it missed rather than sampling in a burst).
+fn next_sample_after(from: Instant, now: Instant) -> Instant {
+    let k = (now.saturating_duration_since(from).as_secs_f64() / SAMPLE_EVERY.as_secs_f64()).floor()
+        as u32;
+    from + SAMPLE_EVERY * (k + 1)
+}
+
+/// The timeline: connect, load, drain, close; the counters sampled once a second.
 fn drive(
     args: &BenchArgs,
     fleet: &mut dyn Fleet,
     publish: Option<PublishPlan>,
     interrupted: &AtomicBool,
-) -> Result<(RawResult, Option<PublishSummary>), BenchError> {
+) -> Result<Driven, BenchError> {
     let t0 = Instant::now();
+    let secs = |at: Instant| at.saturating_duration_since(t0).as_secs_f64();
+    let mut timeline = Timeline::default();
+    let mut next_sample = t0 + SAMPLE_EVERY;
     let bar = if args.json {
         ProgressBar::hidden()
     } else {
@@ -753,6 +783,11 @@ fn drive(
             });
         }
         let c = fleet.live();
+        let now = Instant::now();
+        if now >= next_sample {
+            timeline.record(secs(now), Phase::Connect, &c, c.messages_out);
+            next_sample = next_sample_after(t0, now);
+        }
         bar.set_position(c.opened + c.failed);
         if c.failed > 0 {
             bar.set_message(format!("{} failed", c.failed));
@@ -769,6 +804,10 @@ fn drive(
     bar.finish_and_clear();
     let connect_secs = t0.elapsed().as_secs_f64();
     let at_load_start = fleet.live();
+    // Push's senders are the publisher's threads, which start with the load.
+    let push = args.mode == Mode::Push;
+    let start_sent = if push { 0 } else { at_load_start.messages_out };
+    timeline.close_phase(connect_secs, Phase::Connect, &at_load_start, start_sent);
     eprintln!(
         "opened {}/{} connections in {connect_secs:.2} s ({} failed); load for {:?}",
         at_load_start.opened, args.conns, at_load_start.failed, args.duration
@@ -779,10 +818,16 @@ fn drive(
         Some(p) => Some(Publisher::start(p)?),
         None => None,
     };
+    let sent = |c: &Counters, publisher: &Option<Publisher>| match publisher {
+        Some(p) => p.published(),
+        None if push => 0,
+        None => c.messages_out,
+    };
     let end = load_t0 + args.duration;
     let mut last = at_load_start;
     let mut last_t = load_t0;
     let mut next_status = (!args.interval.is_zero()).then(|| load_t0 + args.interval);
+    let mut next_sample = load_t0 + SAMPLE_EVERY;
     loop {
         let now = Instant::now();
         if now >= end {
@@ -797,6 +842,11 @@ fn drive(
                 index: 0,
                 reason: why,
             });
+        }
+        if now >= next_sample {
+            let c = fleet.live();
+            timeline.record(secs(now), Phase::Load, &c, sent(&c, &publisher));
+            next_sample = next_sample_after(load_t0, now);
         }
         if let Some(at) = next_status
             && now >= at
@@ -815,14 +865,21 @@ fn drive(
             last_t = now;
             next_status = Some(at + args.interval);
         }
-        let mut wait = end - now;
+        let mut wait = (end - now).min(next_sample.saturating_duration_since(now));
         if let Some(at) = next_status {
             wait = wait.min(at.saturating_duration_since(now));
         }
         std::thread::sleep(wait.min(Duration::from_millis(200)));
     }
     let at_load_end = fleet.live();
-    let load_secs = load_t0.elapsed().as_secs_f64();
+    let load_end = Instant::now();
+    let load_secs = (load_end - load_t0).as_secs_f64();
+    timeline.close_phase(
+        secs(load_end),
+        Phase::Load,
+        &at_load_end,
+        sent(&at_load_end, &publisher),
+    );
     let summary = publisher.map(Publisher::stop);
     fleet.set_phase(phase::DRAIN)?;
     // Let what is in flight land: echoes come back, deliveries arrive.
@@ -844,7 +901,11 @@ fn drive(
         connect_secs,
         ..RawResult::default()
     };
-    Ok((timing, summary))
+    Ok(Driven {
+        timing,
+        publish: summary,
+        timeline: timeline.into_samples(connect_secs),
+    })
 }
 
 /// One status line: open sockets, rates over the last interval, failures.

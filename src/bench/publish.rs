@@ -8,7 +8,7 @@
 //! [`PublishSummary`] to the report.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ impl PublishPlan {
 
 pub struct Publisher {
     stop: Arc<AtomicBool>,
+    /// Messages the server accepted so far, over all threads (for the timeline).
+    published: Arc<AtomicU64>,
     threads: Vec<JoinHandle<PublishSummary>>,
 }
 
@@ -62,19 +64,30 @@ impl Publisher {
     /// Starts publishing now.
     pub fn start(plan: PublishPlan) -> std::io::Result<Publisher> {
         let stop = Arc::new(AtomicBool::new(false));
+        let published = Arc::new(AtomicU64::new(0));
         let plan = Arc::new(plan);
         let start = Instant::now();
         let mut threads = Vec::new();
         for id in 0..plan.threads.max(1) {
             let plan = Arc::clone(&plan);
             let stop = Arc::clone(&stop);
+            let published = Arc::clone(&published);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("bench-pub-{id}"))
-                    .spawn(move || publish_loop(id, &plan, &stop, start))?,
+                    .spawn(move || publish_loop(id, &plan, &stop, &published, start))?,
             );
         }
-        Ok(Publisher { stop, threads })
+        Ok(Publisher {
+            stop,
+            published,
+            threads,
+        })
+    }
+
+    /// Messages the server has accepted so far.
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::Relaxed)
     }
 
     /// Stops publishing and returns what was published.
@@ -101,6 +114,7 @@ fn publish_loop(
     id: usize,
     plan: &PublishPlan,
     stop: &AtomicBool,
+    published: &AtomicU64,
     start: Instant,
 ) -> PublishSummary {
     let mut summary = PublishSummary::default();
@@ -150,13 +164,17 @@ fn publish_loop(
         match outcome {
             Ok(r) if plan.seq_from == SeqFrom::Payload && (200..300).contains(&r.status) => {
                 summary.record(channel, count);
+                published.fetch_add(1, Ordering::Relaxed);
             }
             Ok(r) if r.status == 200 => {
                 let seq = serde_json::from_slice::<serde_json::Value>(&r.body)
                     .ok()
                     .and_then(|v| v.get("seq")?.as_u64());
                 match seq {
-                    Some(seq) => summary.record(channel, seq),
+                    Some(seq) => {
+                        summary.record(channel, seq);
+                        published.fetch_add(1, Ordering::Relaxed);
+                    }
                     None => fail(&mut summary, "answer without a seq".into()),
                 }
             }

@@ -3,9 +3,10 @@
 //! This module owns the numbers: the per-process [`RawResult`] (counters, latency
 //! histogram, failures by reason, push fan-out aggregates), the seq tracker that
 //! finds lost, duplicated and out-of-order deliveries, merging results from several
-//! loops or child processes, and the final [`Report`] (stats block, latency, error
-//! rate, throughput; text or JSON). It must not touch sockets, threads or processes:
-//! the drivers hand it numbers and print what it formats.
+//! loops or child processes, the per-second [`Timeline`], and the final [`Report`]
+//! (stats block, latency, error rate, throughput; text or JSON). It must not touch
+//! sockets, threads or processes: the drivers hand it numbers and print what it
+//! formats.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -430,6 +431,10 @@ pub struct Report {
     pub client_cpu_pct_of_one_core: f64,
     pub client_max_rss_kb: u64,
     pub client_rss_per_conn_bytes: Option<f64>,
+    /// Once a second while connecting and during the load (the driver sets it
+    /// after [`Report::build`]); left out of the JSON when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<TimelineSample>,
 }
 
 /// Inputs of [`Report::build`] that do not come from the measurement.
@@ -518,6 +523,7 @@ impl Report {
             client_cpu_pct_of_one_core: raw.cpu_secs * 100.0 / (raw.connect_secs + secs),
             client_max_rss_kb: raw.max_rss_kb,
             client_rss_per_conn_bytes: rss_per_conn,
+            timeline: Vec::new(),
         }
     }
 
@@ -631,6 +637,94 @@ impl Report {
             self.client_cpu_secs, self.client_cpu_pct_of_one_core, self.client_max_rss_kb, per_conn
         );
         s
+    }
+}
+
+/// Which part of the run a [`TimelineSample`] belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Connections are being opened; no load yet.
+    Connect,
+    /// Every connection is open and the load runs.
+    Load,
+}
+
+/// The fleet's live counters at one moment, as rates over the interval before it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TimelineSample {
+    /// Seconds since the load started (the status lines' clock); negative while
+    /// connecting.
+    pub t_secs: f64,
+    pub phase: Phase,
+    /// Connections open at that moment.
+    pub open: u64,
+    /// Data messages received per second over the interval.
+    pub received_per_sec: f64,
+    /// Messages sent per second over the interval (push: published).
+    pub sent_per_sec: f64,
+    /// Average latency of the samples taken in the interval; none when there were none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_avg_us: Option<f64>,
+    /// Connections failed and dropped so far (cumulative).
+    pub failed: u64,
+    pub dropped: u64,
+}
+
+/// Builds the timeline from cumulative counters the driver reads once a second:
+/// each [`Timeline::record`] turns the change since the previous reading into a
+/// sample.
+#[derive(Debug, Default)]
+pub struct Timeline {
+    samples: Vec<TimelineSample>,
+    /// The previous reading: (seconds since the first connect, counters, sent).
+    last: (f64, Counters, u64),
+}
+
+impl Timeline {
+    /// A reading shorter than this after the previous one closes a phase without
+    /// a sample of its own (its rates would be noise).
+    pub const MIN_PARTIAL_SECS: f64 = 0.5;
+
+    /// Adds a sample for the interval since the previous reading. `sent` is the
+    /// total sent so far by whoever sends (the connections, or push's publisher).
+    pub fn record(&mut self, t_secs: f64, phase: Phase, c: &Counters, sent: u64) {
+        let (last_t, last, last_sent) = self.last;
+        let dt = (t_secs - last_t).max(1e-9);
+        let samples = c.latency_samples.saturating_sub(last.latency_samples);
+        let latency_avg_us = (samples > 0)
+            .then(|| c.latency_us_sum.saturating_sub(last.latency_us_sum) as f64 / samples as f64);
+        self.samples.push(TimelineSample {
+            t_secs,
+            phase,
+            open: c.open_now,
+            received_per_sec: c.messages_in.saturating_sub(last.messages_in) as f64 / dt,
+            sent_per_sec: sent.saturating_sub(last_sent) as f64 / dt,
+            latency_avg_us,
+            failed: c.failed,
+            dropped: c.dropped,
+        });
+        self.last = (t_secs, *c, sent);
+    }
+
+    /// Ends a phase: a sample for the interval since the last reading if it is at
+    /// least [`Self::MIN_PARTIAL_SECS`] long, else only a new starting point.
+    pub fn close_phase(&mut self, t_secs: f64, phase: Phase, c: &Counters, sent: u64) {
+        if t_secs - self.last.0 >= Self::MIN_PARTIAL_SECS {
+            self.record(t_secs, phase, c, sent);
+        } else {
+            self.last = (t_secs, *c, sent);
+        }
+    }
+
+    /// The samples, their times moved from "since the first connect" (what
+    /// `record` was given) to "since the load started" at `load_start_secs`.
+    pub fn into_samples(self, load_start_secs: f64) -> Vec<TimelineSample> {
+        let mut samples = self.samples;
+        for s in &mut samples {
+            s.t_secs -= load_start_secs;
+        }
+        samples
     }
 }
 
@@ -764,6 +858,35 @@ mod tests {
         assert_eq!(l.samples, 3);
         assert!(l.max_us >= 999_000 && l.max_us <= 1_001_000);
         assert!(l.median_us >= 199 && l.median_us <= 201);
+    }
+
+    #[test]
+    fn timeline_samples_are_rates_over_each_interval() {
+        let mut t = Timeline::default();
+        let c = |open, msgs_in, lat_n, lat_sum| Counters {
+            open_now: open,
+            messages_in: msgs_in,
+            latency_samples: lat_n,
+            latency_us_sum: lat_sum,
+            ..Counters::default()
+        };
+        t.record(1.0, Phase::Connect, &c(5, 0, 0, 0), 0);
+        // A short tail of the connect phase only moves the starting point.
+        t.close_phase(1.2, Phase::Connect, &c(10, 4, 0, 0), 0);
+        t.record(2.2, Phase::Load, &c(10, 104, 100, 50_000), 100);
+        t.close_phase(2.8, Phase::Load, &c(9, 164, 100, 50_000), 130);
+        let s = t.into_samples(1.2);
+        assert_eq!(s.len(), 3);
+        assert!((s[0].t_secs + 0.2).abs() < 1e-9 && (s[1].t_secs - 1.0).abs() < 1e-9);
+        assert_eq!((s[0].open, s[0].received_per_sec), (5, 0.0));
+        assert_eq!(s[1].phase, Phase::Load);
+        assert!((s[1].received_per_sec - 100.0).abs() < 1e-9);
+        assert!((s[1].sent_per_sec - 100.0).abs() < 1e-9);
+        assert_eq!(s[1].latency_avg_us, Some(500.0));
+        assert!((s[2].received_per_sec - 100.0).abs() < 1e-6);
+        assert!((s[2].sent_per_sec - 50.0).abs() < 1e-6);
+        assert_eq!(s[2].latency_avg_us, None);
+        assert_eq!(s[2].open, 9);
     }
 
     #[test]
