@@ -11,6 +11,7 @@
 //! - `publish`: push mode's HTTP publisher;
 //! - [`report`]: counters, seq tracking, histogram merging, the timeline, the
 //!   printed report;
+//! - [`html`]: the report as one self-contained HTML page (`--report FILE.html`).
 //!
 //! It must not touch the server's code or state; it talks to servers only over
 //! the network, so it works against throng and any other WebSocket server.
@@ -18,13 +19,15 @@
 pub mod client;
 mod comet;
 mod fleet;
+pub mod html;
 mod publish;
 pub mod report;
 
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -35,7 +38,7 @@ use client::{Plan, phase};
 use fleet::{ChildFleet, Fleet, LocalFleet};
 use publish::{PublishPlan, Publisher};
 use report::{
-    Counters, Phase, PublishSummary, RawResult, Report, RunInfo, Timeline, TimelineSample,
+    Counters, Machine, Phase, PublishSummary, RawResult, Report, RunInfo, Timeline, TimelineSample,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +52,13 @@ pub enum BenchError {
     Child { index: usize, reason: String },
     #[error("bench event loop failed: {0}")]
     Loop(String),
+    /// The run completed and its report was printed, but `--report` could not be written.
+    #[error("cannot write the HTML report to {path}")]
+    Report {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The run completed, but connections failed or dropped, messages were lost or
     /// publishes failed (the report says which and why).
     #[error(
@@ -177,6 +187,45 @@ fn parse_source_ips(s: &str) -> Result<SourceIps, String> {
     Ok(SourceIps(ips))
 }
 
+/// `--report FILE.html`: refused (before anything runs) unless its directory exists
+/// and can be written to.
+fn parse_report_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("give the report's file name, such as report.html".into());
+    }
+    let path = PathBuf::from(s);
+    if s.ends_with('/') || path.is_dir() {
+        return Err(format!(
+            "'{s}' is a directory; give a file name, such as {}/report.html",
+            s.trim_end_matches('/')
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "directory '{}' does not exist (the report is written at the end of the run; create the directory first)",
+            dir.display()
+        ));
+    }
+    if !writable(&dir) {
+        return Err(format!("directory '{}' is not writable", dir.display()));
+    }
+    Ok(path)
+}
+
+/// Whether this process may create files in `dir`.
+fn writable(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
 /// `ws://host[:port][/path]` (or `http://` for the comet transports), split.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WsUrl {
@@ -274,6 +323,12 @@ pub struct BenchArgs {
     /// Print one JSON object with every figure instead of the text report
     #[arg(long)]
     pub json: bool,
+
+    /// Also write the report as one self-contained HTML page: settings, machine,
+    /// latency percentiles and histogram, messages/s and open connections per
+    /// second, failures (the directory must exist)
+    #[arg(long, value_name = "FILE.html", value_parser = parse_report_path)]
+    pub report: Option<PathBuf>,
 
     /// Exit 0 even when connections failed or dropped
     #[arg(long)]
@@ -610,6 +665,72 @@ impl BenchArgs {
         a
     }
 
+    /// The run's settings as the HTML report lists them: (name, value).
+    fn report_settings(&self) -> Vec<(&'static str, String)> {
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        let mut s = vec![("mode", self.mode.name().to_string())];
+        s.push(("url", self.url.clone()));
+        if self.mode == Mode::Push {
+            s.push(("transport", self.transport.name().to_string()));
+        }
+        s.push(("connections", crate::os::thousands(self.conns)));
+        s.push((
+            "connect rate",
+            if self.rate == 0.0 {
+                "unpaced".into()
+            } else {
+                format!("{} /s", self.rate)
+            },
+        ));
+        s.push(("load duration", d(self.duration)));
+        s.push(("message size", format!("{} B", self.size())));
+        s.push((
+            "processes × threads",
+            format!("{} × {}", self.procs, self.threads()),
+        ));
+        if let Some(PortRange(a, b)) = self.ports {
+            s.push(("ports", format!("{a}-{b}")));
+        }
+        if let Some(ips) = &self.source_ips {
+            s.push(("source addresses", ips.0.len().to_string()));
+        }
+        match self.mode {
+            Mode::Push => {
+                s.push(("channels", crate::os::thousands(self.channels)));
+                s.push(("publish rate", format!("{} /s", self.publish_rate)));
+                if let Some(u) = &self.publish_url {
+                    s.push(("publish url", u.clone()));
+                }
+                s.push((
+                    "seq from",
+                    match self.seq_from {
+                        SeqFrom::Server => "server",
+                        SeqFrom::Payload => "payload",
+                    }
+                    .into(),
+                ));
+                if self.reconnect > 0.0 {
+                    s.push((
+                        "reconnect",
+                        format!(
+                            "{} of subscribers every {}",
+                            self.reconnect,
+                            d(self.reconnect_interval)
+                        ),
+                    ));
+                }
+            }
+            Mode::Chat => {
+                s.push(("room size", self.room_size.to_string()));
+                s.push(("senders", self.senders.to_string()));
+                s.push(("send interval", d(self.send_interval)));
+            }
+            Mode::Echo | Mode::Idle => {}
+        }
+        s.push(("grace", d(self.grace)));
+        s
+    }
+
     fn publish_plan(&self) -> Result<PublishPlan, BenchError> {
         let (url, path) = PublishPlan::target(self.publish_url()?);
         Ok(PublishPlan {
@@ -644,6 +765,7 @@ fn split_conns(conns: u64, procs: usize) -> Vec<(u64, u64)> {
 /// Runs `throng bench`. Prints the report (or JSON) on stdout; returns
 /// [`BenchError::Failures`] after the report when connections failed or dropped.
 pub fn run(args: BenchArgs) -> Result<(), BenchError> {
+    let started = SystemTime::now();
     let url = args.validate()?;
     let plan = args.plan(&url)?;
     // Ctrl-C (or SIGTERM) ends the load early and still prints the report; a second
@@ -725,10 +847,45 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     } else {
         print!("{}", report.to_text());
     }
+    if let Some(path) = &args.report {
+        write_html(&args, &report, &raw.latency_us, started, path)?;
+    }
     let failures = report.errors;
     if failures > 0 && !args.allow_failures {
         return Err(BenchError::Failures(failures));
     }
+    Ok(())
+}
+
+/// `--report`: renders the HTML page and writes it.
+fn write_html(
+    args: &BenchArgs,
+    report: &Report,
+    latency_pairs: &[[u64; 2]],
+    started: SystemTime,
+    path: &Path,
+) -> Result<(), BenchError> {
+    let argv: Vec<String> = std::env::args().collect();
+    let page = html::Page {
+        report,
+        latency_pairs,
+        settings: &args.report_settings(),
+        machine: &Machine::detect(),
+        command: &html::command_line(&argv),
+        started_unix_secs: started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let text = html::render(&page);
+    std::fs::write(path, &text).map_err(|source| BenchError::Report {
+        path: path.display().to_string(),
+        source,
+    })?;
+    eprintln!(
+        "HTML report written to {} ({} kB)",
+        path.display(),
+        text.len().div_ceil(1024)
+    );
     Ok(())
 }
 

@@ -4,9 +4,9 @@
 //! histogram, failures by reason, push fan-out aggregates), the seq tracker that
 //! finds lost, duplicated and out-of-order deliveries, merging results from several
 //! loops or child processes, the per-second [`Timeline`], and the final [`Report`]
-//! (stats block, latency, error rate, throughput; text or JSON). It must not touch
-//! sockets, threads or processes: the drivers hand it numbers and print what it
-//! formats.
+//! (stats block, latency, error rate, throughput; text or JSON; `html` draws it as a
+//! page). It must not touch sockets, threads or processes: the drivers hand it
+//! numbers and print what it formats.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -725,6 +725,48 @@ impl Timeline {
             s.t_secs -= load_start_secs;
         }
         samples
+    }
+}
+
+/// The machine the bench ran on, for the HTML report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Machine {
+    pub cores: usize,
+    /// `model name` of /proc/cpuinfo; empty when unknown.
+    pub cpu_model: String,
+    /// `uname -r`; empty when unknown.
+    pub kernel: String,
+    pub memory_kb: u64,
+    pub hostname: String,
+}
+
+impl Machine {
+    /// Reads what Linux tells about this machine; what it cannot read stays empty.
+    pub fn detect() -> Machine {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        let cpuinfo = read("/proc/cpuinfo");
+        let meminfo = read("/proc/meminfo");
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model: cpuinfo
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    (k.trim() == "model name").then(|| v.trim().to_string())
+                })
+                .unwrap_or_default(),
+            kernel: read("/proc/sys/kernel/osrelease"),
+            memory_kb: meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0),
+            hostname: read("/proc/sys/kernel/hostname"),
+        }
     }
 }
 
