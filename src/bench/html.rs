@@ -1445,6 +1445,53 @@ mod tests {
     }
 
     #[test]
+    fn a_day_long_run_still_makes_a_small_page() {
+        use crate::bench::report::{RawResult, RunInfo};
+        let info = RunInfo {
+            mode: "echo".into(),
+            url: "ws://h:1/<x>".into(),
+            conns: 100_000,
+            threads: 2,
+            echo: true,
+            chat: false,
+            transport: None,
+        };
+        let mut report = Report::build(&info, &RawResult::default(), None);
+        report.timeline = (0..86_400)
+            .map(|i| TimelineSample {
+                t_secs: i as f64 + 1.0,
+                phase: Phase::Load,
+                open: 100_000,
+                received_per_sec: 123_456.0 + (i % 7) as f64,
+                sent_per_sec: 123_456.0,
+                latency_avg_us: Some(250.0 + (i % 13) as f64),
+                failed: 0,
+                dropped: i / 1000,
+            })
+            .collect();
+        // Every value the histogram can hold, from 1 µs to 10 minutes.
+        let pairs: Vec<[u64; 2]> = (0..60)
+            .map(|i| [10u64.pow(i / 7).max(1) * (1 + i as u64 % 7), 1])
+            .collect();
+        let settings = [("url", "ws://h:1/<x>".to_string())];
+        let html = render(&Page {
+            report: &report,
+            latency_pairs: &pairs,
+            settings: &settings,
+            machine: &Machine::default(),
+            command: "throng bench echo --url 'ws://h:1/<x>'",
+            started_unix_secs: 0,
+        });
+        assert!(html.len() < 200 * 1024, "{} bytes", html.len());
+        assert!(html.contains("ws://h:1/&lt;x&gt;") && !html.contains("<x>"));
+        for points in html.split("points=\"").skip(1) {
+            let n = points.split('"').next().unwrap().split(' ').count();
+            assert!(n <= MAX_POINTS, "{n} points");
+        }
+        assert!(html.matches("class=\"bar\"").count() > 10);
+    }
+
+    #[test]
     fn numbers_read_well() {
         assert_eq!(si(0.0), "0");
         assert_eq!(si(950.0), "950");
