@@ -909,17 +909,22 @@ fn summary_strip(out: &mut String, r: &Report) -> fmt::Result {
 fn latency_section(out: &mut String, page: &Page<'_>) -> fmt::Result {
     let l = &page.report.latency;
     let what = match page.report.mode.as_str() {
-        "echo" => "from sending a message to its echo",
-        "push" => "from publishing to delivery",
-        "chat" => "from sending to the sender's own copy of the broadcast",
-        _ => "of each measured message",
+        "echo" => "From sending a message to its echo",
+        "push" => "From publishing to delivery",
+        "chat" => "From sending to the sender's own copy of the broadcast",
+        _ => "Idle connections send nothing and measure no latency; they answer pings",
     };
-    writeln!(
-        out,
-        "<section class=\"card\" id=\"latency\"><h2>Latency</h2><p class=\"hint\">{}, over {} samples (HDR histogram, 3 significant digits).</p>",
-        Esc(what),
-        thousands(l.samples)
-    )?;
+    out.push_str("<section class=\"card\" id=\"latency\"><h2>Latency</h2>");
+    if l.samples > 0 {
+        writeln!(
+            out,
+            "<p class=\"hint\">{}, over {} samples (HDR histogram, 3 significant digits).</p>",
+            Esc(what),
+            thousands(l.samples)
+        )?;
+    } else {
+        writeln!(out, "<p class=\"hint\">{}.</p>", Esc(what))?;
+    }
     if l.samples > 0 {
         out.push_str("<table class=\"pct\"><tr>");
         let cells = [
