@@ -72,7 +72,7 @@ cargo test --release
 
 step "python integration tests (websockets)"
 PYVENV="$ROOT/tests/python/.venv"
-if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets, httpx' 2>/dev/null; then
+if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets, httpx, prometheus_client' 2>/dev/null; then
     python3 -m venv "$PYVENV"
     "$PYVENV/bin/pip" install -q --upgrade pip
     "$PYVENV/bin/pip" install -q -r tests/python/requirements.txt
