@@ -10,16 +10,11 @@ resumes an EventSource from `Last-Event-ID`, so `--reconnect` is checked there t
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port, tcp_connectable
+from procs import Nginx
 from test_bench import assert_clean, assert_latency_sane, assert_no_panic, run_bench, short
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,61 +22,22 @@ TEMPLATE = ROOT / "bench/peers/nchan/nginx.conf.template"
 MODULES = [Path("/usr/lib/nginx/modules/ngx_nchan_module.so"), Path("/usr/share/nginx/modules/ngx_nchan_module.so")]
 
 
-class Nchan:
-    def __init__(self) -> None:
-        module = next((m for m in MODULES if m.exists()), None)
-        assert module, "libnginx-mod-nchan is not installed (scripts/test.sh installs it)"
-        self.dir = tempfile.TemporaryDirectory(prefix="throng-nchan-")
-        d = Path(self.dir.name)
-        (d / "tmp").mkdir()
-        self.port = free_port()
-        user = ""
-        if os.geteuid() == 0:
-            import grp
-            import pwd
-
-            user = f"user {pwd.getpwuid(os.getuid()).pw_name} {grp.getgrgid(os.getgid()).gr_name};"
-        conf = (
-            TEMPLATE.read_text()
-            .replace("@MODULE@", str(module))
-            .replace("@WORKERS@", "1")
-            .replace("@PORT@", str(self.port))
-            .replace("@DIR@", str(d))
-            .replace("@USER@", user)
-        )
-        (d / "nginx.conf").write_text(conf)
-        self.log = d / "error.log"
-        self.proc = subprocess.Popen(
-            ["nginx", "-p", f"{d}/", "-c", "nginx.conf", "-e", str(self.log)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 10
-        while not tcp_connectable(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"nginx did not start: {self.describe()}")
-            time.sleep(0.05)
-
-    def describe(self) -> str:
-        log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-        return f"nginx on port {self.port}, pid {self.proc.pid}; error.log:\n{log}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-        if self.proc.stderr:
-            self.proc.stderr.close()
-        self.dir.cleanup()
+def nchan_conf(directory: Path, port: int, user: str) -> str:
+    module = next((m for m in MODULES if m.exists()), None)
+    assert module, "libnginx-mod-nchan is not installed (scripts/test.sh installs it)"
+    return (
+        TEMPLATE.read_text()
+        .replace("@MODULE@", str(module))
+        .replace("@WORKERS@", "1")
+        .replace("@PORT@", str(port))
+        .replace("@DIR@", str(directory))
+        .replace("@USER@", user)
+    )
 
 
 @pytest.fixture
 def nchan():
-    server = Nchan()
+    server = Nginx(nchan_conf)
     yield server
     server.stop()
 

@@ -7,18 +7,14 @@ every message exactly once, in order, with the same seq everywhere."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port, tcp_connectable
+from procs import Nginx
 from rawws import channel_info, http_request, publish_ok
 from test_redis import poll, redis, wait_for, wait_healthy  # noqa: F401 (redis: the fixture)
 from test_sse import EventReader
@@ -28,26 +24,17 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_CONF = ROOT / "deploy/nginx.conf"
 
 
-class Nginx:
-    def __init__(self, node_ports: list[int]):
-        self.dir = tempfile.TemporaryDirectory(prefix="throng-nginx-")
-        d = Path(self.dir.name)
-        (d / "tmp").mkdir()
-        self.port = free_port()
-        site = DEPLOY_CONF.read_text()
-        servers = "\n".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;" for p in node_ports)
-        site, n = re.subn(r"(?m)^    server 127\.0\.0\.1:\d+ .*\n(    server 127\.0\.0\.1:\d+ .*\n)*", servers + "\n", site)
-        assert n == 1, "deploy/nginx.conf: the upstream's server lines were not found"
-        site = site.replace("    ip_hash;\n", "")
-        site = site.replace("listen 80;", f"listen 127.0.0.1:{self.port};")
-        (d / "site.conf").write_text(site)
-        user = ""
-        if os.geteuid() == 0:
-            import grp
-            import pwd
+def fronting(node_ports: list[int]):
+    """deploy/nginx.conf with its upstream pointed at the nodes, round-robin."""
+    site = DEPLOY_CONF.read_text()
+    servers = "\n".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;" for p in node_ports)
+    site, n = re.subn(r"(?m)^    server 127\.0\.0\.1:\d+ .*\n(    server 127\.0\.0\.1:\d+ .*\n)*", servers + "\n", site)
+    assert n == 1, "deploy/nginx.conf: the upstream's server lines were not found"
+    site = site.replace("    ip_hash;\n", "")
 
-            user = f"user {pwd.getpwuid(os.getuid()).pw_name} {grp.getgrgid(os.getgid()).gr_name};"
-        (d / "nginx.conf").write_text(f"""{user}
+    def render(d: Path, port: int, user: str) -> str:
+        (d / "site.conf").write_text(site.replace("listen 80;", f"listen 127.0.0.1:{port};"))
+        return f"""{user}
 daemon off;
 worker_processes 1;
 pid {d}/nginx.pid;
@@ -62,34 +49,9 @@ http {{
     scgi_temp_path {d}/tmp/scgi;
     include {d}/site.conf;
 }}
-""")
-        self.log = d / "error.log"
-        self.proc = subprocess.Popen(
-            ["nginx", "-p", f"{d}/", "-c", "nginx.conf", "-e", str(self.log)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 10
-        while not tcp_connectable(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                err = self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
-                self.stop()
-                raise RuntimeError(f"nginx did not start: {err} {self.describe()}")
-            time.sleep(0.05)
+"""
 
-    def describe(self) -> str:
-        return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-        if self.proc.stderr:
-            self.proc.stderr.close()
-        self.dir.cleanup()
+    return render
 
 
 @pytest.fixture
@@ -98,7 +60,7 @@ def fronted(start_server, redis):
     b = start_server("--broker", redis.url)
     for node in (a, b):
         wait_healthy(node.port)
-    proxy = Nginx([a.port, b.port])
+    proxy = Nginx(fronting([a.port, b.port]))
     yield a, b, proxy
     proxy.stop()
 

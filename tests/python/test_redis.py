@@ -10,9 +10,7 @@ message), and a node cut off from Redis fills in what it missed once it is back.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -22,6 +20,7 @@ import time
 import pytest
 
 from conftest import free_port, tcp_connectable
+from procs import stop_process
 from rawws import channel_info, http_request, publish, publish_ok
 from test_sse import EventReader
 from wsutil import recv_json, run, ws_connect
@@ -53,13 +52,8 @@ class Redis:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        if self.proc:
+            stop_process(self.proc)
 
     def cli(self, *args: str) -> str:
         out = subprocess.run(
