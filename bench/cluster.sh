@@ -46,15 +46,7 @@ check_names broker "$BROKERS" memory redis redis-pattern
 check_names scenario "$SCENARIOS" A B
 wantsc() { case ",$SCENARIOS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 need jq
-if ! command -v redis-server >/dev/null 2>&1; then
-  log "apt-get install redis-server"
-  made_policy=
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made_policy=1
-  fi
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } >&2
-  [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
-fi
+command -v redis-server >/dev/null 2>&1 || install_packages redis-server
 
 begin_run cluster rm
 if [ ! -x "$THRONG_BIN" ] && [ "$THRONG_BIN" = "$REPO_DIR/target/release/throng" ]; then

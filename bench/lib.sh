@@ -149,6 +149,39 @@ select_servers() {
   done
 }
 
+# ---------------------------------------------------------------- packages
+
+# nchan_module: the Nchan module's .so, as Debian's libnginx-mod-nchan installs it.
+nchan_module() {
+  local f
+  for f in /usr/lib/nginx/modules/ngx_nchan_module.so /usr/share/nginx/modules/ngx_nchan_module.so; do
+    [ -f "$f" ] && { echo "$f"; return 0; }
+  done
+  # modules-available/mod-nchan.conf: load_module modules/ngx_nchan_module.so; (relative to nginx's prefix)
+  f=$(sed -n 's/^ *load_module *\([^;]*\);.*/\1/p' /usr/share/nginx/modules-available/mod-nchan.conf 2>/dev/null | head -1)
+  case "$f" in /*) ;; ?*) f=/usr/share/nginx/$f ;; esac
+  [ -n "$f" ] && [ -f "$f" ] && { echo "$f"; return 0; }
+  return 1
+}
+
+# install_packages PKG...: apt-get installs them (as root; INSTALL=false refuses
+# instead). Installing nginx or redis-server must not start the system's service:
+# without a policy-rc.d, one that refuses is put in place for the install only.
+install_packages() {
+  [ $# -gt 0 ] || return 0
+  if [ "${INSTALL:-true}" != true ] || ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
+    echo "$PROG: needs $* (apt-get install -y $*, as root)" >&2; exit 1
+  fi
+  local made_policy= rc=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made_policy=1
+  fi
+  log "apt-get update; apt-get install -y $*"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"; } >&2 || rc=$?
+  [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
+  [ "$rc" = 0 ] || { echo "$PROG: apt-get install $* failed" >&2; exit 1; }
+}
+
 # ---------------------------------------------------------------- servers
 
 free_port() {

@@ -66,39 +66,15 @@ done
 wantsc() { case ",$SCENARIOS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 # ---------------------------------------------------------------- install
-nchan_module() { # the module's .so, as the Debian package installs it
-  local f
-  for f in /usr/lib/nginx/modules/ngx_nchan_module.so /usr/share/nginx/modules/ngx_nchan_module.so; do
-    [ -f "$f" ] && { echo "$f"; return 0; }
-  done
-  # modules-available/mod-nchan.conf: load_module modules/ngx_nchan_module.so; (relative to nginx's prefix)
-  f=$(sed -n 's/^ *load_module *\([^;]*\);.*/\1/p' /usr/share/nginx/modules-available/mod-nchan.conf 2>/dev/null | head -1)
-  case "$f" in /*) ;; ?*) f=/usr/share/nginx/$f ;; esac
-  [ -n "$f" ] && [ -f "$f" ] && { echo "$f"; return 0; }
-  return 1
-}
 install_missing() {
-  local pkgs=() made_policy=
+  local pkgs=()
   command -v jq >/dev/null 2>&1 || pkgs+=(jq)
   command -v curl >/dev/null 2>&1 || pkgs+=(curl)
   if want nchan; then
     command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || pkgs+=(nginx-light)
     nchan_module >/dev/null || pkgs+=(libnginx-mod-nchan)
   fi
-  [ ${#pkgs[@]} -gt 0 ] || return 0
-  if [ "$INSTALL" != true ] || ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
-    echo "$PROG: needs ${pkgs[*]} (apt-get install -y ${pkgs[*]}, as root)" >&2; exit 1
-  fi
-  # Installing nginx must not start the system's nginx service: without a
-  # policy-rc.d, one that refuses is put in place for the install only.
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made_policy=1
-  fi
-  log "apt-get update; apt-get install -y ${pkgs[*]}"
-  local rc=0
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${pkgs[@]}"; } >&2 || rc=$?
-  [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
-  [ "$rc" = 0 ] || { echo "$PROG: apt-get install ${pkgs[*]} failed" >&2; exit 1; }
+  install_packages "${pkgs[@]+"${pkgs[@]}"}"
 }
 install_missing
 need jq
