@@ -249,19 +249,27 @@ def sse_connections(port: int) -> int:
     return http_request(port, "GET", "/api/stats").json()["connections"]["sse"]
 
 
+def returning_sse_reader(srv, channel: str) -> socket.socket:
+    """A channel's history filled with the big messages, and a reader with a tiny
+    receive buffer coming back for all of it (since=0)."""
+    for i in range(1, CATCH_UP_MESSAGES + 1):
+        publish_ok(srv.port, channel, big_payload(i))
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.settimeout(10)
+    reader.connect(("127.0.0.1", srv.port))
+    reader.sendall(f"GET /sse/{channel}?since=0 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return reader
+
+
 def test_a_returning_sse_reader_that_never_reads_its_replay_is_let_go(start_server):
     # SSE streams have no idle timeout, so a stalled replay must not be held
     # forever: a catch-up the reader takes nothing of for a whole ping interval
     # counts against --max-queue from then on.
     srv = start_server(*CATCH_UP_FLAGS, "--ping-interval", "1s")
     channel = "catchup-sse"
-    for i in range(1, CATCH_UP_MESSAGES + 1):
-        publish_ok(srv.port, channel, big_payload(i))
-    stalled = socket.socket()
-    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stalled.connect(("127.0.0.1", srv.port))
+    stalled = returning_sse_reader(srv, channel)
     try:
-        stalled.sendall(f"GET /sse/{channel}?since=0 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         deadline = time.monotonic() + 2
         while sse_connections(srv.port) != 1:
             assert time.monotonic() < deadline, "the SSE stream never opened"
@@ -283,15 +291,9 @@ def test_a_returning_sse_reader_that_reads_slowly_keeps_its_replay(start_server)
     # slowly, is never cut off for it.
     srv = start_server(*CATCH_UP_FLAGS, "--ping-interval", "1s")
     channel = "catchup-sse-slow"
-    for i in range(1, CATCH_UP_MESSAGES + 1):
-        publish_ok(srv.port, channel, big_payload(i))
-    reader = socket.socket()
-    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    reader.connect(("127.0.0.1", srv.port))
-    reader.settimeout(10)
+    reader = returning_sse_reader(srv, channel)
     got = b""
     try:
-        reader.sendall(f"GET /sse/{channel}?since=0 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         want = f"{CATCH_UP_MESSAGES:06d}|".encode()
         t0 = time.monotonic()
         # Take a little every 100 ms for 3 s (three heartbeats), then the rest.
