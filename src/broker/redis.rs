@@ -36,7 +36,9 @@ use crate::protocol::DataKind;
 use crate::rules::Namespaces;
 
 /// How long a Redis connect or command may take before it counts as a failure.
-const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
+/// Event loops wait this long at most once: after a failure they fail fast while
+/// the keeper thread probes (see [`Shared::with_connection`]).
+const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
 /// The listener's reconnect backoff, doubling from the first to the last.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -384,10 +386,19 @@ impl Shared {
     /// that failed on the wire is dropped, not returned. A pooled connection found
     /// broken (Redis restarted since it was last used) empties the pool and `f`
     /// runs once more on a new one.
+    ///
+    /// While the last command failed, this answers at once without trying: the
+    /// event loops that call it must not wait out a timeout per request while
+    /// Redis is down or hung. The keeper thread probes every second
+    /// ([`Shared::heartbeat`]) and the listener marks Redis reachable when it is
+    /// back.
     fn with_connection<T>(
         &self,
         f: impl Fn(&mut Connection) -> ::redis::RedisResult<T>,
     ) -> Result<T, BrokerError> {
+        if !self.commands_ok.load(Ordering::Relaxed) {
+            return Err(unavailable("unreachable (retrying every second)"));
+        }
         let pooled = lock(&self.pool).pop();
         let reused = pooled.is_some();
         match self.run_on(pooled, &f) {
@@ -472,16 +483,23 @@ impl Shared {
     }
 
     /// This node is alive (its members count).
+    /// This node is alive (its members count). It is also the probe that finds
+    /// Redis back after a failure, so it always tries, on a fresh connection then.
     fn heartbeat(&self) -> Result<(), BrokerError> {
         let key = node_key(&self.node);
-        self.with_connection(|con| {
+        let set = |con: &mut Connection| {
             ::redis::cmd("SET")
                 .arg(&key)
                 .arg(1)
                 .arg("EX")
                 .arg(NODE_TTL_SECS)
                 .query::<()>(con)
-        })
+        };
+        if self.commands_ok.load(Ordering::Relaxed) {
+            return self.with_connection(set);
+        }
+        lock(&self.pool).clear();
+        self.run_on(None, &set).map_err(Failure::into_error)
     }
 
     /// Adds `delta` to this node's members of `channel`; the cluster-wide count.
@@ -665,6 +683,8 @@ impl Listener {
                 continue;
             }
             self.shared.listening.store(true, Ordering::Relaxed);
+            // Redis answered us: the event loops may try their commands again.
+            self.shared.commands_ok.store(true, Ordering::Relaxed);
             backoff = BACKOFF_FIRST;
             if lost {
                 tracing::info!("redis reachable again: resubscribed; filling in what was missed");
@@ -1182,6 +1202,44 @@ mod tests {
         let mut broken = MAGIC.to_vec();
         broken.extend_from_slice(b"Dnot a header");
         assert_eq!(parse_incoming(&broken), None);
+    }
+
+    #[test]
+    fn after_a_failure_commands_fail_fast_until_a_probe_succeeds() {
+        // A port that takes connections and never answers: a hung Redis.
+        let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}", hung.local_addr().unwrap());
+        let polls = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(polls.registry(), mio::Token(0)).unwrap());
+        let shared = Shared {
+            hub: Arc::new(Hub::new(vec![waker], 1)),
+            client: Client::open(url.as_str()).unwrap(),
+            node: "n".into(),
+            listening: AtomicBool::new(false),
+            commands_ok: AtomicBool::new(true),
+            pool: Mutex::new(Vec::new()),
+            snapshot: Script::new(SNAPSHOT_LUA),
+            members: Script::new(MEMBERS_LUA),
+            history: Limits {
+                size: 0,
+                ttl: Duration::ZERO,
+            },
+            namespaces: Namespaces::default(),
+            written_members: Mutex::new(HashMap::new()),
+            mode: Subscribe::Pattern,
+            subs: Mutex::new(Subs::default()),
+            confirmed: Condvar::new(),
+        };
+        // The first command waits out the timeout and fails ...
+        let first = shared.heartbeat().unwrap_err().to_string();
+        assert!(!first.contains("retrying"), "{first}");
+        // ... then every other caller is answered at once, without trying.
+        let next = shared.members("c", 1).unwrap_err().to_string();
+        assert!(next.contains("retrying every second"), "{next}");
+        // The probe itself always tries (and fails again against the same port).
+        let probe = shared.heartbeat().unwrap_err().to_string();
+        assert!(!probe.contains("retrying"), "{probe}");
+        drop(hung);
     }
 
     #[test]
