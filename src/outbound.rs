@@ -143,6 +143,11 @@ impl Outbound {
             .map_or(0, |q| q.bytes.saturating_sub(q.catch_up))
     }
 
+    /// Whether part of a catch-up still waits (see [`Outbound::send_catch_up`]).
+    pub fn has_catch_up(&self) -> bool {
+        self.0.as_ref().is_some_and(|q| q.catch_up > 0)
+    }
+
     /// A catch-up whose reader took nothing since the last call stops being
     /// exempt: from now on it counts like any queued bytes. `kernel_unsent` is what
     /// the kernel still holds for the socket (see [`crate::os::unsent_bytes`]):

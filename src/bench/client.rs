@@ -1100,6 +1100,7 @@ impl ClientLoop {
         };
         let mut now_unix = 0;
         let seq_from = plan.seq_from;
+        let reconnects = plan.reconnect > 0.0;
         let result = reader.feed(&buf[start..end], &mut |ev: &SseEvent| {
             match ev.kind.as_str() {
                 "" | "message" => {
@@ -1114,7 +1115,9 @@ impl ClientLoop {
                 "gap" => tally.seq.reported_gaps += 1,
                 _ => {}
             }
-            if let Some(id) = &ev.id {
+            // Only a subscriber that will reconnect needs its last id (kept
+            // without an allocation per delivery otherwise).
+            if reconnects && let Some(id) = &ev.id {
                 conn.resume = Some(id.as_str().into());
             }
         });

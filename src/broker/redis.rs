@@ -290,6 +290,18 @@ struct Snapshot {
     kept: Vec<(Stored, u64)>,
 }
 
+impl Snapshot {
+    /// The kept messages younger than `ttl`, oldest first.
+    fn fresh(self, ttl: Duration) -> impl Iterator<Item = Stored> {
+        let ttl = ttl.as_secs();
+        let now = u64::from(history::now_secs());
+        self.kept
+            .into_iter()
+            .filter(move |(_, t)| ttl > 0 && now.saturating_sub(*t) < ttl)
+            .map(|(m, _)| m)
+    }
+}
+
 fn parse_snapshot(value: Value) -> Result<Snapshot, BrokerError> {
     let bad = || unavailable("unexpected snapshot answer");
     let Value::Array(items) = value else {
@@ -965,20 +977,15 @@ impl RedisBroker {
     /// Replay of the channel's history in Redis, without expired messages.
     fn replay(&self, channel: &str, since: u64) -> Result<Replay, BrokerError> {
         let snapshot = self.shared.snapshot(channel, true)?;
-        let ttl = self.shared.limits(channel).ttl.as_secs();
-        let now = u64::from(history::now_secs());
-        let messages: Vec<Stored> = snapshot
-            .kept
-            .into_iter()
-            .filter(|(_, t)| ttl > 0 && now.saturating_sub(*t) < ttl)
-            .map(|(m, _)| m)
-            .collect();
-        let oldest = messages.first().map_or(snapshot.last_seq + 1, |m| m.seq);
+        let (last_seq, epoch) = (snapshot.last_seq, snapshot.epoch.unwrap_or(0));
+        let mut messages: Vec<Stored> = snapshot.fresh(self.shared.limits(channel).ttl).collect();
+        let oldest = messages.first().map_or(last_seq + 1, |m| m.seq);
+        messages.retain(|m| m.seq > since);
         Ok(Replay {
-            messages: messages.into_iter().filter(|m| m.seq > since).collect(),
-            last_seq: snapshot.last_seq,
+            messages,
+            last_seq,
             oldest,
-            epoch: snapshot.epoch.unwrap_or(0),
+            epoch,
         })
     }
 }
@@ -1029,9 +1036,13 @@ impl Broker for RedisBroker {
             self.shared
                 .hub
                 .subscribe(channel, member.conn.loop_index, member.listens);
-        lock(&self.shared.written_members)
-            .entry(channel.into())
-            .or_insert(0);
+        {
+            // Known from its first subscriber on: no name copied for the others.
+            let mut written = lock(&self.shared.written_members);
+            if !written.contains_key(channel) {
+                written.insert(channel.into(), 0);
+            }
+        }
         if let Err(e) = self.shared.ensure_subscribed(channel) {
             self.shared
                 .hub
@@ -1097,13 +1108,8 @@ impl Broker for RedisBroker {
                 ..ChannelInfo::default()
             };
         };
-        let ttl = self.shared.limits(channel).ttl.as_secs();
-        let now = u64::from(history::now_secs());
-        let history_len = snapshot
-            .kept
-            .iter()
-            .filter(|(_, t)| ttl > 0 && now.saturating_sub(*t) < ttl)
-            .count();
+        let (last_seq, epoch) = (snapshot.last_seq, snapshot.epoch);
+        let history_len = snapshot.fresh(self.shared.limits(channel).ttl).count();
         // Others' counts as they last wrote them, this node's as it is now.
         let others = self.shared.members(channel, 0).unwrap_or(0).saturating_sub(
             lock(&self.shared.written_members)
@@ -1113,9 +1119,9 @@ impl Broker for RedisBroker {
         );
         ChannelInfo {
             subscribers: others + local,
-            last_seq: snapshot.last_seq,
+            last_seq,
             history_len,
-            epoch: snapshot.epoch,
+            epoch,
         }
     }
 

@@ -620,10 +620,13 @@ impl EventLoop {
             let due = next_due(conn, self.idle_ticks);
             set_deadline(&mut self.wheel, key, conn, due);
             // A replay the reader took nothing of for a whole interval counts
-            // against --max-queue from now on (send_out checks it).
-            let kernel_unsent =
-                crate::os::unsent_bytes(std::os::fd::AsRawFd::as_raw_fd(&conn.socket));
-            conn.out.expire_stalled_catch_up(kernel_unsent);
+            // against --max-queue from now on (send_out checks it). Only a
+            // connection with a replay waiting asks the kernel anything.
+            if conn.out.has_catch_up() {
+                let kernel_unsent =
+                    crate::os::unsent_bytes(std::os::fd::AsRawFd::as_raw_fd(&conn.socket));
+                conn.out.expire_stalled_catch_up(kernel_unsent);
+            }
             self.out.clear();
             let after = conn.session.write_heartbeat(&mut self.out);
             self.send_out(key, after);
