@@ -2,7 +2,7 @@
 # Runs every test of throng on a fresh machine: installs what is missing, builds,
 # then runs formatting and lint checks, the Rust unit tests, the Python
 # (`websockets`, `httpx`, curl, Nchan as a foreign SSE server, two nodes on a real
-# Redis) and Go
+# Redis, the web pages in a headless Chromium driven by Playwright) and Go
 # (`gorilla/websocket`) integration suites against the real binary, and the Autobahn TestSuite cases 1-10 against a server it starts on a
 # free port and stops by pid.
 #
@@ -55,6 +55,10 @@ have redis-server || apt_install_no_services redis-server
 if ! have nginx || [[ ! -f /usr/lib/nginx/modules/ngx_nchan_module.so ]]; then
     apt_install_no_services nginx-light libnginx-mod-nchan
 fi
+# Chromium for the browser tests (tests/python/test_browser.py), driven by the
+# Python `playwright` package with executable_path=/usr/bin/chromium: Playwright's
+# own browser download (`playwright install`) is never used.
+[[ -x /usr/bin/chromium ]] || apt_install chromium
 cargo --version; go version; python3 --version
 
 step "cargo fmt --check"
@@ -70,9 +74,9 @@ export THRONG_BIN="$ROOT/target/release/throng"
 step "cargo test (unit tests)"
 cargo test --release
 
-step "python integration tests (websockets)"
+step "python integration tests (websockets, Playwright + Chromium)"
 PYVENV="$ROOT/tests/python/.venv"
-if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets, httpx, prometheus_client' 2>/dev/null; then
+if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets, httpx, prometheus_client, playwright' 2>/dev/null; then
     python3 -m venv "$PYVENV"
     "$PYVENV/bin/pip" install -q --upgrade pip
     "$PYVENV/bin/pip" install -q -r tests/python/requirements.txt

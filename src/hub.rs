@@ -49,6 +49,10 @@ pub struct Channel {
     loops: Mutex<Vec<LoopShare>>,
     /// Local subscribers on every loop, readable without the lock.
     subscribers: AtomicU64,
+    /// Messages handed to this process's loops since the channel got local
+    /// subscribers (one count per message, not per subscriber): the dashboard's
+    /// messages/s per channel.
+    messages: AtomicU64,
 }
 
 impl Channel {
@@ -59,6 +63,11 @@ impl Channel {
     /// Subscribers on this process.
     pub fn subscribers(&self) -> u64 {
         self.subscribers.load(Ordering::Relaxed)
+    }
+
+    /// Messages handed to this process's loops while it had local subscribers.
+    pub fn messages(&self) -> u64 {
+        self.messages.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<LoopShare>> {
@@ -245,6 +254,7 @@ impl Hub {
                     name: name.into(),
                     loops: Mutex::new(vec![LoopShare::default(); self.inboxes.len()]),
                     subscribers: AtomicU64::new(0),
+                    messages: AtomicU64::new(0),
                 });
                 shard.insert(name.into(), Arc::clone(&channel));
                 channel
@@ -317,7 +327,36 @@ impl Hub {
                 self.inboxes[index].push(Arc::clone(&message));
             }
         }
+        if matches!(audience, Audience::Everyone) {
+            channel.messages.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(true)
+    }
+
+    /// Up to `n` channels with the most local subscribers, most first, leaving out
+    /// those `skip` names. It visits every channel (one shard lock at a time), so it
+    /// is for a once-a-second view, never the message path.
+    pub fn busiest(&self, n: usize, skip: impl Fn(&str) -> bool) -> Vec<Arc<Channel>> {
+        let mut top: Vec<Arc<Channel>> = Vec::with_capacity(n + 1);
+        if n == 0 {
+            return top;
+        }
+        for shard in &self.shards {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            for channel in shard.values() {
+                let count = channel.subscribers();
+                if top.len() == n && top.last().is_some_and(|c| c.subscribers() >= count) {
+                    continue;
+                }
+                if skip(channel.name()) {
+                    continue;
+                }
+                let at = top.partition_point(|c| c.subscribers() >= count);
+                top.insert(at, Arc::clone(channel));
+                top.truncate(n);
+            }
+        }
+        top
     }
 }
 
@@ -397,6 +436,29 @@ mod tests {
         hub.inbox(0).take(&mut zero);
         hub.inbox(1).take(&mut one);
         assert_eq!((zero.len(), one.len()), (1, 0));
+    }
+
+    #[test]
+    fn busiest_channels_come_by_local_subscribers_and_count_their_messages() {
+        let (hub, _polls) = hub(2);
+        let mut held = Vec::new();
+        for (name, subscribers) in [("a", 3), ("b", 1), ("c", 5), ("throng:stats", 9), ("d", 2)] {
+            for _ in 0..subscribers {
+                held.push(hub.subscribe(name, 0, false).0);
+            }
+        }
+        let top = hub.busiest(3, |name| name.starts_with("throng:"));
+        let names: Vec<&str> = top.iter().map(|c| c.name()).collect();
+        assert_eq!(names, ["c", "a", "d"]);
+        let c = hub.find("c").unwrap();
+        for seq in 1..=4 {
+            assert!(
+                hub.deliver(&c, Audience::Everyone, None, || data(seq))
+                    .unwrap()
+            );
+        }
+        assert_eq!(c.messages(), 4);
+        assert!(hub.busiest(0, |_| false).is_empty());
     }
 
     #[test]

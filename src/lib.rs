@@ -27,11 +27,15 @@
 //!   client for the API (`throng pub`).
 //! - [`os`]: the open-files limit and the connection ceiling it gives.
 //! - [`workers`]: `--workers N`, a master that keeps N serving processes running.
+//! - [`feed`]: the dashboard's once-a-second view of this node (`throng:stats`,
+//!   `/api/stats/history`); [`web`]: the embedded browser pages (`/`, `/chat`,
+//!   `/throng.js`).
 
 pub mod bench;
 pub mod broker;
 pub mod client;
 pub mod config;
+pub mod feed;
 pub mod history;
 pub mod hub;
 pub mod metrics;
@@ -42,4 +46,5 @@ pub mod rules;
 pub mod server;
 pub mod stats;
 pub mod transport;
+pub mod web;
 pub mod workers;

@@ -36,6 +36,40 @@ pub fn validate_channel_name(name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
+/// The namespace of the server's own feeds (`throng:stats`, the dashboard's):
+/// anyone may subscribe, nobody may publish.
+pub const RESERVED_NAMESPACE: &str = "throng";
+
+/// Whether `channel` is one of the server's own feeds, closed to publishers.
+pub fn is_reserved(channel: &str) -> bool {
+    namespace(channel) == RESERVED_NAMESPACE
+}
+
+/// Longest chosen client name (`?name=`) in bytes.
+pub const MAX_CLIENT_NAME: usize = 32;
+
+/// Why a chosen client name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientNameError {
+    #[error("name must be 1-{MAX_CLIENT_NAME} bytes of A-Z a-z 0-9 _ - .")]
+    Invalid,
+}
+
+/// Checks a name a chat client chose: 1–32 bytes of `A-Z a-z 0-9 _ - .`, so it
+/// needs no escaping in a URL, a JSON string or a page.
+pub fn validate_client_name(name: &str) -> Result<(), ClientNameError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_CLIENT_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ClientNameError::Invalid)
+    }
+}
+
 /// The part of a channel name before its first `:` (empty if there is none).
 pub fn namespace(name: &str) -> &str {
     name.split_once(':').map_or("", |(ns, _)| ns)
@@ -93,8 +127,12 @@ impl Namespaces {
     }
 
     /// How `channel` behaves: its namespace's declared rules over the built-in ones.
+    /// The reserved namespace stays push-only whatever a config file says.
     pub fn rules(&self, channel: &str) -> ChannelRules {
         let built_in = ChannelRules::for_name(channel);
+        if is_reserved(channel) {
+            return built_in;
+        }
         let declared = self.declared(channel);
         ChannelRules {
             client_publish: declared.client_publish.unwrap_or(built_in.client_publish),
@@ -109,9 +147,12 @@ impl Namespaces {
     }
 }
 
-/// A client's name in chat events and envelopes.
-pub fn client_name(id: u64) -> String {
-    format!("c{id}")
+/// A client's name in chat events and envelopes: the one it chose, else `c<id>`.
+pub fn client_name(id: u64, chosen: Option<&str>) -> String {
+    match chosen {
+        Some(name) => name.to_string(),
+        None => format!("c{id}"),
+    }
 }
 
 /// What a connection is for, as far as its own messages go.
@@ -208,6 +249,12 @@ mod tests {
 
     #[test]
     fn client_names() {
-        assert_eq!(client_name(42), "c42");
+        assert_eq!(client_name(42, None), "c42");
+        assert_eq!(client_name(42, Some("alice")), "alice");
+        assert!(validate_client_name("Al_ice-2.0").is_ok());
+        for bad in ["", "a b", "<script>", "é", &"x".repeat(33)] {
+            assert!(validate_client_name(bad).is_err(), "{bad}");
+        }
+        assert!(is_reserved("throng:stats") && !is_reserved("throngs:x") && !is_reserved("news"));
     }
 }

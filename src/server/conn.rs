@@ -79,6 +79,7 @@ impl Session {
         shared: &Shared,
         out: &mut Vec<u8>,
         counts: &mut TurnCounts,
+        chosen_name: Option<&str>,
     ) -> Handled {
         match self {
             Session::Http(pending) => {
@@ -90,6 +91,7 @@ impl Session {
                     broker: &*shared.broker,
                     config: &shared.config,
                     counts,
+                    chosen_name,
                 };
                 Handled::Transport(websocket::feed(ws, input, &mut ctx))
             }
@@ -99,12 +101,12 @@ impl Session {
     }
 
     /// Appends a new subscriber's greeting (a chat welcome), if its transport has one.
-    pub fn write_welcome(&self, out: &mut Vec<u8>, count: u64) {
+    pub fn write_welcome(&self, out: &mut Vec<u8>, count: u64, chosen_name: Option<&str>) {
         match self {
             Session::Http(_) => {}
             Session::WebSocket(ws) => {
                 if let Some(sub) = &ws.sub {
-                    websocket::write_welcome(out, sub, count);
+                    websocket::write_welcome(out, sub, count, chosen_name);
                 }
             }
             Session::Sse(_) | Session::Poll(_) => {}

@@ -336,6 +336,7 @@ impl EventLoop {
             &self.shared,
             &mut self.out,
             &mut self.turn,
+            self.subscribers.chosen_name(key),
         );
         self.after_input(key, handled);
     }
@@ -398,7 +399,8 @@ impl EventLoop {
             match joined {
                 Ok((sub, count, replay)) => {
                     conn.session = Session::opened(&opening.handover, Some(sub));
-                    conn.session.write_welcome(&mut self.out, count);
+                    conn.session
+                        .write_welcome(&mut self.out, count, subscribe.name.as_deref());
                     if let (Some(replay), Some(resume)) = (replay, subscribe.resume) {
                         let start = self.out.len();
                         if conn.session.write_replay(&mut self.out, replay, resume) == After::Close
@@ -460,6 +462,7 @@ impl EventLoop {
             &self.shared,
             &mut self.out,
             &mut self.turn,
+            self.subscribers.chosen_name(key),
         );
         self.after_input(key, handled);
     }

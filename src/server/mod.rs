@@ -198,6 +198,7 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
             .map_err(ServerError::Spawn)?;
         handles.push(handle);
     }
+    handles.push(crate::feed::spawn(Arc::clone(&shared)).map_err(ServerError::Spawn)?);
     Ok(ServerHandle {
         stopper: Stopper { shared, wakers },
         threads: handles,

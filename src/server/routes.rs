@@ -18,9 +18,10 @@ use crate::metrics;
 use crate::protocol::DataKind;
 use crate::protocol::handshake::{self, HandshakeError};
 use crate::protocol::http::{self, Request};
-use crate::rules::validate_channel_name;
+use crate::rules::{is_reserved, validate_channel_name, validate_client_name};
 use crate::stats::{HandshakeFailure, TurnCounts};
 use crate::transport::{Format, Handover, Opening, Subscribe, sse};
+use crate::web;
 
 /// What the router decided.
 #[derive(Debug)]
@@ -58,15 +59,6 @@ impl RouteContext<'_> {
     }
 }
 
-const INFO_PAGE: &str = "throng: a real-time connection server\n\n\
-WebSocket echo:       ws://HOST/echo  (or ws://HOST/)\n\
-Subscribe:            ws://HOST/ws/CHANNEL[?format=json]  (chat:ROOM channels are chat rooms)\n\
-Publish:              POST /api/publish/CHANNEL  (body = message)\n\
-Channel info:         GET /api/channels/CHANNEL\n\
-Stats:                GET /api/stats\n\
-Metrics:              GET /metrics  (Prometheus text format)\n\
-Health:               GET /healthz\n";
-
 /// Routes one request; a refused transport request is counted in `counts`.
 pub fn route(
     req: &Request<'_>,
@@ -75,8 +67,14 @@ pub fn route(
     counts: &mut TurnCounts,
 ) -> Outcome {
     let path = req.path();
+    if path == "/" && !req.wants_upgrade() {
+        return page(req, path, ctx, out);
+    }
     if path == "/" || path == "/echo" {
         return websocket_endpoint(req, None, out, counts);
+    }
+    if web::is_page(path) {
+        return page(req, path, ctx, out);
     }
     if let Some(channel) = path.strip_prefix("/ws/") {
         return subscribe_endpoint(req, channel, out, counts);
@@ -102,6 +100,11 @@ pub fn route(
                 return stats(req, ctx, out);
             }
         }
+        "/api/stats/history" => {
+            if only_get(req, out) {
+                return ok_json(req, ctx, out, &ctx.shared.feed.history_json(), 0);
+            }
+        }
         "/metrics" => {
             if only_get(req, out) {
                 return prometheus(req, ctx, out);
@@ -124,6 +127,24 @@ pub fn route(
         }
     }
     Outcome::Responded
+}
+
+/// `GET` of one of the browser pages (the dashboard, the chat room, throng.js).
+fn page(req: &Request<'_>, path: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
+    if !only_get(req, out) {
+        return Outcome::Responded;
+    }
+    match web::serve(path) {
+        Some(Ok(served)) => ok(req, ctx, out, served.content_type, &served.body, 0),
+        Some(Err(reason)) => {
+            http::write_error(out, 500, &reason, &[]);
+            Outcome::Responded
+        }
+        None => {
+            http::write_error(out, 404, "no such page", &[]);
+            Outcome::Responded
+        }
+    }
 }
 
 /// Answers 405 unless the method is GET; true when the caller should answer.
@@ -177,14 +198,6 @@ fn websocket_endpoint(
     if !req.wants_upgrade() {
         if req.method != "GET" {
             http::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
-        } else if req.path() == "/" {
-            http::write_response(
-                out,
-                200,
-                "text/plain; charset=utf-8",
-                &[],
-                INFO_PAGE.as_bytes(),
-            );
         } else {
             http::write_error(
                 out,
@@ -258,10 +271,18 @@ fn subscribe_endpoint(
         Ok(resume) => resume,
         Err(reason) => return refuse(out, upgrade.then_some(counts), &reason),
     };
+    let name = match query_param(req, "name") {
+        None => None,
+        Some(name) => match validate_client_name(name) {
+            Ok(()) => Some(name.into()),
+            Err(e) => return refuse(out, upgrade.then_some(counts), &e.to_string()),
+        },
+    };
     let subscribe = Subscribe {
         channel: channel.to_string(),
         format,
         resume,
+        name,
     };
     websocket_endpoint(req, Some(subscribe), out, counts)
 }
@@ -302,6 +323,7 @@ fn sse_endpoint(
             channel: channel.to_string(),
             format: Format::Sse,
             resume,
+            name: None,
         }),
     })
 }
@@ -355,6 +377,7 @@ fn poll_endpoint(
             channel: channel.to_string(),
             format: Format::Poll,
             resume: Some(resume),
+            name: None,
         }),
     })
 }
@@ -452,6 +475,11 @@ fn publish(
     }
     if let Err(e) = validate_channel_name(channel) {
         http::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    if is_reserved(channel) {
+        let reason = "the throng: namespace is the server's own (the dashboard's feed): nobody publishes to it";
+        http::write_error(out, 403, reason, &[]);
         return Outcome::Responded;
     }
     if req.header("transfer-encoding").is_some() {
@@ -621,7 +649,11 @@ mod tests {
         let (_, r) = answer("GET /ws/news HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 426"));
         let (_, r) = answer("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert!(r.starts_with("HTTP/1.1 200") && r.contains("ws://HOST/echo"));
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains("text/html"));
+        let (_, r) = answer("GET /throng.js HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains("text/javascript"));
+        let (_, r) = answer("POST /chat HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 405"));
     }
 
     const UPGRADE: &str = "HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";

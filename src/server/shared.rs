@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::broker::Broker;
 use crate::config::ServeConfig;
+use crate::feed::Feed;
 use crate::hub::Hub;
 use crate::stats::ServerStats;
 
@@ -97,6 +98,8 @@ pub struct Shared {
     pub stats: ServerStats,
     pub hub: Arc<Hub>,
     pub broker: Arc<dyn Broker>,
+    /// The last minutes of counters, for the dashboard.
+    pub feed: Feed,
     /// The next client id (a chat member's name is `c<id>`).
     next_client: AtomicU64,
 }
@@ -110,6 +113,7 @@ impl Shared {
             config,
             hub,
             broker,
+            feed: Feed::default(),
             next_client: AtomicU64::new(1),
         }
     }

@@ -68,6 +68,9 @@ pub struct LocalSubscribers {
     fresh: Vec<Fresh>,
     /// Reused buffer for inbox batches.
     batch: Vec<Delivery>,
+    /// The names chat clients chose (`name=`), by connection: kept here rather than
+    /// in every subscription, which stays as small as an unnamed one.
+    names: HashMap<usize, Box<str>>,
 }
 
 impl LocalSubscribers {
@@ -77,6 +80,7 @@ impl LocalSubscribers {
             lists: HashMap::new(),
             fresh: Vec::new(),
             batch: Vec::new(),
+            names: HashMap::new(),
         }
     }
 
@@ -103,7 +107,8 @@ impl LocalSubscribers {
     ) -> Result<(Subscription, u64, Option<Replay>), BrokerError> {
         let (channel, format) = (subscribe.channel.as_str(), subscribe.format);
         let rules = namespaces.rules(channel);
-        let name = (rules.join_leave && format.announced()).then(|| rules::client_name(client));
+        let name = (rules.join_leave && format.announced())
+            .then(|| rules::client_name(client, subscribe.name.as_deref()));
         let member = self.member(key, format, name.as_deref());
         let joined = broker.subscribe(channel, member, subscribe.resume)?;
         if let Some(replay) = &joined.replay {
@@ -112,6 +117,9 @@ impl LocalSubscribers {
                 channel: channel_key(&joined.channel),
                 live_after: replay.last_seq,
             });
+        }
+        if let Some(name) = &subscribe.name {
+            self.names.insert(key, name.clone());
         }
         let list = self
             .lists
@@ -132,6 +140,14 @@ impl LocalSubscribers {
         Ok((sub, joined.count, joined.replay))
     }
 
+    /// The name connection `key` chose, if it is a subscriber that did.
+    pub fn chosen_name(&self, key: usize) -> Option<&str> {
+        if self.names.is_empty() {
+            return None;
+        }
+        self.names.get(&key).map(|n| &**n)
+    }
+
     /// Takes connection `key` out of its channel, if it has one.
     pub fn leave(&mut self, broker: &dyn Broker, key: usize, conns: &mut Slab<Conn>) {
         let Some(sub) = conns
@@ -142,6 +158,7 @@ impl LocalSubscribers {
         };
         let ckey = channel_key(&sub.channel);
         self.fresh.retain(|f| f.key != key);
+        let chosen = self.names.remove(&key);
         if let Some(list) = self.lists.get_mut(&ckey) {
             let index = sub.index as usize;
             if list.conns.get(index).is_some_and(|&k| k as usize == key) {
@@ -159,7 +176,7 @@ impl LocalSubscribers {
             }
         }
         let name = (sub.rules.join_leave && sub.format.announced())
-            .then(|| rules::client_name(sub.client));
+            .then(|| rules::client_name(sub.client, chosen.as_deref()));
         broker.unsubscribe(&sub.channel, self.member(key, sub.format, name.as_deref()));
     }
 
@@ -364,6 +381,7 @@ mod tests {
             channel: "p".into(),
             format: Format::Poll,
             resume: None,
+            name: None,
         };
         let (sub, _, _) = subscribers
             .join(&broker, &Namespaces::default(), key, &subscribe, 1)
@@ -407,6 +425,7 @@ mod tests {
                 channel: "c".into(),
                 format: Format::WsRaw,
                 resume,
+                name: None,
             };
             let (sub, _, replay) = subscribers
                 .join(&broker, &Namespaces::default(), key, &subscribe, key as u64)
@@ -447,6 +466,7 @@ mod tests {
                 since: 0,
                 epoch: None,
             }),
+            name: None,
         };
         let (sub, _, _) = subscribers
             .join(&broker, &Namespaces::default(), key, &subscribe, 1)

@@ -105,6 +105,8 @@ pub struct Subscribe {
     pub format: Format,
     /// Where a returning subscriber left off (`since=`, `epoch=`).
     pub resume: Option<Resume>,
+    /// The name a chat client chose (`name=`), checked by the router.
+    pub name: Option<Box<str>>,
 }
 
 /// What a transport needs to take a connection over from HTTP.
@@ -143,7 +145,9 @@ impl Handover {
 #[derive(Debug)]
 pub struct Subscription {
     pub channel: Arc<Channel>,
-    /// The client's id (its name in chat: `c<id>`).
+    /// The client's id (its name in chat, `c<id>`, unless it chose one: chosen
+    /// names are kept by the loop's subscriber lists, so that every idle
+    /// subscription stays this small).
     pub client: u64,
     /// Position in its loop's subscriber list of the channel, for O(1) removal.
     pub index: u32,
@@ -180,4 +184,6 @@ pub struct Ctx<'a> {
     pub broker: &'a dyn Broker,
     pub config: &'a ServeConfig,
     pub counts: &'a mut TurnCounts,
+    /// The name this chat client chose (`name=`), if it did.
+    pub chosen_name: Option<&'a str>,
 }

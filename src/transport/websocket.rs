@@ -41,9 +41,9 @@ pub fn write_opening(out: &mut Vec<u8>, accept: &[u8; 28]) {
 }
 
 /// A json subscriber's greeting in a channel that announces members.
-pub fn write_welcome(out: &mut Vec<u8>, sub: &Subscription, count: u64) {
+pub fn write_welcome(out: &mut Vec<u8>, sub: &Subscription, count: u64, chosen: Option<&str>) {
     if sub.format.listens() && sub.rules.join_leave {
-        let name = rules::client_name(sub.client);
+        let name = rules::client_name(sub.client, chosen);
         out.extend_from_slice(&json_event_frame(
             sub.channel.name(),
             "welcome",
@@ -201,6 +201,7 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
         .map_or(Role::Echo, |s| Role::Subscriber(s.rules));
     let out = &mut *ctx.out;
     let broker = ctx.broker;
+    let chosen_name = ctx.chosen_name;
     let mut after = After::Nothing;
     let mut echoed = 0u64;
     let mut published = 0u64;
@@ -220,7 +221,10 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
             }
             Action::Publish => {
                 let (channel, from) = state.sub.as_ref().map_or(("", None), |s| {
-                    (s.channel.name(), Some(rules::client_name(s.client)))
+                    (
+                        s.channel.name(),
+                        Some(rules::client_name(s.client, chosen_name)),
+                    )
                 });
                 let message = Outgoing {
                     payload,
@@ -321,6 +325,7 @@ mod tests {
             broker,
             config,
             counts: &mut counts,
+            chosen_name: None,
         };
         let after = feed(state, &mut input, &mut ctx);
         (out, after)
@@ -451,6 +456,7 @@ mod tests {
             broker: &broker,
             config: &config,
             counts: &mut counts,
+            chosen_name: None,
         };
         assert_eq!(feed(&mut state, &mut input, &mut ctx), After::Close);
         assert_eq!(&out[2..4], &close_code::PROTOCOL_ERROR.to_be_bytes());

@@ -1,0 +1,250 @@
+//! The dashboard's feed: once a second it samples this server's counters and keeps
+//! the last five minutes of samples (`GET /api/stats/history`, so a chart is full
+//! the moment a dashboard opens); while anyone subscribes to [`FEED_CHANNEL`] it
+//! also hands the sample, with the busiest channels and the broker's and this
+//! node's state, to the hub as one unsequenced message (seq 0: not kept in history,
+//! never resumed, not counted as published). Watching costs one small message a
+//! second; nobody watching costs one counter read a second.
+//!
+//! It reads the counters, the hub and the broker. It must not touch connections,
+//! publish through the broker (the feed is this node's own view) or assign seqs.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use crate::hub::{Audience, Body};
+use crate::protocol::DataKind;
+use crate::rules;
+use crate::server::shared::Shared;
+use crate::stats::Snapshot;
+
+/// The channel the dashboard subscribes to.
+pub const FEED_CHANNEL: &str = "throng:stats";
+/// How often a sample is taken.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+/// Samples kept: five minutes.
+const KEEP: usize = 300;
+/// Channels listed as the busiest.
+const BUSIEST: usize = 10;
+
+/// One second's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sample {
+    time_ms: u64,
+    websocket: u64,
+    sse: u64,
+    poll: u64,
+    published: u64,
+    delivered: u64,
+    messages_in: u64,
+    bytes_sent: u64,
+    accepted: u64,
+    slow_consumers: u64,
+}
+
+impl Sample {
+    fn of(snap: &Snapshot, time_ms: u64) -> Self {
+        Sample {
+            time_ms,
+            websocket: snap.websockets(),
+            sse: snap.sse,
+            poll: snap.poll,
+            published: snap.published,
+            delivered: snap.delivered,
+            messages_in: snap.messages_in,
+            bytes_sent: snap.bytes_sent,
+            accepted: snap.accepted,
+            slow_consumers: snap.slow_consumers,
+        }
+    }
+
+    fn connections(&self) -> Value {
+        json!({"websocket": self.websocket, "sse": self.sse, "poll": self.poll})
+    }
+
+    fn totals(&self) -> Value {
+        json!({
+            "published": self.published,
+            "delivered": self.delivered,
+            "messages_in": self.messages_in,
+            "bytes_sent": self.bytes_sent,
+            "accepted": self.accepted,
+            "slow_consumer_disconnects": self.slow_consumers,
+        })
+    }
+}
+
+/// The samples of the last five minutes, oldest first.
+#[derive(Debug, Default)]
+pub struct Feed {
+    samples: Mutex<VecDeque<Sample>>,
+}
+
+impl Feed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Sample>> {
+        self.samples.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn keep(&self, sample: Sample) {
+        let mut samples = self.lock();
+        if samples.len() == KEEP {
+            samples.pop_front();
+        }
+        samples.push_back(sample);
+    }
+
+    /// `GET /api/stats/history`: `{"interval_ms", "samples":[{"time_ms",
+    /// "connections", "totals"}]}`, oldest first.
+    pub fn history_json(&self) -> Value {
+        let samples: Vec<Value> = self
+            .lock()
+            .iter()
+            .map(|s| {
+                json!({"time_ms": s.time_ms, "connections": s.connections(), "totals": s.totals()})
+            })
+            .collect();
+        json!({"interval_ms": INTERVAL.as_millis() as u64, "samples": samples})
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Takes one sample, keeps it, and sends it to the feed's subscribers if any.
+pub fn tick(shared: &Shared) {
+    let snap = shared.stats.snapshot();
+    let sample = Sample::of(&snap, unix_ms());
+    shared.feed.keep(sample);
+    let Some(channel) = shared.hub.find(FEED_CHANNEL) else {
+        return;
+    };
+    let payload = Bytes::from(message(shared, &sample).to_string());
+    // A loop too far behind to take it skips one second of the dashboard.
+    let _ = shared
+        .hub
+        .deliver(&channel, Audience::Everyone, None, || Body::Data {
+            seq: 0,
+            epoch: 0,
+            payload,
+            kind: DataKind::Text,
+            from: None,
+        });
+}
+
+/// What the dashboard gets each second.
+fn message(shared: &Shared, sample: &Sample) -> Value {
+    let busiest: Vec<Value> = shared
+        .hub
+        .busiest(BUSIEST, rules::is_reserved)
+        .iter()
+        .map(|c| json!({"channel": c.name(), "subscribers": c.subscribers(), "messages": c.messages()}))
+        .collect();
+    let config = &shared.config;
+    let listen: Vec<String> = config.listen.iter().map(|a| a.to_string()).collect();
+    json!({
+        "time_ms": sample.time_ms,
+        "node": {
+            "pid": std::process::id(),
+            "uptime_seconds": shared.stats.started.elapsed().as_secs_f64(),
+            "threads": config.threads,
+            "version": env!("CARGO_PKG_VERSION"),
+            "listen": listen,
+            "worker": std::env::var(crate::workers::WORKER_ENV).ok(),
+        },
+        "broker": {"url": shared.broker.describe(), "healthy": shared.broker.healthy()},
+        "connections": sample.connections(),
+        "channels": shared.broker.channel_count(),
+        "totals": sample.totals(),
+        "busiest": busiest,
+    })
+}
+
+/// Runs the feed on its own thread until the server shuts down.
+pub fn spawn(shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<std::io::Result<()>>> {
+    std::thread::Builder::new()
+        .name("throng-feed".into())
+        .spawn(move || {
+            // Short naps, so shutdown is never held up by a whole interval.
+            let nap = Duration::from_millis(100);
+            let mut next = std::time::Instant::now();
+            while !shared.shutdown.load(Ordering::Acquire) {
+                let now = std::time::Instant::now();
+                if now >= next {
+                    tick(&shared);
+                    next += INTERVAL;
+                    if next < now {
+                        next = now + INTERVAL;
+                    }
+                }
+                std::thread::sleep(nap.min(next.saturating_duration_since(now)));
+            }
+            Ok(())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::tests_support::test_shared;
+
+    #[test]
+    fn history_keeps_five_minutes_oldest_first() {
+        let feed = Feed::default();
+        let mut sample = Sample::of(&Snapshot::default(), 0);
+        for t in 0..(KEEP as u64 + 5) {
+            sample.time_ms = t;
+            sample.published = t * 2;
+            feed.keep(sample);
+        }
+        let history = feed.history_json();
+        let samples = history["samples"].as_array().unwrap();
+        assert_eq!(samples.len(), KEEP);
+        assert_eq!(samples[0]["time_ms"], 5);
+        assert_eq!(
+            samples[KEEP - 1]["totals"]["published"],
+            (KEEP as u64 + 4) * 2
+        );
+        assert_eq!(history["interval_ms"], 1000);
+    }
+
+    #[test]
+    fn a_tick_reaches_the_feed_subscribers_as_an_unsequenced_text_message() {
+        let (shared, _polls) = test_shared(None);
+        // Nobody watching: a sample is kept, nothing is delivered.
+        tick(&shared);
+        assert!(!shared.hub.inbox(1).has_work());
+        let _watching = shared.hub.subscribe(FEED_CHANNEL, 1, true);
+        let _news = shared.hub.subscribe("news", 0, false);
+        tick(&shared);
+        let mut batch = Vec::new();
+        shared.hub.inbox(1).take(&mut batch);
+        assert_eq!(batch.len(), 1);
+        let Body::Data {
+            seq, payload, kind, ..
+        } = &batch[0].body
+        else {
+            panic!("not data");
+        };
+        assert_eq!((*seq, *kind), (0, DataKind::Text));
+        let value: Value = serde_json::from_slice(payload).unwrap();
+        assert_eq!(value["broker"]["url"], "memory");
+        assert_eq!(value["node"]["pid"], std::process::id());
+        assert_eq!(value["busiest"][0]["channel"], "news");
+        assert_eq!(value["busiest"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            shared.feed.history_json()["samples"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+}
