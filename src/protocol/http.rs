@@ -72,6 +72,8 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseEr
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
+        // The cap holds however the head arrived: in pieces or in one read.
+        Ok(httparse::Status::Complete(len)) if len > MAX_REQUEST_HEAD => Err(ParseError::TooLarge),
         Ok(httparse::Status::Complete(len)) => {
             let request = Request {
                 method: req.method.unwrap_or(""),

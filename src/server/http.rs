@@ -206,5 +206,24 @@ mod tests {
         );
         assert!(matches!(next, Next::Close));
         assert!(out.starts_with(b"HTTP/1.1 431"));
+        // A whole 100 KB head in one read is refused too, not only one in pieces.
+        let mut whole = b"GET /healthz HTTP/1.1\r\nX: ".to_vec();
+        whole.resize(100_000, b'a');
+        whole.extend_from_slice(b"\r\n\r\n");
+        out.clear();
+        let next = serve(
+            &mut Vec::new(),
+            &whole,
+            &shared,
+            LOCAL.into(),
+            &mut out,
+            &mut TurnCounts::default(),
+        );
+        assert!(matches!(next, Next::Close));
+        assert!(
+            out.starts_with(b"HTTP/1.1 431"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
     }
 }
