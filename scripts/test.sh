@@ -76,7 +76,7 @@ cargo test --release
 
 step "python integration tests (websockets, Playwright + Chromium)"
 PYVENV="$ROOT/tests/python/.venv"
-if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets, httpx, prometheus_client, playwright' 2>/dev/null; then
+if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets, httpx, prometheus_client, playwright, jwt' 2>/dev/null; then
     python3 -m venv "$PYVENV"
     "$PYVENV/bin/pip" install -q --upgrade pip
     "$PYVENV/bin/pip" install -q -r tests/python/requirements.txt

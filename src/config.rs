@@ -215,6 +215,20 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_API_KEY", value_name = "KEY")]
     pub api_key: Option<String>,
 
+    /// Subscribing needs an HS256 JWT signed with this secret (`?token=` or
+    /// `Authorization: Bearer`), with `exp` and `channels`; `sub` names a chat member
+    #[arg(long, env = "THRONG_TOKEN_SECRET", value_name = "SECRET")]
+    pub token_secret: Option<String>,
+
+    /// A browser page from another Origin gets 403 (repeatable; default: any origin)
+    #[arg(
+        long,
+        env = "THRONG_ALLOWED_ORIGIN",
+        value_name = "ORIGIN",
+        value_delimiter = ','
+    )]
+    pub allowed_origin: Vec<String>,
+
     /// Text prepended to every echoed text message
     #[arg(
         long,
@@ -298,6 +312,11 @@ pub struct ServeConfig {
     /// Bearer key for the publish API. Default: none, and then only loopback peers
     /// may publish.
     pub api_key: Option<String>,
+    /// The secret subscription tokens are signed with (HS256). Default: none, and
+    /// then anyone may subscribe.
+    pub token_secret: Option<String>,
+    /// Origins whose browser pages may connect. Default: empty, any origin.
+    pub allowed_origins: Vec<String>,
     /// Prepended to every echoed text message. Default: empty.
     pub echo_prefix: String,
     /// On SIGTERM/SIGINT, how long clients get to receive their 1001 and go before
@@ -353,6 +372,8 @@ impl Default for ServeConfig {
             max_conns: None,
             max_conns_per_ip: None,
             api_key: None,
+            token_secret: None,
+            allowed_origins: Vec::new(),
             echo_prefix: defaults::ECHO_PREFIX.to_string(),
             drain_timeout: builtin(parse_duration, defaults::DRAIN_TIMEOUT),
             stats_interval: builtin(parse_duration, defaults::STATS_INTERVAL),
@@ -446,6 +467,13 @@ impl ServeArgs {
             max_conns: self.max_conns,
             max_conns_per_ip: self.max_conns_per_ip,
             api_key: self.api_key.filter(|k| !k.is_empty()),
+            token_secret: self.token_secret.filter(|k| !k.is_empty()),
+            allowed_origins: self
+                .allowed_origin
+                .into_iter()
+                .map(|o| o.trim_end_matches('/').to_string())
+                .filter(|o| !o.is_empty())
+                .collect(),
             echo_prefix: self.echo_prefix,
             drain_timeout: self.drain_timeout,
             stats_interval: self.stats_interval,

@@ -31,6 +31,7 @@
 //!   `/api/stats/history`); [`web`]: the embedded browser pages (`/`, `/chat`,
 //!   `/throng.js`).
 
+pub mod auth;
 pub mod bench;
 pub mod broker;
 pub mod client;

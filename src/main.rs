@@ -204,6 +204,24 @@ fn serve(config: ServeConfig) -> Result<()> {
     if config.api_key.is_none() {
         tracing::info!("publish API: no --api-key set, accepting loopback peers only");
     }
+    match &config.token_secret {
+        Some(secret) => {
+            tracing::info!("subscribing needs an HS256 token (--token-secret); echo does not");
+            if secret.len() < 32 {
+                tracing::warn!(
+                    "--token-secret is {} bytes: HS256 wants at least 32 random bytes",
+                    secret.len()
+                );
+            }
+        }
+        None => tracing::info!("subscriptions: no --token-secret set, anyone may subscribe"),
+    }
+    if !config.allowed_origins.is_empty() {
+        tracing::info!(
+            "browser pages allowed from: {}",
+            config.allowed_origins.join(", ")
+        );
+    }
     tracing::info!(
         "open-files limit {}: at most ~{} connections in this process",
         limit.soft,

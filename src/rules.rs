@@ -148,7 +148,7 @@ impl Namespaces {
 }
 
 /// A client's name in chat events and envelopes: the one it chose, else `c<id>`.
-pub fn client_name(id: u64, chosen: Option<&str>) -> String {
+pub fn client_name(id: u32, chosen: Option<&str>) -> String {
     match chosen {
         Some(name) => name.to_string(),
         None => format!("c{id}"),

@@ -32,10 +32,14 @@ pub enum HandshakeFailure {
     Timeout,
     /// The broker could not take the subscription (Redis down).
     BrokerUnavailable,
+    /// No valid token, or one not granting the channel (401, 403).
+    Unauthorized,
+    /// A browser page from an origin `--allowed-origin` does not list (403).
+    Origin,
 }
 
 impl HandshakeFailure {
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 8;
     pub const ALL: [HandshakeFailure; Self::COUNT] = [
         HandshakeFailure::BadRequest,
         HandshakeFailure::UnsupportedVersion,
@@ -43,6 +47,8 @@ impl HandshakeFailure {
         HandshakeFailure::MaxConnsPerIp,
         HandshakeFailure::Timeout,
         HandshakeFailure::BrokerUnavailable,
+        HandshakeFailure::Unauthorized,
+        HandshakeFailure::Origin,
     ];
 
     /// The label value.
@@ -54,6 +60,8 @@ impl HandshakeFailure {
             HandshakeFailure::MaxConnsPerIp => "max_conns_per_ip",
             HandshakeFailure::Timeout => "timeout",
             HandshakeFailure::BrokerUnavailable => "broker_unavailable",
+            HandshakeFailure::Unauthorized => "unauthorized",
+            HandshakeFailure::Origin => "origin",
         }
     }
 }

@@ -10,6 +10,8 @@
  *       name: "alice",             // chat rooms only: your name (1-32 of A-Z a-z 0-9 _ - .)
  *       since: 0,                  // "now" (default) | 0 (all history first) | a seq to resume after
  *       epoch: undefined,          // with a seq: the epoch it belongs to (as sub.epoch gave it), if known
+ *       token: undefined,          // with --token-secret: the JWT, or a function returning one (or a
+ *                                  // Promise of one), asked again before every connection
  *       onMessage(m) { console.log(m.seq, m.from, m.data); },  // m.binary: Uint8Array for binary payloads
  *       onEvent(e) { console.log(e.event, e.client, e.count); }, // welcome | join | leave | epoch
  *       onGap(g) { console.warn(g.count + " lost", g.reason); }, // {from, to, count, reason, epoch, initial}
@@ -31,6 +33,11 @@
  *   old epoch after lastSeq that you did not get is lost too). `initial` is true for a gap reported on
  *   the first connection (with since: 0 it just means older history is no longer kept).
  * - Unsequenced messages (seq 0, e.g. the dashboard feed) are passed on but never tracked.
+ * - The server's close codes say whether to come back. It reconnects after 1001 (server going
+ *   away, idle), 1006 (connection lost), 1011, 1013 (try again later), 1008 "slow consumer" and
+ *   4001 (token expired; at once when `token` is a function, which is asked for a fresh one). It
+ *   stops ("closed", with the code and reason) after 1000, 1002, 1003, 1007, 1009, any other 1008
+ *   (e.g. sending on a push-only channel) and 4001 with a fixed token.
  * - since: "now" asks GET /api/channels/CHANNEL for the last seq and epoch and subscribes after them,
  *   so the subscription is exact from the moment subscribe() was called. That request needs the page
  *   to be on the server's origin (the server sends no CORS headers); if it fails, the first connection
@@ -63,6 +70,7 @@
     this.epoch = o.epoch || null;
     this._http = base;
     this._ws = base.replace(/^http/, "ws");
+    this._token = o.token || null;
     this._now = now;                // since "now" (the default)
     this._positioned = !now;        // do we know where we are (lastSeq)?
     this._handlers = {
@@ -140,13 +148,24 @@
       });
   };
 
+  // The token for the next connection: fixed, or asked of the page each time.
   Subscription.prototype._connect = function () {
+    if (typeof this._token !== "function") return this._open(this._token);
+    var self = this;
+    Promise.resolve()
+      .then(function () { return self._token(); })
+      .then(function (t) { if (!self._closed) self._open(t); },
+            function (e) { self._reconnect({ error: "token: " + String(e) }); });
+  };
+
+  Subscription.prototype._open = function (token) {
     var q = ["format=json"];
     if (this._positioned) {
       q.push("since=" + this.lastSeq);
       if (this.epoch) q.push("epoch=" + encodeURIComponent(this.epoch));
     }
     if (this.name) q.push("name=" + encodeURIComponent(this.name));
+    if (token) q.push("token=" + encodeURIComponent(token));
     var ws;
     try {
       ws = new WebSocket(this._ws + "/ws/" + this.channel + "?" + q.join("&"));
@@ -171,7 +190,15 @@
       if (self._socket !== ws) return;
       self._socket = null;
       clearTimeout(self._stableTimer);
-      self._reconnect({ code: e.code, reason: e.reason });
+      var info = { code: e.code, reason: e.reason };
+      if (isFinal(e.code, e.reason, typeof self._token === "function")) {
+        self._closed = true;
+        if (global.removeEventListener) global.removeEventListener("online", self._onOnline);
+        self._setState("closed", info);
+        return;
+      }
+      if (e.code === 4001) self._attempt = 0;  // a fresh token: no reason to wait long
+      self._reconnect(info);
     };
   };
 
@@ -243,6 +270,13 @@
       setTimeout(function () { throw err; }, 0);
     }
   };
+
+  // Whether the server's close code says not to come back (see the top of this file).
+  function isFinal(code, reason, canRefresh) {
+    if (code === 4001) return !canRefresh;
+    if (code === 1008) return reason !== "slow consumer";
+    return code === 1000 || code === 1002 || code === 1003 || code === 1007 || code === 1009;
+  }
 
   function decodeBase64(s) {
     var bin = atob(s);

@@ -35,6 +35,9 @@ pub mod close_code {
     pub const MESSAGE_TOO_BIG: u16 = 1009;
     pub const INTERNAL_ERROR: u16 = 1011;
     pub const TRY_AGAIN_LATER: u16 = 1013;
+    /// throng's own (4000-4999 are for applications): the subscription's token
+    /// expired; reconnect with a fresh one.
+    pub const TOKEN_EXPIRED: u16 = 4001;
 }
 
 /// Largest frame header a client can send: 2 bytes, 8 bytes of length, 4 of mask.

@@ -197,8 +197,13 @@ impl Session {
                 websocket::write_close(out, reason);
                 ws.stop_reading();
             }
-            // The stream just ends; a browser reconnects by itself.
-            Session::Sse(_) => {}
+            // The stream just ends and a browser reconnects by itself; an expired
+            // token is said first, since coming back with it would be refused.
+            Session::Sse(_) => {
+                if reason == CloseReason::TokenExpired {
+                    sse::write_expired(out);
+                }
+            }
             // A waiting poll still gets its (empty) answer.
             Session::Poll(state) => {
                 if state.sub.is_some() {

@@ -172,6 +172,7 @@ impl EventLoop {
                 self.drain_inbox();
             }
             self.run_timers();
+            self.expire_tokens();
             self.resume_accepting();
             if self.index == 0 && self.now >= self.next_maintain {
                 self.next_maintain = self.now + ticks(MAINTAIN_EVERY);
@@ -600,6 +601,19 @@ impl EventLoop {
         }
         expired.clear();
         self.expired = expired;
+    }
+
+    /// Closes the subscriptions whose token has expired (`--token-secret`).
+    fn expire_tokens(&mut self) {
+        if !self.subscribers.has_expiring() {
+            return;
+        }
+        let mut expired = Vec::new();
+        self.subscribers
+            .take_expired(crate::auth::now_secs(), &self.conns, &mut expired);
+        for key in expired {
+            self.close_with(key, CloseReason::TokenExpired);
+        }
     }
 
     fn on_open_timer(&mut self, key: usize) {

@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 
 use super::shared::Shared;
+use crate::auth::{self, AuthError, Grant};
 use crate::broker::Outgoing;
 use crate::broker::Resume;
 use crate::metrics;
@@ -71,19 +72,22 @@ pub fn route(
         return page(req, path, ctx, out);
     }
     if path == "/" || path == "/echo" {
+        if let Err(e) = check_origin(req, ctx.shared) {
+            return refuse_auth(out, counts, &e);
+        }
         return websocket_endpoint(req, None, out, counts);
     }
     if web::is_page(path) {
         return page(req, path, ctx, out);
     }
     if let Some(channel) = path.strip_prefix("/ws/") {
-        return subscribe_endpoint(req, channel, out, counts);
+        return subscribe_endpoint(req, channel, ctx.shared, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/sse/") {
-        return sse_endpoint(req, channel, out, counts);
+        return sse_endpoint(req, channel, ctx.shared, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/poll/") {
-        return poll_endpoint(req, channel, out, counts);
+        return poll_endpoint(req, channel, ctx.shared, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/api/publish/") {
         return publish(req, channel, ctx, out, counts);
@@ -238,6 +242,51 @@ fn query_param<'a>(req: &Request<'a>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
+/// A browser page's `Origin` must be one `--allowed-origin` lists (when any is).
+fn check_origin(req: &Request<'_>, shared: &Shared) -> Result<(), AuthError> {
+    if auth::origin_allowed(&shared.config.allowed_origins, req.header("origin")) {
+        Ok(())
+    } else {
+        Err(AuthError::Origin)
+    }
+}
+
+/// Who may subscribe to `channel`: a page from an allowed origin and, with
+/// `--token-secret`, the holder of a token granting the channel (`?token=` or
+/// `Authorization: Bearer`). `Ok(None)`: no tokens are asked for.
+fn admit_subscriber(
+    req: &Request<'_>,
+    channel: &str,
+    shared: &Shared,
+) -> Result<Option<Grant>, AuthError> {
+    check_origin(req, shared)?;
+    let Some(verifier) = &shared.verifier else {
+        return Ok(None);
+    };
+    let header = req
+        .header("authorization")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let token = query_param(req, "token").or(header).ok_or_else(|| {
+        AuthError::Unauthorized("a token is needed: ?token=JWT or Authorization: Bearer JWT".into())
+    })?;
+    verifier.check(token, channel, auth::now_secs()).map(Some)
+}
+
+/// Answers 401 or 403 with the reason, counted as a refused handshake.
+fn refuse_auth(out: &mut Vec<u8>, counts: &mut TurnCounts, e: &AuthError) -> Outcome {
+    counts.handshake_failed(match e {
+        AuthError::Origin => HandshakeFailure::Origin,
+        _ => HandshakeFailure::Unauthorized,
+    });
+    let extra: &[(&str, &str)] = match e {
+        AuthError::Unauthorized(_) => &[("WWW-Authenticate", "Bearer")],
+        _ => &[],
+    };
+    http::write_error(out, e.status(), &e.to_string(), extra);
+    Outcome::Responded
+}
+
 /// Answers 400 with `reason`; `counts`: the request asked for a transport, so it
 /// is a failed handshake.
 fn refuse(out: &mut Vec<u8>, counts: Option<&mut TurnCounts>, reason: &str) -> Outcome {
@@ -251,6 +300,7 @@ fn refuse(out: &mut Vec<u8>, counts: Option<&mut TurnCounts>, reason: &str) -> O
 fn subscribe_endpoint(
     req: &Request<'_>,
     channel: &str,
+    shared: &Shared,
     out: &mut Vec<u8>,
     counts: &mut TurnCounts,
 ) -> Outcome {
@@ -259,6 +309,12 @@ fn subscribe_endpoint(
     if let Err(e) = validate_channel_name(channel) {
         return refuse(out, upgrade.then_some(counts), &e.to_string());
     }
+    // A plain GET of it gets 426 below, whoever asks.
+    let grant = match upgrade.then(|| admit_subscriber(req, channel, shared)) {
+        None | Some(Ok(None)) => None,
+        Some(Ok(grant)) => grant,
+        Some(Err(e)) => return refuse_auth(out, counts, &e),
+    };
     let format = match query_param(req, "format") {
         None | Some("raw") => Format::WsRaw,
         Some("json") => Format::WsJson,
@@ -271,9 +327,14 @@ fn subscribe_endpoint(
         Ok(resume) => resume,
         Err(reason) => return refuse(out, upgrade.then_some(counts), &reason),
     };
-    let name = match query_param(req, "name") {
-        None => None,
-        Some(name) => match validate_client_name(name) {
+    let name = match (query_param(req, "name"), &grant) {
+        (Some(_), Some(_)) => {
+            let reason =
+                "name= is not taken with --token-secret: a member's name is its token's sub";
+            return refuse(out, upgrade.then_some(counts), reason);
+        }
+        (None, grant) => grant.as_ref().and_then(|g| g.name.clone()),
+        (Some(name), None) => match validate_client_name(name) {
             Ok(()) => Some(name.into()),
             Err(e) => return refuse(out, upgrade.then_some(counts), &e.to_string()),
         },
@@ -283,6 +344,7 @@ fn subscribe_endpoint(
         format,
         resume,
         name,
+        expires: grant.map(|g| g.expires),
     };
     websocket_endpoint(req, Some(subscribe), out, counts)
 }
@@ -292,6 +354,7 @@ fn subscribe_endpoint(
 fn sse_endpoint(
     req: &Request<'_>,
     channel: &str,
+    shared: &Shared,
     out: &mut Vec<u8>,
     counts: &mut TurnCounts,
 ) -> Outcome {
@@ -302,6 +365,10 @@ fn sse_endpoint(
     if let Err(e) = validate_channel_name(channel) {
         return refuse(out, Some(counts), &e.to_string());
     }
+    let grant = match admit_subscriber(req, channel, shared) {
+        Ok(grant) => grant,
+        Err(e) => return refuse_auth(out, counts, &e),
+    };
     let last_event_id = req
         .header("last-event-id")
         .map(|v| std::str::from_utf8(v).ok().and_then(sse::parse_event_id));
@@ -324,6 +391,7 @@ fn sse_endpoint(
             format: Format::Sse,
             resume,
             name: None,
+            expires: grant.map(|g| g.expires),
         }),
     })
 }
@@ -339,6 +407,7 @@ const DEFAULT_POLL_TIMEOUT: u64 = 30;
 fn poll_endpoint(
     req: &Request<'_>,
     channel: &str,
+    shared: &Shared,
     out: &mut Vec<u8>,
     counts: &mut TurnCounts,
 ) -> Outcome {
@@ -349,6 +418,10 @@ fn poll_endpoint(
     if let Err(e) = validate_channel_name(channel) {
         return refuse(out, Some(counts), &e.to_string());
     }
+    let grant = match admit_subscriber(req, channel, shared) {
+        Ok(grant) => grant,
+        Err(e) => return refuse_auth(out, counts, &e),
+    };
     let timeout = match query_param(req, "timeout") {
         None => DEFAULT_POLL_TIMEOUT,
         Some(v) => match v.parse::<u64>() {
@@ -378,6 +451,7 @@ fn poll_endpoint(
             format: Format::Poll,
             resume: Some(resume),
             name: None,
+            expires: grant.map(|g| g.expires),
         }),
     })
 }

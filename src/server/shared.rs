@@ -5,9 +5,10 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::auth::Verifier;
 use crate::broker::Broker;
 use crate::config::ServeConfig;
 use crate::feed::Feed;
@@ -100,13 +101,16 @@ pub struct Shared {
     pub broker: Arc<dyn Broker>,
     /// The last minutes of counters, for the dashboard.
     pub feed: Feed,
+    /// Checks subscription tokens, with `--token-secret`.
+    pub verifier: Option<Verifier>,
     /// The next client id (a chat member's name is `c<id>`).
-    next_client: AtomicU64,
+    next_client: AtomicU32,
 }
 
 impl Shared {
     pub fn new(config: ServeConfig, hub: Arc<Hub>, broker: Arc<dyn Broker>) -> Self {
         Shared {
+            verifier: config.token_secret.as_deref().map(Verifier::new),
             admission: Admission::new(config.max_conns, config.max_conns_per_ip),
             shutdown: AtomicBool::new(false),
             stats: ServerStats::new(config.threads),
@@ -114,11 +118,12 @@ impl Shared {
             hub,
             broker,
             feed: Feed::default(),
-            next_client: AtomicU64::new(1),
+            next_client: AtomicU32::new(1),
         }
     }
 
-    pub fn next_client_id(&self) -> u64 {
+    /// Wraps after 2^32 subscriptions: a `c<id>` name may then come round again.
+    pub fn next_client_id(&self) -> u32 {
         self.next_client.fetch_add(1, Ordering::Relaxed)
     }
 }

@@ -9,7 +9,8 @@
 //! not decide what messages mean or how connections close; it reports the
 //! subscribers it could not write to, and the loop deals with them.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,6 +35,15 @@ struct LocalChannel {
 }
 
 /// Channels are keyed by the address of their shared state: unique while alive.
+/// When the token of connection `key`'s subscription expires, if it has one.
+fn expires_at(conns: &Slab<Conn>, key: usize) -> Option<u32> {
+    conns
+        .get(key)
+        .and_then(|c| c.session.subscription())
+        .map(|s| s.expires)
+        .filter(|&e| e != 0)
+}
+
 fn channel_key(channel: &Arc<Channel>) -> usize {
     Arc::as_ptr(channel) as usize
 }
@@ -71,6 +81,12 @@ pub struct LocalSubscribers {
     /// The names chat clients chose (`name=`), by connection: kept here rather than
     /// in every subscription, which stays as small as an unnamed one.
     names: HashMap<usize, Box<str>>,
+    /// When subscriptions' tokens expire, soonest first: (Unix seconds, connection).
+    /// Entries of subscriptions that ended are dropped when due, or all at once when
+    /// they outnumber the live ones.
+    expiring: BinaryHeap<Reverse<(u32, u32)>>,
+    /// Entries in `expiring` whose subscription has ended.
+    stale_expiries: usize,
 }
 
 impl LocalSubscribers {
@@ -81,6 +97,8 @@ impl LocalSubscribers {
             fresh: Vec::new(),
             batch: Vec::new(),
             names: HashMap::new(),
+            expiring: BinaryHeap::new(),
+            stale_expiries: 0,
         }
     }
 
@@ -103,7 +121,7 @@ impl LocalSubscribers {
         namespaces: &Namespaces,
         key: usize,
         subscribe: &Subscribe,
-        client: u64,
+        client: u32,
     ) -> Result<(Subscription, u64, Option<Replay>), BrokerError> {
         let (channel, format) = (subscribe.channel.as_str(), subscribe.format);
         let rules = namespaces.rules(channel);
@@ -121,6 +139,9 @@ impl LocalSubscribers {
         if let Some(name) = &subscribe.name {
             self.names.insert(key, name.clone());
         }
+        if let Some(expires) = subscribe.expires {
+            self.expiring.push(Reverse((expires, key as u32)));
+        }
         let list = self
             .lists
             .entry(channel_key(&joined.channel))
@@ -133,6 +154,7 @@ impl LocalSubscribers {
         let sub = Subscription {
             channel: joined.channel,
             client,
+            expires: subscribe.expires.unwrap_or(0),
             index,
             format,
             rules,
@@ -148,6 +170,27 @@ impl LocalSubscribers {
         self.names.get(&key).map(|n| &**n)
     }
 
+    /// Lists in `expired` the connections whose token expired by `now` (Unix
+    /// seconds); the caller closes them.
+    pub fn take_expired(&mut self, now: u64, conns: &Slab<Conn>, expired: &mut Vec<usize>) {
+        while let Some(&Reverse((expires, key))) = self.expiring.peek() {
+            if u64::from(expires) > now {
+                break;
+            }
+            self.expiring.pop();
+            if expires_at(conns, key as usize) == Some(expires) {
+                expired.push(key as usize);
+            } else {
+                self.stale_expiries = self.stale_expiries.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Whether any subscription here has a token that will expire.
+    pub fn has_expiring(&self) -> bool {
+        !self.expiring.is_empty()
+    }
+
     /// Takes connection `key` out of its channel, if it has one.
     pub fn leave(&mut self, broker: &dyn Broker, key: usize, conns: &mut Slab<Conn>) {
         let Some(sub) = conns
@@ -159,6 +202,15 @@ impl LocalSubscribers {
         let ckey = channel_key(&sub.channel);
         self.fresh.retain(|f| f.key != key);
         let chosen = self.names.remove(&key);
+        if sub.expires != 0 {
+            self.stale_expiries += 1;
+            if self.stale_expiries > 1024 && self.stale_expiries * 2 > self.expiring.len() {
+                self.expiring.retain(|&Reverse((expires, key))| {
+                    expires_at(conns, key as usize) == Some(expires)
+                });
+                self.stale_expiries = 0;
+            }
+        }
         if let Some(list) = self.lists.get_mut(&ckey) {
             let index = sub.index as usize;
             if list.conns.get(index).is_some_and(|&k| k as usize == key) {
@@ -382,6 +434,7 @@ mod tests {
             format: Format::Poll,
             resume: None,
             name: None,
+            expires: None,
         };
         let (sub, _, _) = subscribers
             .join(&broker, &Namespaces::default(), key, &subscribe, 1)
@@ -426,9 +479,10 @@ mod tests {
                 format: Format::WsRaw,
                 resume,
                 name: None,
+                expires: None,
             };
             let (sub, _, replay) = subscribers
-                .join(&broker, &Namespaces::default(), key, &subscribe, key as u64)
+                .join(&broker, &Namespaces::default(), key, &subscribe, key as u32)
                 .unwrap();
             conns[key].session = Session::WebSocket(WsState::new(Some(sub)));
             clients.push(client);
@@ -452,6 +506,43 @@ mod tests {
     }
 
     #[test]
+    fn tokens_expire_in_order_and_ended_subscriptions_are_forgotten() {
+        let (_poll, _hub, broker) = broker(0);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut conns: Slab<Conn> = Slab::new();
+        let mut subscribers = LocalSubscribers::new(0);
+        let mut keys = Vec::new();
+        let mut clients = Vec::new();
+        for expires in [Some(30), None, Some(10), Some(20)] {
+            let (key, client) = connect(&listener, &mut conns);
+            let subscribe = Subscribe {
+                channel: "t".into(),
+                format: Format::WsRaw,
+                resume: None,
+                name: None,
+                expires,
+            };
+            let (sub, _, _) = subscribers
+                .join(&broker, &Namespaces::default(), key, &subscribe, key as u32)
+                .unwrap();
+            conns[key].session = Session::WebSocket(WsState::new(Some(sub)));
+            keys.push(key);
+            clients.push(client);
+        }
+        // The one expiring at 20 leaves first: it is not reported.
+        subscribers.leave(&broker, keys[3], &mut conns);
+        let mut expired = Vec::new();
+        subscribers.take_expired(9, &conns, &mut expired);
+        assert!(expired.is_empty());
+        subscribers.take_expired(25, &conns, &mut expired);
+        assert_eq!(expired, vec![keys[2]]);
+        expired.clear();
+        subscribers.take_expired(u64::MAX, &conns, &mut expired);
+        assert_eq!(expired, vec![keys[0]]);
+        assert!(!subscribers.has_expiring());
+    }
+
+    #[test]
     fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
         let (_poll, hub, broker) = broker(10);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -467,6 +558,7 @@ mod tests {
                 epoch: None,
             }),
             name: None,
+            expires: None,
         };
         let (sub, _, _) = subscribers
             .join(&broker, &Namespaces::default(), key, &subscribe, 1)

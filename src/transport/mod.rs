@@ -105,8 +105,10 @@ pub struct Subscribe {
     pub format: Format,
     /// Where a returning subscriber left off (`since=`, `epoch=`).
     pub resume: Option<Resume>,
-    /// The name a chat client chose (`name=`), checked by the router.
+    /// The name a chat client chose (`name=`) or its token gave it (`sub`).
     pub name: Option<Box<str>>,
+    /// When its token expires (Unix seconds), with `--token-secret`.
+    pub expires: Option<u32>,
 }
 
 /// What a transport needs to take a connection over from HTTP.
@@ -148,7 +150,9 @@ pub struct Subscription {
     /// The client's id (its name in chat, `c<id>`, unless it chose one: chosen
     /// names are kept by the loop's subscriber lists, so that every idle
     /// subscription stays this small).
-    pub client: u64,
+    pub client: u32,
+    /// When its token expires (Unix seconds; 0: it has none): the loop closes it then.
+    pub expires: u32,
     /// Position in its loop's subscriber list of the channel, for O(1) removal.
     pub index: u32,
     pub format: Format,
@@ -173,6 +177,8 @@ pub enum CloseReason {
     IdleTimeout,
     /// More than `--max-queue` bytes waited for the client.
     SlowConsumer,
+    /// The subscription's token expired: come back with a fresh one.
+    TokenExpired,
     /// The broker could not take the subscription.
     Unavailable,
 }

@@ -37,6 +37,16 @@ pub fn write_opening(out: &mut Vec<u8>) {
     out.extend_from_slice(format!("retry: {RETRY_MS}\n\n").as_bytes());
 }
 
+/// The last event of a stream whose token expired (`event: expired`), before it
+/// ends: the page must come back with a fresh token.
+pub fn write_expired(out: &mut Vec<u8>) {
+    json_event(
+        out,
+        "expired",
+        &serde_json::json!({"reason": "token expired", "code": 4001}),
+    );
+}
+
 /// A heartbeat: a comment line, which clients ignore and proxies see as traffic.
 pub fn write_heartbeat(out: &mut Vec<u8>) {
     out.extend_from_slice(b":\n\n");

@@ -103,6 +103,7 @@ pub fn write_close(out: &mut Vec<u8>, reason: CloseReason) {
         CloseReason::Shutdown => (close_code::GOING_AWAY, "server shutting down"),
         CloseReason::IdleTimeout => (close_code::GOING_AWAY, "idle timeout"),
         CloseReason::SlowConsumer => (close_code::POLICY_VIOLATION, "slow consumer"),
+        CloseReason::TokenExpired => (close_code::TOKEN_EXPIRED, "token expired"),
         CloseReason::Unavailable => (
             close_code::TRY_AGAIN_LATER,
             "broker unavailable, retry later",
@@ -344,6 +345,7 @@ mod tests {
         WsState::new(Some(Subscription {
             channel: joined.channel,
             client: 7,
+            expires: 0,
             index: 0,
             format: Format::WsJson,
             rules: ChannelRules::for_name(channel),

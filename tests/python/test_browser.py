@@ -453,3 +453,60 @@ def test_throng_js_drops_what_it_has_seen_already(start_server, pages):
     assert got == [[i, f"m{i}"] for i in range(1, 6)], got
     assert page.evaluate("() => window.__sub.lastSeq") == 5
     pages.assert_no_errors()
+
+
+def test_with_tokens_the_chat_name_comes_from_the_token_and_a_refreshed_token_survives_expiry(start_server, pages):
+    """--token-secret: the chat page opened with ?token= joins under the token's sub;
+    when a fixed token expires the server closes with 4001 and throng.js stops
+    (closed, with the code); a page that hands throng.js a function gets a fresh
+    token and is back at once, with nothing lost."""
+    import time
+
+    import jwt
+
+    secret = "browser-test-secret-of-32-bytes-at-least"
+    srv = start_server("--token-secret", secret)
+
+    def mint(ttl: int, sub: str | None = None) -> str:
+        c = {"exp": int(time.time()) + ttl, "channels": ["chat:*", "news"]}
+        if sub:
+            c["sub"] = sub
+        return jwt.encode(c, secret, algorithm="HS256")
+
+    for pattern in NETWORK_ERRORS:
+        pages.allow(pattern)
+    page = pages.new("dave")
+    page.goto(f"{origin(srv)}/chat?room=tok&name=ignored&token={mint(3, 'dave')}")
+    expect(page.locator("#status")).to_have_attribute("data-state", "open")
+    page.locator("#text").fill("signed in")
+    page.locator("#send").click()
+    page.wait_for_function("() => Array.from(document.querySelectorAll('#messages .message .from')).some(e => e.textContent.trim() === 'dave')")
+    # The fixed token runs out: 4001, and the page stops trying.
+    expect(page.locator("#status")).to_have_attribute("data-state", "closed", timeout=10_000)
+    pages.screenshot(page, "expired")
+    expect(page.locator("#messages")).to_contain_text("token expired")
+
+    # A page whose token is a function is given a new one on every connection.
+    blank = blank_page(pages, srv)
+    blank.add_script_tag(url="/throng.js")
+    blank.evaluate(
+        """([first, fresh]) => {
+            window.__tokens = [first, fresh];
+            window.__got = []; window.__closes = [];
+            window.__sub = Throng.subscribe('news', {
+                since: 0,
+                token: () => window.__tokens.length > 1 ? window.__tokens.shift() : window.__tokens[0],
+                onMessage: m => window.__got.push(m.seq),
+                onState: (s, info) => { if (info && info.code) window.__closes.push(info.code); },
+            });
+        }""",
+        [mint(2), mint(60)],
+    )
+    blank.wait_for_function("() => window.__sub.state === 'open'")
+    publish_ok(srv.port, "news", "one")
+    blank.wait_for_function("() => window.__closes.includes(4001)", timeout=10_000)
+    publish_ok(srv.port, "news", "two")
+    blank.wait_for_function("() => window.__sub.state === 'open' && window.__got.length >= 2")
+    assert blank.evaluate("() => window.__got") == [1, 2]
+    blank.evaluate("() => window.__sub.close()")
+    pages.assert_no_errors()
