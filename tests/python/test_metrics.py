@@ -35,7 +35,7 @@ FAMILIES = {
     "process_resident_memory_bytes": "gauge",
     "process_open_fds": "gauge",
 }
-REASONS = {"bad_request", "unsupported_version", "max_conns", "max_conns_per_ip", "timeout", "broker_unavailable"}
+REASONS = {"bad_request", "unsupported_version", "max_conns", "max_conns_per_ip", "timeout", "broker_unavailable", "unauthorized", "origin"}
 HISTOGRAM = "throng_delivery_latency_seconds"
 
 
