@@ -143,7 +143,12 @@ pub struct ChildFleet {
 
 impl ChildFleet {
     /// Spawns one child per argument list (arguments after `throng bench`).
-    pub fn spawn(arg_lists: Vec<Vec<String>>) -> Result<ChildFleet, BenchError> {
+    /// `secrets`: environment variables for every child (a token), kept out of
+    /// their command lines, which anyone on the machine can read.
+    pub fn spawn(
+        arg_lists: Vec<Vec<String>>,
+        secrets: &[(&str, &str)],
+    ) -> Result<ChildFleet, BenchError> {
         let exe = std::env::current_exe()?;
         let views = Arc::new(Mutex::new(
             (0..arg_lists.len())
@@ -161,6 +166,7 @@ impl ChildFleet {
             let mut child = Command::new(&exe)
                 .arg("bench")
                 .args(&args)
+                .envs(secrets.iter().copied())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())

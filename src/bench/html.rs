@@ -71,7 +71,10 @@ pub fn escape(s: &str) -> String {
 }
 
 /// The command line for the page: the program as `throng`, arguments quoted for a
-/// POSIX shell, and the value of `--api-key` (a secret) replaced by `***`.
+/// POSIX shell, and the values of `--api-key` and `--token` (secrets) replaced by
+/// `***`.
+const SECRET_FLAGS: [&str; 2] = ["--api-key", "--token"];
+
 pub fn command_line(argv: &[String]) -> String {
     let mut out = vec!["throng".to_string()];
     let mut hide_next = false;
@@ -79,11 +82,14 @@ pub fn command_line(argv: &[String]) -> String {
         if hide_next {
             out.push("***".into());
             hide_next = false;
-        } else if arg == "--api-key" {
+        } else if SECRET_FLAGS.contains(&arg.as_str()) {
             out.push(arg.clone());
             hide_next = true;
-        } else if arg.starts_with("--api-key=") {
-            out.push("--api-key=***".into());
+        } else if let Some(flag) = SECRET_FLAGS.iter().find(|f| {
+            arg.strip_prefix(**f)
+                .is_some_and(|rest| rest.starts_with('='))
+        }) {
+            out.push(format!("{flag}=***"));
         } else {
             out.push(shell_quote(arg));
         }
@@ -1310,6 +1316,9 @@ mod tests {
             "--api-key",
             "s3cret",
             "--api-key=other",
+            "--token=eyJ.x.y",
+            "--token",
+            "eyJ.z.w",
             "it's",
         ]
         .iter()
@@ -1318,9 +1327,9 @@ mod tests {
         let c = command_line(&argv);
         assert_eq!(
             c,
-            r"throng bench push --url 'http://h:1/sse/{channel}' --api-key *** --api-key=*** 'it'\''s'"
+            r"throng bench push --url 'http://h:1/sse/{channel}' --api-key *** --api-key=*** --token=*** --token *** 'it'\''s'"
         );
-        assert!(!c.contains("s3cret") && !c.contains("other"));
+        assert!(!c.contains("s3cret") && !c.contains("other") && !c.contains("eyJ"));
     }
 
     #[test]

@@ -367,6 +367,11 @@ pub struct BenchArgs {
     )]
     pub api_key: Option<String>,
 
+    /// push and chat: a subscription token (JWT) for a server run with
+    /// --token-secret, sent as ?token= on every subscribing connection
+    #[arg(long, env = "THRONG_TOKEN", value_name = "JWT", hide_env_values = true)]
+    pub token: Option<String>,
+
     /// push: publisher threads (each one request at a time) [default: rate / 200, 1..32]
     #[arg(long, value_name = "N")]
     pub publishers: Option<usize>,
@@ -560,6 +565,13 @@ impl BenchArgs {
                 "/ws/{channel}?format=json".to_string()
             }
             _ => url.path.clone(),
+        };
+        let path = match (&self.token, self.mode) {
+            (Some(token), Mode::Push | Mode::Chat) => {
+                let sep = if path.contains('?') { '&' } else { '?' };
+                format!("{path}{sep}token={token}")
+            }
+            _ => path,
         };
         let procs = self.procs.max(1) as f64;
         Ok(Plan {
@@ -802,7 +814,13 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 args.child_args(i, offset, n, slice)
             })
             .collect();
-        Box::new(ChildFleet::spawn(lists)?)
+        let secrets: Vec<(&str, &str)> = args
+            .token
+            .as_deref()
+            .map(|t| ("THRONG_TOKEN", t))
+            .into_iter()
+            .collect();
+        Box::new(ChildFleet::spawn(lists, &secrets)?)
     } else {
         Box::new(LocalFleet::start(plan)?)
     };

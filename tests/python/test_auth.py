@@ -167,3 +167,24 @@ def test_origins_not_allowed_get_403_and_count(start_server):
     assert resp.status_code == 403, resp.text
     metrics = httpx.get(f"http://127.0.0.1:{srv.port}/metrics").text
     assert 'throng_handshake_failures_total{reason="origin"} 3' in metrics, metrics
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_the_bench_subscribes_with_a_token_and_is_refused_without(secured, procs):
+    from test_bench import run_bench, short
+
+    url = f"ws://127.0.0.1:{secured.port}"
+    args = ["push", "--url", url, "--conns", 4, "--channels", 2, "--channel-prefix", "news",
+            "--publish-rate", 20, "--procs", procs, *short(duration="2s")]
+    # news0/news1 are not granted by a token for "news" alone: the prefix grant is.
+    good = token(claims(channels=["news*"]))
+    run = run_bench(*args, "--token", good)
+    assert run.returncode == 0, run.describe()
+    report = run.report()
+    assert report["failed"] == 0, run.describe()
+    push = report["push"]
+    assert push["lost"] == 0 and push["delivered"] > 0, run.describe()
+    assert good not in run.stdout and good not in run.stderr
+    refused = run_bench(*args)
+    assert refused.returncode == 1, refused.describe()
+    assert "401" in refused.stdout + refused.stderr, refused.describe()
