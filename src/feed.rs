@@ -6,22 +6,34 @@
 //! never resumed, not counted as published). Watching costs one small message a
 //! second; nobody watching costs one counter read a second.
 //!
-//! It reads the counters, the hub and the broker. It must not touch connections,
-//! publish through the broker (the feed is this node's own view) or assign seqs.
+//! It reads the counters, the hub and the broker through a [`View`] the server
+//! hands it. It must not touch connections, publish through the broker (the feed
+//! is this node's own view) or assign seqs.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use crate::hub::{Audience, Body};
+use crate::broker::Broker;
+use crate::config::ServeConfig;
+use crate::hub::{Audience, Body, Hub};
 use crate::protocol::DataKind;
 use crate::rules;
-use crate::server::shared::Shared;
-use crate::stats::Snapshot;
+use crate::stats::{ServerStats, Snapshot};
+
+/// What the feed reads: this node's parts, lent by the server.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub feed: &'a Feed,
+    pub stats: &'a ServerStats,
+    pub hub: &'a Hub,
+    pub broker: &'a dyn Broker,
+    pub config: &'a ServeConfig,
+}
 
 /// The channel the dashboard subscribes to.
 pub const FEED_CHANNEL: &str = "throng:stats";
@@ -119,16 +131,16 @@ fn unix_ms() -> u64 {
 }
 
 /// Takes one sample, keeps it, and sends it to the feed's subscribers if any.
-pub fn tick(shared: &Shared) {
-    let snap = shared.stats.snapshot();
+pub fn tick(view: View<'_>) {
+    let snap = view.stats.snapshot();
     let sample = Sample::of(&snap, unix_ms());
-    shared.feed.keep(sample);
-    let Some(channel) = shared.hub.find(FEED_CHANNEL) else {
+    view.feed.keep(sample);
+    let Some(channel) = view.hub.find(FEED_CHANNEL) else {
         return;
     };
-    let payload = Bytes::from(message(shared, &sample).to_string());
+    let payload = Bytes::from(message(view, &sample).to_string());
     // A loop too far behind to take it skips one second of the dashboard.
-    let _ = shared
+    let _ = view
         .hub
         .deliver(&channel, Audience::Everyone, None, || Body::Data {
             seq: 0,
@@ -140,54 +152,49 @@ pub fn tick(shared: &Shared) {
 }
 
 /// What the dashboard gets each second.
-fn message(shared: &Shared, sample: &Sample) -> Value {
-    let busiest: Vec<Value> = shared
+fn message(view: View<'_>, sample: &Sample) -> Value {
+    let busiest: Vec<Value> = view
         .hub
         .busiest(BUSIEST, rules::is_reserved)
         .iter()
         .map(|c| json!({"channel": c.name(), "subscribers": c.subscribers(), "messages": c.messages()}))
         .collect();
-    let config = &shared.config;
+    let config = view.config;
     let listen: Vec<String> = config.listen.iter().map(|a| a.to_string()).collect();
     json!({
         "time_ms": sample.time_ms,
         "node": {
             "pid": std::process::id(),
-            "uptime_seconds": shared.stats.started.elapsed().as_secs_f64(),
+            "uptime_seconds": view.stats.started.elapsed().as_secs_f64(),
             "threads": config.threads,
             "version": env!("CARGO_PKG_VERSION"),
             "listen": listen,
             "worker": std::env::var(crate::workers::WORKER_ENV).ok(),
         },
-        "broker": {"url": shared.broker.describe(), "healthy": shared.broker.healthy()},
+        "broker": {"url": view.broker.describe(), "healthy": view.broker.healthy()},
         "connections": sample.connections(),
-        "channels": shared.broker.channel_count(),
+        "channels": view.broker.channel_count(),
         "totals": sample.totals(),
         "busiest": busiest,
     })
 }
 
-/// Runs the feed on its own thread until the server shuts down.
-pub fn spawn(shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<std::io::Result<()>>> {
-    std::thread::Builder::new()
-        .name("throng-feed".into())
-        .spawn(move || {
-            // Short naps, so shutdown is never held up by a whole interval.
-            let nap = Duration::from_millis(100);
-            let mut next = std::time::Instant::now();
-            while !shared.shutdown.load(Ordering::Acquire) {
-                let now = std::time::Instant::now();
-                if now >= next {
-                    tick(&shared);
-                    next += INTERVAL;
-                    if next < now {
-                        next = now + INTERVAL;
-                    }
-                }
-                std::thread::sleep(nap.min(next.saturating_duration_since(now)));
+/// Ticks once an interval until `stop` is set (run on a thread of its own).
+pub fn run(stop: &AtomicBool, view: View<'_>) {
+    // Short naps, so shutdown is never held up by a whole interval.
+    let nap = Duration::from_millis(100);
+    let mut next = std::time::Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let now = std::time::Instant::now();
+        if now >= next {
+            tick(view);
+            next += INTERVAL;
+            if next < now {
+                next = now + INTERVAL;
             }
-            Ok(())
-        })
+        }
+        std::thread::sleep(nap.min(next.saturating_duration_since(now)));
+    }
 }
 
 #[cfg(test)]
@@ -219,11 +226,11 @@ mod tests {
     fn a_tick_reaches_the_feed_subscribers_as_an_unsequenced_text_message() {
         let (shared, _polls) = test_shared(None);
         // Nobody watching: a sample is kept, nothing is delivered.
-        tick(&shared);
+        tick(shared.feed_view());
         assert!(!shared.hub.inbox(1).has_work());
         let _watching = shared.hub.subscribe(FEED_CHANNEL, 1, true);
         let _news = shared.hub.subscribe("news", 0, false);
-        tick(&shared);
+        tick(shared.feed_view());
         let mut batch = Vec::new();
         shared.hub.inbox(1).take(&mut batch);
         assert_eq!(batch.len(), 1);

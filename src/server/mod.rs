@@ -198,7 +198,15 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
             .map_err(ServerError::Spawn)?;
         handles.push(handle);
     }
-    handles.push(crate::feed::spawn(Arc::clone(&shared)).map_err(ServerError::Spawn)?);
+    let feed_shared = Arc::clone(&shared);
+    let feed = std::thread::Builder::new()
+        .name("throng-feed".into())
+        .spawn(move || {
+            crate::feed::run(&feed_shared.shutdown, feed_shared.feed_view());
+            Ok(())
+        })
+        .map_err(ServerError::Spawn)?;
+    handles.push(feed);
     Ok(ServerHandle {
         stopper: Stopper { shared, wakers },
         threads: handles,

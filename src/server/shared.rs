@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use crate::auth::Verifier;
 use crate::broker::Broker;
 use crate::config::ServeConfig;
-use crate::feed::Feed;
+use crate::feed::{self, Feed};
 use crate::hub::Hub;
 use crate::stats::ServerStats;
 
@@ -123,6 +123,17 @@ impl Shared {
     }
 
     /// Wraps after 2^32 subscriptions: a `c<id>` name may then come round again.
+    /// What the dashboard's feed reads.
+    pub fn feed_view(&self) -> feed::View<'_> {
+        feed::View {
+            feed: &self.feed,
+            stats: &self.stats,
+            hub: &self.hub,
+            broker: &*self.broker,
+            config: &self.config,
+        }
+    }
+
     pub fn next_client_id(&self) -> u32 {
         self.next_client.fetch_add(1, Ordering::Relaxed)
     }
