@@ -297,6 +297,15 @@ impl EventLoop {
                 return;
             };
             let n = match conn.socket.read(&mut self.read_buf) {
+                // The peer is done sending. An answer still on its way to it (a
+                // last response, our close frame, a kept-alive request's answer)
+                // is finished first: a half-closed client still reads.
+                Ok(0) if !conn.out.is_empty() && conn.phase == Phase::Closing => return,
+                Ok(0) if !conn.out.is_empty() && matches!(conn.session, Session::Http(_)) => {
+                    self.out.clear();
+                    self.send_out(key, After::Close);
+                    return;
+                }
                 Ok(0) => {
                     self.drop_conn(key);
                     return;
