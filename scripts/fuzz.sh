@@ -6,7 +6,7 @@
 #
 # Usage: scripts/fuzz.sh [--seconds N] [TARGET...]
 #   --seconds N   how long each target runs (default 30)
-#   TARGET        frame_decoder, http_request, names_and_queries (default: all)
+#   TARGET        frame_decoder, http_request, names_and_queries, jwt (default: all)
 #
 # Builds in $CARGO_TARGET_DIR (default target/fuzz). New inputs found during the
 # run go to a temporary directory, not into fuzz/corpus; a crashing input is kept
@@ -18,7 +18,7 @@ cd "$ROOT"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
-ALL_TARGETS=(frame_decoder http_request names_and_queries)
+ALL_TARGETS=(frame_decoder http_request names_and_queries jwt)
 SECONDS_EACH=30
 TARGETS=()
 while (($#)); do
