@@ -349,6 +349,26 @@ fn subscribe_endpoint(
     websocket_endpoint(req, Some(subscribe), out, counts)
 }
 
+/// What an SSE stream and a long-poll check before they open: a GET, a valid
+/// channel name, and the origin and token rules. `Err`: the refusal, written and
+/// counted.
+fn admit_http_subscriber(
+    req: &Request<'_>,
+    channel: &str,
+    shared: &Shared,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Result<Option<Grant>, Outcome> {
+    if !only_get(req, out) {
+        counts.handshake_failed(HandshakeFailure::BadRequest);
+        return Err(Outcome::Responded);
+    }
+    if let Err(e) = validate_channel_name(channel) {
+        return Err(refuse(out, Some(counts), &e.to_string()));
+    }
+    admit_subscriber(req, channel, shared).map_err(|e| refuse_auth(out, counts, &e))
+}
+
 /// `GET /sse/{channel}`: an event stream of the channel. A browser coming back
 /// sends `Last-Event-ID`, which wins over a `since=` still in its URL.
 fn sse_endpoint(
@@ -358,16 +378,9 @@ fn sse_endpoint(
     out: &mut Vec<u8>,
     counts: &mut TurnCounts,
 ) -> Outcome {
-    if !only_get(req, out) {
-        counts.handshake_failed(HandshakeFailure::BadRequest);
-        return Outcome::Responded;
-    }
-    if let Err(e) = validate_channel_name(channel) {
-        return refuse(out, Some(counts), &e.to_string());
-    }
-    let grant = match admit_subscriber(req, channel, shared) {
+    let grant = match admit_http_subscriber(req, channel, shared, out, counts) {
         Ok(grant) => grant,
-        Err(e) => return refuse_auth(out, counts, &e),
+        Err(refused) => return refused,
     };
     let last_event_id = req
         .header("last-event-id")
@@ -411,16 +424,9 @@ fn poll_endpoint(
     out: &mut Vec<u8>,
     counts: &mut TurnCounts,
 ) -> Outcome {
-    if !only_get(req, out) {
-        counts.handshake_failed(HandshakeFailure::BadRequest);
-        return Outcome::Responded;
-    }
-    if let Err(e) = validate_channel_name(channel) {
-        return refuse(out, Some(counts), &e.to_string());
-    }
-    let grant = match admit_subscriber(req, channel, shared) {
+    let grant = match admit_http_subscriber(req, channel, shared, out, counts) {
         Ok(grant) => grant,
-        Err(e) => return refuse_auth(out, counts, &e),
+        Err(refused) => return refused,
     };
     let timeout = match query_param(req, "timeout") {
         None => DEFAULT_POLL_TIMEOUT,
