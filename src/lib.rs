@@ -25,7 +25,8 @@
 //!   same counters (and a few process figures) as Prometheus text for `/metrics`.
 //! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1
 //!   client for the API (`throng pub`).
-//! - [`os`]: the open-files limit and the connection ceiling it gives.
+//! - [`os`]: the open-files limit and the connection ceiling it gives; [`tune`]:
+//!   `throng tune`, what N connections need from the OS, and `--apply`.
 //! - [`workers`]: `--workers N`, a master that keeps N serving processes running.
 //! - [`feed`]: the dashboard's once-a-second view of this node (`throng:stats`,
 //!   `/api/stats/history`); [`web`]: the embedded browser pages (`/`, `/chat`,
@@ -47,5 +48,6 @@ pub mod rules;
 pub mod server;
 pub mod stats;
 pub mod transport;
+pub mod tune;
 pub mod web;
 pub mod workers;

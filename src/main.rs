@@ -34,6 +34,9 @@ enum Command {
     Pub(PubArgs),
     /// Load-generate against any WebSocket server (echo, idle, push, chat)
     Bench(throng::bench::BenchArgs),
+    /// Check the OS limits for N connections, print the fixes; --apply sets what it can
+    /// (exit status 1 while something still stops N connections)
+    Tune(throng::tune::TuneArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -65,7 +68,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     match run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -73,7 +76,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<()> {
+fn run() -> Result<ExitCode> {
     let args: Vec<String> = std::env::args().collect();
     let mut cmd = Cli::command();
     if let Some(path) = config::config_path_from(&args) {
@@ -85,13 +88,20 @@ fn run() -> Result<()> {
         Command::Serve(serve_args) => {
             let config = serve_args.into_config()?;
             if config.workers > 1 && !throng::workers::is_worker() {
-                return supervise(&config);
+                supervise(&config)?;
+            } else {
+                serve(config)?;
             }
-            serve(config)
         }
-        Command::Pub(args) => publish(args),
-        Command::Bench(args) => Ok(throng::bench::run(args)?),
+        Command::Pub(args) => publish(args)?,
+        Command::Bench(args) => throng::bench::run(args)?,
+        Command::Tune(args) => {
+            if !throng::tune::run(&args)? {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn publish(args: PubArgs) -> Result<()> {
@@ -169,6 +179,7 @@ fn supervise(config: &ServeConfig) -> Result<()> {
         os::thousands(per_worker),
         os::thousands(per_worker * config.workers as u64)
     );
+    warn_if_limited(config.max_conns, per_worker, config.workers);
     throng::workers::supervise(config.workers, config.drain_timeout)?;
     Ok(())
 }
@@ -233,6 +244,9 @@ fn serve(config: ServeConfig) -> Result<()> {
             limit.hard
         );
     }
+    if !throng::workers::is_worker() {
+        warn_if_limited(config.max_conns, limit.connection_ceiling(listeners), 1);
+    }
 
     let stopper = handle.stopper();
     let drain = config.drain_timeout;
@@ -262,6 +276,21 @@ fn serve(config: ServeConfig) -> Result<()> {
     handle.join().context("server stopped with an error")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// One line pointing to `throng tune` when `--max-conns` (per process) is more than
+/// the open-files limit lets each of `processes` hold.
+fn warn_if_limited(max_conns: Option<usize>, ceiling: u64, processes: usize) {
+    if let Some(max) = max_conns.map(|m| m as u64)
+        && max > ceiling
+    {
+        tracing::warn!(
+            "--max-conns {} is more than the open-files limit lets a process hold (~{}): {}",
+            os::thousands(max),
+            os::thousands(ceiling),
+            throng::tune::hint(max * processes as u64)
+        );
+    }
 }
 
 fn print_stats_until_shutdown(handle: &server::ServerHandle, interval: Duration) {

@@ -2,12 +2,12 @@
 //!
 //! It owns reading and raising the open-files limit and turning it into the
 //! connection ceiling the server announces. It must not change anything but this
-//! process's own soft limit (system-wide tuning belongs to `throng tune`).
+//! process's own limits (system-wide tuning belongs to `throng tune`, in `tune`).
 
 use std::io;
 
 /// Descriptors kept back for listeners, epoll, wakers, logs and the like.
-const RESERVED_FDS: u64 = 100;
+pub const RESERVED_FDS: u64 = 100;
 
 /// The open-files limits after raising the soft limit to the hard limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +39,8 @@ pub fn unsent_bytes(fd: std::os::fd::RawFd) -> usize {
     }
 }
 
-/// Raises RLIMIT_NOFILE's soft limit to its hard limit and returns both.
-pub fn raise_open_files_limit() -> io::Result<FileLimit> {
+/// This process's RLIMIT_NOFILE as it stands (nothing raised).
+pub fn open_files_limit() -> io::Result<FileLimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -49,20 +49,39 @@ pub fn raise_open_files_limit() -> io::Result<FileLimit> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: setrlimit only reads the struct we pass.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            lim.rlim_cur = lim.rlim_max;
-        }
-    }
     Ok(FileLimit {
         soft: lim.rlim_cur,
         hard: lim.rlim_max,
     })
+}
+
+/// Sets this process's RLIMIT_NOFILE. Raising the hard limit needs
+/// CAP_SYS_RESOURCE (and stays within `fs.nr_open`); lowering it never does.
+pub fn set_open_files_limit(limit: FileLimit) -> io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: limit.soft,
+        rlim_max: limit.hard,
+    };
+    // SAFETY: setrlimit only reads the struct we pass.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Raises RLIMIT_NOFILE's soft limit to its hard limit and returns both.
+pub fn raise_open_files_limit() -> io::Result<FileLimit> {
+    let mut lim = open_files_limit()?;
+    if lim.soft < lim.hard {
+        let raised = FileLimit {
+            soft: lim.hard,
+            hard: lim.hard,
+        };
+        if set_open_files_limit(raised).is_ok() {
+            lim = raised;
+        }
+    }
+    Ok(lim)
 }
 
 /// Groups digits in thousands, for log lines people read (19,900).

@@ -528,11 +528,27 @@ impl BenchArgs {
             let ceiling = limit.soft.saturating_sub(RESERVED_FDS);
             if per_proc > ceiling {
                 return bad(format!(
-                    "{per_proc} connections per process is over this process's open-files limit ({} -> at most {ceiling}); use --procs {} or raise `ulimit -n`",
+                    "{per_proc} connections per process is over this process's open-files limit ({} -> at most {ceiling}); use --procs {} or raise `ulimit -n`\n{}",
                     limit.soft,
-                    self.conns.div_ceil(ceiling.max(1))
+                    self.conns.div_ceil(ceiling.max(1)),
+                    crate::tune::hint(self.conns)
                 ));
             }
+        }
+        // One source address reaches one server port from at most the ephemeral range.
+        let sources = self.source_ips.as_ref().map_or(1, |s| s.0.len().max(1)) as u64;
+        let targets = self
+            .ports
+            .map_or(1, |PortRange(a, b)| u64::from(b.saturating_sub(a)) + 1);
+        if let Some(ports) = crate::tune::ephemeral_ports()
+            && self.child_index.is_none()
+            && self.conns > ports * sources * targets
+        {
+            eprintln!(
+                "warning: {} connections over {sources} source address(es) and {targets} server port(s) need more than the {ports} ephemeral ports each pair has; the rest will fail to connect. {}",
+                self.conns,
+                crate::tune::hint(self.conns)
+            );
         }
         Ok(url)
     }

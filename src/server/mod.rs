@@ -41,7 +41,7 @@ use shared::Shared;
 pub use shared::{Admission, Refusal};
 
 /// Pending connections the kernel may queue per listener (capped by somaxconn).
-const LISTEN_BACKLOG: i32 = 4096;
+pub const LISTEN_BACKLOG: i32 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
