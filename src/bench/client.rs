@@ -12,9 +12,10 @@
 //! final [`RawResult`].
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::io::{self, Read};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,7 +29,7 @@ use slab::Slab;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::comet::{PollAnswer, SseEvent, SseReader};
-use super::report::{self, ChannelAgg, Counters, RawResult, SeqCounts, SeqTrack};
+use super::report::{self, ChannelAgg, ComebackTally, Counters, RawResult, SeqCounts, SeqTrack};
 use super::{Mode, SeqFrom, Transport};
 use crate::outbound::Outbound;
 use crate::protocol::handshake::accept_key;
@@ -57,6 +58,8 @@ const MAX_RESPONSE_HEAD: usize = 16 * 1024;
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// Connect attempts started per loop iteration at most (keeps the loop responsive).
 const CONNECT_BATCH: u64 = 256;
+/// The longest a subscriber waits before trying to come back.
+const BACKOFF_CAP: Duration = Duration::from_secs(15);
 
 /// What every loop of one process needs to know about the run.
 #[derive(Debug, Clone)]
@@ -85,6 +88,9 @@ pub struct Plan {
     /// Push: the fraction of subscribers that drop and resume every interval.
     pub reconnect: f64,
     pub reconnect_interval: Duration,
+    /// Push: the first backoff of a subscriber the server lets go with a "come
+    /// back" signal; it doubles per failed try (zero: such a subscriber is dropped).
+    pub comeback_backoff: Duration,
     /// Global index of this process's first connection (children get a slice).
     pub conn_offset: u64,
     /// Connections this process opens.
@@ -258,6 +264,9 @@ enum State {
     Open,
     /// Our close frame is sent; waiting for the server's.
     Closing,
+    /// Push: let go by the server with a "come back" signal; its socket is shut
+    /// and it waits out its backoff before connecting again.
+    Away,
 }
 
 enum ReadState {
@@ -282,11 +291,14 @@ struct Conn {
     state: State,
     /// It opened once (a later reconnect is not a new connection).
     opened_once: bool,
+    /// Push: failed tries to come back since it was last open (the backoff's exponent).
+    retries: u8,
     /// Poll: the `since` of the next poll (`None` before the first answer).
     cursor: Option<u64>,
     /// Where to resume: the epoch a WebSocket was told, or the last SSE event id.
     resume: Option<Box<str>>,
-    /// Echo: loop-clock nanoseconds when the message in flight was sent (0: none).
+    /// Loop-clock nanoseconds (0: none). Echo: when the message in flight was
+    /// sent; push: when the server let it go (it is away until it is back).
     sent_at: u64,
     /// Push: which seqs arrived.
     track: SeqTrack,
@@ -421,6 +433,26 @@ fn next_mask(state: &mut u64) -> [u8; 4] {
     ((x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32).to_ne_bytes()
 }
 
+/// Full jitter: a uniform delay in [0, min(cap, base * 2^retries)), so clients
+/// let go together come back spread out, not as a storm.
+fn backoff_delay(base: Duration, retries: u8, rng: &mut u64) -> Duration {
+    let ceiling = base
+        .saturating_mul(1u32 << retries.min(20))
+        .min(BACKOFF_CAP);
+    let unit = f64::from(u32::from_ne_bytes(next_mask(rng))) / (f64::from(u32::MAX) + 1.0);
+    ceiling.mul_f64(unit)
+}
+
+/// Whether a WebSocket close says "come back" (the README's close-code table):
+/// going away, a server error, a restart, try again later, or a slow consumer.
+fn close_says_come_back(code: Option<u16>, reason: &str) -> bool {
+    match code {
+        None | Some(1001 | 1006 | 1011 | 1012 | 1013) => true,
+        Some(1008) => reason == "slow consumer",
+        Some(_) => false,
+    }
+}
+
 /// Builds a text payload: `prefix` padded with `x` to `size` bytes.
 fn padded(out: &mut Vec<u8>, prefix: &str, size: usize) {
     out.clear();
@@ -494,6 +526,9 @@ struct Tally {
     hist: Histogram<u64>,
     seq: SeqCounts,
     failures: BTreeMap<String, u64>,
+    /// Push: subscribers let go and come back, and their time away (ms).
+    comeback: ComebackTally,
+    away: Histogram<u64>,
 }
 
 pub struct ClientLoop {
@@ -517,6 +552,8 @@ pub struct ClientLoop {
     chat_queue: VecDeque<(Instant, usize, u32)>,
     /// Push: when each `--reconnect` subscriber next drops and resumes.
     reconnect_queue: VecDeque<(Instant, usize, u32)>,
+    /// Push: when each subscriber that is away tries to come back: (when, key, attempt).
+    comebacks: BinaryHeap<Reverse<(Instant, usize, u32)>>,
     seen_phase: u8,
     sockets_open_end: u64,
     channels: Vec<ChannelAgg>,
@@ -559,6 +596,8 @@ impl ClientLoop {
                 hist: report::new_histogram(),
                 seq: SeqCounts::default(),
                 failures: BTreeMap::new(),
+                comeback: ComebackTally::default(),
+                away: report::new_histogram(),
             },
             epoch: Instant::now(),
             rng: rand::random::<u64>() | 1,
@@ -567,6 +606,7 @@ impl ClientLoop {
             timeouts: VecDeque::new(),
             chat_queue: VecDeque::new(),
             reconnect_queue: VecDeque::new(),
+            comebacks: BinaryHeap::new(),
             seen_phase: phase::CONNECTING,
             sockets_open_end: 0,
             channels,
@@ -605,6 +645,9 @@ impl ClientLoop {
                 self.send_chat_due(now);
                 self.reconnect_due(now);
             }
+            if self.seen_phase < phase::CLOSE {
+                self.comeback_due(now);
+            }
             self.live.store(&self.tally.c);
             if let Some(deadline) = close_deadline
                 && (self.conns.is_empty() || now >= deadline)
@@ -631,6 +674,11 @@ impl ClientLoop {
                 wait = wait.min(at.saturating_duration_since(now));
             }
             if let Some((at, _, _, _)) = self.timeouts.front() {
+                wait = wait.min(at.saturating_duration_since(now));
+            }
+            if let Some(Reverse((at, _, _))) = self.comebacks.peek()
+                && self.seen_phase < phase::CLOSE
+            {
                 wait = wait.min(at.saturating_duration_since(now));
             }
             if let Err(e) = self.poll.poll(&mut events, Some(wait))
@@ -667,6 +715,10 @@ impl ClientLoop {
             latency_us: report::histogram_pairs(&self.tally.hist),
             seq: self.tally.seq,
             channels: self.channels,
+            comeback: ComebackTally {
+                away_ms: report::histogram_pairs(&self.tally.away),
+                ..self.tally.comeback
+            },
             ..RawResult::default()
         }
     }
@@ -704,6 +756,7 @@ impl ClientLoop {
             attempt: 0,
             state: State::Connecting,
             opened_once: false,
+            retries: 0,
             cursor: None,
             resume: None,
             sent_at: 0,
@@ -757,8 +810,63 @@ impl ClientLoop {
                 true
             }
             Err(e) => {
-                self.remove(key, Some(format!("reconnect: {}", io_reason(&e))));
+                self.lost(key, format!("reconnect: {}", io_reason(&e)));
                 false
+            }
+        }
+    }
+
+    /// The server let a subscriber go in a way that says "come back" (1001, a
+    /// reset, a refused connect, a proxy's 5xx ...). A push subscriber then
+    /// returns after a jittered backoff and resumes where it was; anything else
+    /// is dropped with `reason`.
+    fn lost(&mut self, key: usize, reason: String) {
+        let base = self.plan.comeback_backoff;
+        let returns = self.plan.mode == Mode::Push
+            && !base.is_zero()
+            && self.seen_phase < phase::CLOSE
+            && self.conns.get(key).is_some_and(|c| c.opened_once);
+        if !returns {
+            return self.remove(key, Some(reason));
+        }
+        let now_mono = (self.epoch.elapsed().as_nanos() as u64).max(1);
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        // Deregistering can only fail if the fd is gone; shutting it down the same.
+        let _ = self.poll.registry().deregister(&mut conn.socket);
+        let _ = conn.socket.shutdown(Shutdown::Both);
+        if matches!(conn.state, State::Open | State::Closing) {
+            self.tally.c.open_now = self.tally.c.open_now.saturating_sub(1);
+        }
+        if conn.sent_at == 0 {
+            conn.sent_at = now_mono;
+            self.tally.comeback.mark(unix_nanos() / 1_000_000, 0);
+        }
+        *self.tally.comeback.reasons.entry(reason).or_default() += 1;
+        conn.state = State::Away;
+        conn.read = None;
+        conn.out = Outbound::default();
+        let delay = backoff_delay(base, conn.retries, &mut self.rng);
+        conn.retries = conn.retries.saturating_add(1);
+        self.comebacks
+            .push(Reverse((Instant::now() + delay, key, conn.attempt)));
+    }
+
+    /// Connects again the subscribers whose backoff is over.
+    fn comeback_due(&mut self, now: Instant) {
+        while let Some(&Reverse((at, key, attempt))) = self.comebacks.peek() {
+            if at > now {
+                break;
+            }
+            self.comebacks.pop();
+            let waiting = self
+                .conns
+                .get(key)
+                .is_some_and(|c| c.attempt == attempt && c.state == State::Away);
+            if waiting {
+                self.tally.comeback.mark(unix_nanos() / 1_000_000, 1);
+                self.reopen(key);
             }
         }
     }
@@ -818,7 +926,7 @@ impl ClientLoop {
         let c = &mut self.tally.c;
         if matches!(conn.state, State::Open | State::Closing) {
             c.open_now = c.open_now.saturating_sub(1);
-            if conn.sent_at != 0 {
+            if conn.sent_at != 0 && self.plan.mode == Mode::Echo {
                 c.in_flight = c.in_flight.saturating_sub(1);
             }
         }
@@ -850,7 +958,7 @@ impl ClientLoop {
             }
             match conn.socket.take_error() {
                 Ok(None) => {}
-                Ok(Some(e)) | Err(e) => return self.remove(key, Some(io_reason(&e))),
+                Ok(Some(e)) | Err(e) => return self.lost(key, io_reason(&e)),
             }
             match conn.socket.peer_addr() {
                 Ok(_) => {}
@@ -859,21 +967,21 @@ impl ClientLoop {
                         || e.raw_os_error() == Some(libc::EINPROGRESS) =>
                 {
                     if closed {
-                        return self.remove(key, Some("reset".into()));
+                        return self.lost(key, "reset".into());
                     }
                     return;
                 }
-                Err(e) => return self.remove(key, Some(io_reason(&e))),
+                Err(e) => return self.lost(key, io_reason(&e)),
             }
             if let Err(e) = self.send_request(key) {
-                return self.remove(key, Some(io_reason(&e)));
+                return self.lost(key, io_reason(&e));
             }
         }
         if writable
             && let Some(conn) = self.conns.get_mut(key)
             && let Err(e) = flush(conn)
         {
-            return self.remove(key, Some(io_reason(&e)));
+            return self.lost(key, io_reason(&e));
         }
         if readable || closed {
             self.on_readable(key, closed);
@@ -910,6 +1018,10 @@ impl ClientLoop {
             }
             Transport::Sse => {
                 let last_id = match &conn.resume {
+                    Some(epoch) if epoch.starts_with(':') && conn.track.seen_any() => {
+                        format!("Last-Event-ID: {}{epoch}\r\n", conn.track.next - 1)
+                    }
+                    Some(epoch) if epoch.starts_with(':') => String::new(),
                     Some(id) => format!("Last-Event-ID: {id}\r\n"),
                     None => String::new(),
                 };
@@ -960,6 +1072,25 @@ impl ClientLoop {
             self.tally.c.opened += 1;
         }
         self.tally.c.open_now += 1;
+        // A poll is back when its answer comes (a 503 may come instead).
+        if self.plan.transport != Transport::Poll {
+            self.came_back(key);
+        }
+    }
+
+    /// A subscriber let go is subscribed again: its time away is counted and its
+    /// backoff starts over.
+    fn came_back(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if self.plan.mode == Mode::Push && conn.sent_at != 0 {
+            let away = (self.epoch.elapsed().as_nanos() as u64).saturating_sub(conn.sent_at);
+            self.tally.away.saturating_record((away / 1_000_000).max(1));
+            self.tally.comeback.mark(unix_nanos() / 1_000_000, 2);
+            conn.sent_at = 0;
+        }
+        conn.retries = 0;
     }
 
     fn on_readable(&mut self, key: usize, closed: bool) {
@@ -983,15 +1114,15 @@ impl ClientLoop {
                         State::Open => "closed by the server",
                         _ => "reset",
                     };
-                    return self.remove(key, Some(reason.into()));
+                    return self.lost(key, reason.into());
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return self.remove(key, Some(io_reason(&e))),
+                Err(e) => return self.lost(key, io_reason(&e)),
             };
             let alive = match (conn.state, self.plan.transport) {
-                (State::Connecting, _) => true,
+                (State::Connecting | State::Away, _) => true,
                 (State::Handshake, Transport::Poll) => self.on_poll(key, n),
                 (State::Handshake, _) => self.on_http(key, n),
                 (State::Open | State::Closing, Transport::Ws) => self.on_ws(key, 0, n),
@@ -1049,10 +1180,14 @@ impl ClientLoop {
         let sse = self.plan.transport == Transport::Sse;
         let wanted = if sse { 200 } else { 101 };
         if status != wanted {
-            self.remove(
-                key,
-                Some(format!("handshake rejected with status {status}")),
-            );
+            let reason = format!("handshake rejected with status {status}");
+            // A proxy with no server behind it (502, 504) or a draining server
+            // (503) says "come back"; a refusal (401, 403, 404 ...) is final.
+            if status >= 500 {
+                self.lost(key, reason);
+            } else {
+                self.remove(key, Some(reason));
+            }
             return false;
         }
         if !sse && !accept_ok {
@@ -1100,7 +1235,7 @@ impl ClientLoop {
         };
         let mut now_unix = 0;
         let seq_from = plan.seq_from;
-        let reconnects = plan.reconnect > 0.0;
+        let resumes = plan.reconnect > 0.0 || !plan.comeback_backoff.is_zero();
         let result = reader.feed(&buf[start..end], &mut |ev: &SseEvent| {
             match ev.kind.as_str() {
                 "" | "message" => {
@@ -1117,8 +1252,17 @@ impl ClientLoop {
             }
             // Only a subscriber that will reconnect needs its last id (kept
             // without an allocation per delivery otherwise).
-            if reconnects && let Some(id) = &ev.id {
-                conn.resume = Some(id.as_str().into());
+            if resumes && let Some(id) = &ev.id {
+                match (seq_from, id.find(':')) {
+                    // throng's ids are SEQ:EPOCH and the tracker has the seq: keep
+                    // ":EPOCH", which changes (and allocates) only with the epoch.
+                    (SeqFrom::Server, Some(at)) => {
+                        if conn.resume.as_deref() != Some(&id[at..]) {
+                            conn.resume = Some(id[at..].into());
+                        }
+                    }
+                    _ => conn.resume = Some(id.as_str().into()),
+                }
             }
         });
         let ended = reader.ended();
@@ -1129,7 +1273,7 @@ impl ClientLoop {
                 false
             }
             Ok(()) if ended => {
-                self.remove(key, Some("sse: the server ended the stream".into()));
+                self.lost(key, "sse: the server ended the stream".into());
                 false
             }
             Ok(()) => true,
@@ -1153,6 +1297,10 @@ impl ClientLoop {
         match poll_answer_bounds(bytes, false) {
             Ok(Some(body)) => self.on_poll_answer(key, body),
             Ok(None) => true,
+            Err(why) if why.starts_with("poll: status 5") => {
+                self.lost(key, why);
+                false
+            }
             Err(why) => {
                 self.remove(key, Some(why));
                 false
@@ -1166,26 +1314,23 @@ impl ClientLoop {
             return;
         };
         let Some(ReadState::Poll(bytes)) = conn.read.as_deref_mut() else {
-            return self.remove(key, Some("poll: closed before the answer".into()));
+            return self.lost(key, "poll: closed before the answer".into());
         };
         match poll_answer_bounds(bytes, true) {
             Ok(Some(body)) => {
                 self.on_poll_answer(key, body);
             }
-            Ok(None) => self.remove(key, Some("poll: closed before the answer".into())),
+            Ok(None) => self.lost(key, "poll: closed before the answer".into()),
+            Err(why) if why.starts_with("poll: status 5") || why.contains("closed before") => {
+                self.lost(key, why)
+            }
             Err(why) => self.remove(key, Some(why)),
         }
     }
 
     /// Counts a whole answer (body at `body` of the read bytes) and polls again.
     fn on_poll_answer(&mut self, key: usize, body: std::ops::Range<usize>) -> bool {
-        let ClientLoop {
-            conns,
-            tally,
-            plan,
-            seen_phase,
-            ..
-        } = self;
+        let ClientLoop { conns, tally, .. } = self;
         let Some(conn) = conns.get_mut(key) else {
             return false;
         };
@@ -1208,6 +1353,17 @@ impl ClientLoop {
             }
         };
         tally.c.frames_in += 1;
+        self.came_back(key);
+        let ClientLoop {
+            conns,
+            tally,
+            plan,
+            seen_phase,
+            ..
+        } = self;
+        let Some(conn) = conns.get_mut(key) else {
+            return false;
+        };
         // The first answer only tells where the channel is: what history held from
         // before the run is not this run's.
         if conn.cursor.is_some() {
@@ -1255,7 +1411,8 @@ impl ClientLoop {
             _ => Decoder::client(),
         };
         scratch.clear();
-        let mut close: Option<Option<u16>> = None;
+        // The close code, and whether it says "come back".
+        let mut close: Option<(Option<u16>, bool)> = None;
         let mut echoed = false;
         let mode = plan.mode;
         let seq_from = plan.seq_from;
@@ -1322,8 +1479,8 @@ impl ClientLoop {
                     encode_client_frame(scratch, opcode::PONG, true, p, next_mask(rng));
                 }
                 Event::Pong(_) => {}
-                Event::Close { code, .. } => {
-                    close = Some(code);
+                Event::Close { code, reason } => {
+                    close = Some((code, close_says_come_back(code, reason)));
                     return Flow::Stop;
                 }
             }
@@ -1341,7 +1498,7 @@ impl ClientLoop {
         if !dec.is_idle() {
             conn.read = Some(Box::new(ReadState::Ws(dec)));
         }
-        if let Some(code) = close {
+        if let Some((code, come_back)) = close {
             if conn.state == State::Open {
                 // Answer the close handshake before letting go.
                 scratch.clear();
@@ -1353,13 +1510,17 @@ impl ClientLoop {
                 Some(c) => format!("closed with code {c}"),
                 None => "closed with code (none)".into(),
             };
-            self.remove(key, Some(reason));
+            if come_back {
+                self.lost(key, reason);
+            } else {
+                self.remove(key, Some(reason));
+            }
             return false;
         }
         if !scratch.is_empty()
             && let Err(e) = send(conn, scratch)
         {
-            self.remove(key, Some(io_reason(&e)));
+            self.lost(key, io_reason(&e));
             return false;
         }
         if echoed && *seen_phase == phase::LOAD {
@@ -1398,7 +1559,7 @@ impl ClientLoop {
         );
         self.tally.c.messages_out += 1;
         if let Err(e) = send(conn, &self.scratch) {
-            self.remove(key, Some(io_reason(&e)));
+            self.lost(key, io_reason(&e));
             return false;
         }
         true
@@ -1493,7 +1654,9 @@ impl ClientLoop {
                 self.remove(key, Some("not open when the run ended".into()));
                 continue;
             }
-            self.sockets_open_end += 1;
+            if conn.state != State::Away {
+                self.sockets_open_end += 1;
+            }
             if self.plan.mode == Mode::Push {
                 let ch = self.plan.channel_of(u64::from(conn.index));
                 if let Some(agg) = self.channels.get_mut(ch) {
@@ -1547,10 +1710,47 @@ mod tests {
             seq_from: SeqFrom::Server,
             reconnect: 0.0,
             reconnect_interval: Duration::from_secs(2),
+            comeback_backoff: Duration::from_millis(500),
             conn_offset: 0,
             conns: 100,
             threads: 2,
             rate: 0.0,
+        }
+    }
+
+    #[test]
+    fn backoff_is_full_jitter_doubling_up_to_the_cap() {
+        let base = Duration::from_millis(500);
+        let mut rng = 0x1234_5678_9abc_def1;
+        for retries in 0..12u8 {
+            let ceiling = (base * (1u32 << retries)).min(BACKOFF_CAP);
+            let delays: Vec<Duration> = (0..2000)
+                .map(|_| backoff_delay(base, retries, &mut rng))
+                .collect();
+            assert!(delays.iter().all(|d| *d < ceiling), "retries {retries}");
+            // Spread over the whole window, not bunched: both ends are reached.
+            assert!(
+                delays.iter().any(|d| *d < ceiling / 10),
+                "retries {retries}"
+            );
+            assert!(
+                delays.iter().any(|d| *d > ceiling * 9 / 10),
+                "retries {retries}"
+            );
+        }
+        assert!(backoff_delay(base, 255, &mut rng) < BACKOFF_CAP);
+        assert_eq!(backoff_delay(Duration::ZERO, 3, &mut rng), Duration::ZERO);
+    }
+
+    #[test]
+    fn close_codes_say_come_back_or_stop_as_the_readme_table_does() {
+        for code in [1001, 1006, 1011, 1012, 1013] {
+            assert!(close_says_come_back(Some(code), ""), "{code}");
+        }
+        assert!(close_says_come_back(None, ""));
+        assert!(close_says_come_back(Some(1008), "slow consumer"));
+        for code in [1000, 1002, 1003, 1007, 1008, 1009, 4001] {
+            assert!(!close_says_come_back(Some(code), "other"), "{code}");
         }
     }
 

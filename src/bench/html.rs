@@ -1197,6 +1197,26 @@ fn fanout_section(out: &mut String, r: &Report) -> fmt::Result {
     if p.foreign_seqs > 0 {
         rows.push(("channels with others' publishes", thousands(p.foreign_seqs)));
     }
+    if p.comeback.lost > 0 {
+        let cb = &p.comeback;
+        rows.push(("let go by the server", thousands(cb.lost)));
+        rows.push(("came back", thousands(cb.back)));
+        rows.push((
+            "time away (median / p99 / max)",
+            format!(
+                "{} / {} / {} ms",
+                cb.away_median_ms, cb.away_p99_ms, cb.away_max_ms
+            ),
+        ));
+        rows.push((
+            "reconnect attempts (peak per 100 ms)",
+            format!(
+                "{} ({})",
+                thousands(cb.attempts),
+                thousands(cb.peak_attempts_per_100ms)
+            ),
+        ));
+    }
     kv_rows(out, &rows)?;
     out.push_str("</section>\n");
     Ok(())

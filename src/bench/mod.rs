@@ -396,6 +396,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     pub reconnect_interval: Duration,
 
+    /// push: a subscriber the server lets go with a "come back" signal (close
+    /// 1001, 1011, 1012, 1013 or 1008 "slow consumer", a reset, a refused connect,
+    /// an ended stream, a 5xx) comes back after a random delay in
+    /// [0, DURATION * 2^tries) (at most 15 s) and resumes; 0: it is dropped
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
+    pub backoff: Duration,
+
     /// chat: members per room (room i holds connections i*size ..)
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub room_size: u64,
@@ -610,6 +617,7 @@ impl BenchArgs {
             seq_from: self.seq_from,
             reconnect: self.reconnect,
             reconnect_interval: self.reconnect_interval,
+            comeback_backoff: self.backoff,
             conn_offset: self.conn_offset,
             conns: self.conns,
             threads: self.threads(),
@@ -670,6 +678,8 @@ impl BenchArgs {
             self.reconnect.to_string(),
             "--reconnect-interval".into(),
             ms(self.reconnect_interval),
+            "--backoff".into(),
+            ms(self.backoff),
             "--child-index".into(),
             index.to_string(),
             "--conn-offset".into(),
@@ -747,6 +757,14 @@ impl BenchArgs {
                         ),
                     ));
                 }
+                s.push((
+                    "come back",
+                    if self.backoff.is_zero() {
+                        "no: a subscriber let go is dropped".into()
+                    } else {
+                        format!("full-jitter backoff from {}", d(self.backoff))
+                    },
+                ));
             }
             Mode::Chat => {
                 s.push(("room size", self.room_size.to_string()));

@@ -249,6 +249,99 @@ impl PublishSummary {
     }
 }
 
+/// Push: subscribers the server let go of with a "come back" signal (1001, a
+/// reset, a 502 from a proxy ...), and how they came back (`--backoff`).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComebackTally {
+    /// Times a subscriber was let go and set to come back.
+    pub lost: u64,
+    /// Times one was back: its request sent again on a new connection.
+    pub back: u64,
+    /// Connect attempts made to come back, the failed ones included.
+    pub attempts: u64,
+    /// Time away per return, in ms, as histogram pairs.
+    pub away_ms: Vec<[u64; 2]>,
+    /// Per 100 ms of wall-clock time (unix ms / 100): [lost, attempts, back].
+    pub curve: BTreeMap<u64, [u64; 3]>,
+    /// Why they were let go, and why tries to come back failed.
+    pub reasons: BTreeMap<String, u64>,
+}
+
+impl ComebackTally {
+    /// Counts one event in the 100 ms slot of `unix_ms`: 0 lost, 1 attempt, 2 back.
+    pub fn mark(&mut self, unix_ms: u64, what: usize) {
+        self.curve.entry(unix_ms / 100).or_default()[what] += 1;
+        match what {
+            0 => self.lost += 1,
+            1 => self.attempts += 1,
+            _ => self.back += 1,
+        }
+    }
+
+    pub fn merge(&mut self, o: &ComebackTally) {
+        self.lost += o.lost;
+        self.back += o.back;
+        self.attempts += o.attempts;
+        let mut h = new_histogram();
+        add_pairs(&mut h, &self.away_ms);
+        add_pairs(&mut h, &o.away_ms);
+        self.away_ms = histogram_pairs(&h);
+        for (slot, v) in &o.curve {
+            let mine = self.curve.entry(*slot).or_default();
+            for (m, t) in mine.iter_mut().zip(v) {
+                *m += t;
+            }
+        }
+        for (k, v) in &o.reasons {
+            *self.reasons.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
+/// Push: how the subscribers the server let go came back, as reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComebackReport {
+    pub lost: u64,
+    pub back: u64,
+    /// Still away when the run ended.
+    pub away_at_end: u64,
+    pub attempts: u64,
+    /// Time from being let go to being back, in ms.
+    pub away_median_ms: u64,
+    pub away_p99_ms: u64,
+    pub away_max_ms: u64,
+    /// The busiest 100 ms for connect attempts, and for returns.
+    pub peak_attempts_per_100ms: u64,
+    pub peak_back_per_100ms: u64,
+    /// Why they were let go, and why tries to come back failed.
+    pub reasons: BTreeMap<String, u64>,
+    /// The reconnect curve: [unix ms, lost, attempts, back] per 100 ms slot with any.
+    pub curve: Vec<[u64; 4]>,
+}
+
+impl ComebackReport {
+    pub fn build(t: &ComebackTally) -> ComebackReport {
+        let away = Latency::from_pairs(&t.away_ms);
+        ComebackReport {
+            lost: t.lost,
+            back: t.back,
+            away_at_end: t.lost.saturating_sub(t.back),
+            attempts: t.attempts,
+            away_median_ms: away.median_us,
+            away_p99_ms: away.p99_us,
+            away_max_ms: away.max_us,
+            peak_attempts_per_100ms: t.curve.values().map(|v| v[1]).max().unwrap_or(0),
+            peak_back_per_100ms: t.curve.values().map(|v| v[2]).max().unwrap_or(0),
+            reasons: t.reasons.clone(),
+            curve: t
+                .curve
+                .iter()
+                .map(|(slot, v)| [slot * 100, v[0], v[1], v[2]])
+                .collect(),
+        }
+    }
+}
+
 /// Everything one process measured; children print it as JSON for their parent.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RawResult {
@@ -264,6 +357,8 @@ pub struct RawResult {
     pub latency_us: Vec<[u64; 2]>,
     pub seq: SeqCounts,
     pub channels: Vec<ChannelAgg>,
+    #[serde(default)]
+    pub comeback: ComebackTally,
     pub cpu_secs: f64,
     pub max_rss_kb: u64,
     /// VmRSS before the first connect and when the load started.
@@ -300,6 +395,7 @@ impl RawResult {
         for (mine, theirs) in self.channels.iter_mut().zip(&o.channels) {
             mine.add(theirs);
         }
+        self.comeback.merge(&o.comeback);
         self.cpu_secs += o.cpu_secs;
         self.max_rss_kb += o.max_rss_kb;
         self.rss_before_kb += o.rss_before_kb;
@@ -357,6 +453,9 @@ pub struct PushReport {
     pub reconnects: u64,
     /// Gaps the server reported to resuming subscribers.
     pub server_reported_gaps: u64,
+    /// Subscribers the server let go with a "come back" signal, and their return.
+    #[serde(default)]
+    pub comeback: ComebackReport,
 }
 
 impl PushReport {
@@ -386,6 +485,7 @@ impl PushReport {
             foreign_seqs: foreign,
             reconnects: raw.counters.reconnects,
             server_reported_gaps: raw.seq.reported_gaps,
+            comeback: ComebackReport::build(&raw.comeback),
         }
     }
 }
@@ -605,6 +705,24 @@ impl Report {
                     p.reconnects, p.server_reported_gaps
                 );
             }
+            let cb = &p.comeback;
+            if cb.lost > 0 {
+                let _ = writeln!(
+                    s,
+                    "came back:        {} of {} let go by the server ({} still away at the end); away median {} ms, p99 {} ms, max {} ms; {} connect attempts, at most {} per 100 ms",
+                    cb.back,
+                    cb.lost,
+                    cb.away_at_end,
+                    cb.away_median_ms,
+                    cb.away_p99_ms,
+                    cb.away_max_ms,
+                    cb.attempts,
+                    cb.peak_attempts_per_100ms
+                );
+                for (reason, n) in &cb.reasons {
+                    let _ = writeln!(s, "  let go: {reason}: {n}");
+                }
+            }
             for (reason, n) in &p.publish_errors_by_reason {
                 let _ = writeln!(s, "  publish failed: {reason}: {n}");
             }
@@ -797,6 +915,40 @@ pub fn proc_status_kb(field: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comebacks_merge_and_report_the_curve_and_time_away() {
+        let mut a = ComebackTally::default();
+        a.mark(1_000_050, 0);
+        a.mark(1_000_120, 1);
+        a.mark(1_000_180, 1);
+        a.mark(1_000_250, 2);
+        *a.reasons.entry("closed with code 1001".into()).or_default() += 1;
+        let mut h = new_histogram();
+        h.saturating_record(200);
+        a.away_ms = histogram_pairs(&h);
+        let mut b = ComebackTally::default();
+        b.mark(1_000_099, 0);
+        b.mark(1_000_130, 1);
+        *b.reasons.entry("closed with code 1001".into()).or_default() += 1;
+        let mut merged = a.clone();
+        merged.merge(&b);
+        assert_eq!((merged.lost, merged.attempts, merged.back), (2, 3, 1));
+        let r = ComebackReport::build(&merged);
+        assert_eq!(r.away_at_end, 1);
+        assert_eq!(r.away_median_ms, 200);
+        assert_eq!(r.peak_attempts_per_100ms, 3);
+        assert_eq!(r.peak_back_per_100ms, 1);
+        assert_eq!(r.reasons["closed with code 1001"], 2);
+        assert_eq!(
+            r.curve,
+            vec![
+                [1_000_000, 2, 0, 0],
+                [1_000_100, 0, 3, 0],
+                [1_000_200, 0, 0, 1]
+            ]
+        );
+    }
 
     fn feed(t: &mut SeqTrack, seqs: &[u64]) -> SeqCounts {
         let mut c = SeqCounts::default();

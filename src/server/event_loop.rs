@@ -43,6 +43,10 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often loop 0 gives the broker its housekeeping turn.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
+/// During a drain, plain HTTP connections (a proxy's kept-alive ones, those just
+/// taken from the accept queue) get this long to send a request already on its
+/// way; it is answered with `Connection: close`, the idle ones then close.
+const DRAIN_GRACE: Duration = Duration::from_millis(250);
 
 pub const WAKER: Token = Token(usize::MAX);
 const LISTENER_BASE: usize = usize::MAX / 2;
@@ -80,6 +84,8 @@ pub struct EventLoop {
     handshake_ticks: Tick,
     ping_seq: u32,
     drain_deadline: Option<Instant>,
+    /// Until when plain HTTP connections may still send a request during a drain.
+    drain_grace: Option<Instant>,
     now: Tick,
 }
 
@@ -122,6 +128,7 @@ impl EventLoop {
             next_maintain: ticks(MAINTAIN_EVERY),
             ping_seq: 0,
             drain_deadline: None,
+            drain_grace: None,
             now: 0,
         })
     }
@@ -182,6 +189,12 @@ impl EventLoop {
 
             if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
                 self.begin_drain();
+            }
+            if let Some(grace) = self.drain_grace
+                && Instant::now() >= grace
+            {
+                self.drain_grace = None;
+                self.close_idle_http();
             }
             if let Some(deadline) = self.drain_deadline
                 && (self.conns.is_empty() || Instant::now() >= deadline)
@@ -393,6 +406,7 @@ impl EventLoop {
             Session::Poll(_) => LoopCounters::add(&self.counters.poll, 1),
             _ => {}
         }
+        let head_at = self.out.len();
         opening.handover.write_head(&mut self.out);
         if let Some(subscribe) = opening.subscribe {
             let client = self.shared.next_client_id();
@@ -438,8 +452,21 @@ impl EventLoop {
                     tracing::warn!(error = %e, channel, "subscribe failed");
                     self.turn
                         .handshake_failed(HandshakeFailure::BrokerUnavailable);
-                    conn.session
-                        .write_close(&mut self.out, CloseReason::Unavailable);
+                    if matches!(conn.session, Session::WebSocket(_)) {
+                        conn.session
+                            .write_close(&mut self.out, CloseReason::Unavailable);
+                    } else {
+                        // SSE and long-poll have not answered yet: a 503 instead of
+                        // their head says "come back" to EventSource, proxies and
+                        // clients alike (an empty 200 stream or a bare EOF would not).
+                        self.out.truncate(head_at);
+                        write_error(
+                            &mut self.out,
+                            503,
+                            "broker unavailable, retry later",
+                            &[("Retry-After", "1")],
+                        );
+                    }
                     self.send_out(key, After::Close);
                     return;
                 }
@@ -663,7 +690,16 @@ impl EventLoop {
     }
 
     fn begin_drain(&mut self) {
-        self.drain_deadline = Some(Instant::now() + self.shared.config.drain_timeout);
+        let now = Instant::now();
+        self.drain_deadline = Some(now + self.shared.config.drain_timeout);
+        self.drain_grace = Some(now + DRAIN_GRACE);
+        // Closing a listener resets the connections still in its accept queue,
+        // requests and all: take them in first, to answer them.
+        if self.accept.paused_until.is_none() {
+            for index in 0..self.accept.listeners.len() {
+                self.accept_from(index);
+            }
+        }
         for mut listener in self.accept.listeners.drain(..) {
             let _ = self.poll.registry().deregister(&mut listener);
         }
@@ -674,11 +710,40 @@ impl EventLoop {
             .map(|(k, c)| (k, c.session.is_counted()))
             .collect();
         for (key, open) in keys {
-            if open {
-                self.close_with(key, CloseReason::Shutdown);
-            } else {
-                self.drop_conn(key);
+            if !open {
+                // A request already in the socket is answered first (with
+                // `Connection: close`, as the server drains): closing over unread
+                // input resets the connection, and a proxy cannot retry a POST
+                // that met a reset.
+                self.on_readable(key, false);
             }
+            let Some(conn) = self.conns.get(key) else {
+                continue;
+            };
+            if conn.phase != Phase::Active {
+                // Closing after its last answer.
+                continue;
+            }
+            if conn.session.is_counted() {
+                self.close_with(key, CloseReason::Shutdown);
+            }
+            // Plain HTTP connections get DRAIN_GRACE for a request on its way.
+        }
+    }
+
+    /// The drain's grace is over: closes the plain HTTP connections that are idle
+    /// (one answering its last request closes when that is written).
+    fn close_idle_http(&mut self) {
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.phase == Phase::Active && !c.session.is_counted() && c.out.is_empty()
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for key in idle {
+            self.drop_conn(key);
         }
     }
 }

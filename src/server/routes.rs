@@ -71,6 +71,22 @@ pub fn route(
     if path == "/" && !req.wants_upgrade() {
         return page(req, path, ctx, out);
     }
+    let stays_open = path == "/"
+        || path == "/echo"
+        || ["/ws/", "/sse/", "/poll/"]
+            .iter()
+            .any(|p| path.starts_with(p));
+    if stays_open && ctx.shared.shutdown.load(Ordering::Relaxed) {
+        // A draining server takes no new subscriber: 503 says "come back" (to
+        // another node, through a proxy) to browsers, throng.js and the bench.
+        http::write_error(
+            out,
+            503,
+            "draining: the server is shutting down",
+            &[("Retry-After", "1")],
+        );
+        return Outcome::Responded;
+    }
     if path == "/" || path == "/echo" {
         if let Err(e) = check_origin(req, ctx.shared) {
             return refuse_auth(out, counts, &e);
@@ -626,6 +642,17 @@ fn channel_info(
 ) -> Outcome {
     if let Err(e) = validate_channel_name(channel) {
         http::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    if !ctx.shared.broker.healthy() {
+        // Without the broker the channel's place is unknown; zeros would mislead
+        // a client that resumes from them (throng.js's `since: "now"`).
+        http::write_error(
+            out,
+            503,
+            "broker unavailable, retry later",
+            &[("Retry-After", "1")],
+        );
         return Outcome::Responded;
     }
     let info = ctx.shared.broker.channel_info(channel);

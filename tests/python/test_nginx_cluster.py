@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_CONF = ROOT / "deploy/nginx.conf"
 
 
-def fronting(node_ports: list[int]):
-    """deploy/nginx.conf with its upstream pointed at the nodes, round-robin."""
+def fronting(node_ports: list[int], worker_connections: int = 1024):
+    """deploy/nginx.conf with its upstream pointed at the nodes, round-robin. Each
+    client through nginx takes two of its `worker_connections` (one upstream)."""
     site = DEPLOY_CONF.read_text()
     servers = "\n".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;" for p in node_ports)
     site, n = re.subn(r"(?m)^    server 127\.0\.0\.1:\d+ .*\n(    server 127\.0\.0\.1:\d+ .*\n)*", servers + "\n", site)
@@ -37,9 +38,10 @@ def fronting(node_ports: list[int]):
         return f"""{user}
 daemon off;
 worker_processes 1;
+worker_rlimit_nofile {worker_connections + 100};
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
-events {{ worker_connections 1024; }}
+events {{ worker_connections {worker_connections}; }}
 http {{
     access_log off;
     client_body_temp_path {d}/tmp/body;
