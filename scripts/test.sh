@@ -7,7 +7,7 @@
 # free port and stops by pid.
 #
 # Usage: scripts/test.sh [--quick]     (--quick skips Autobahn)
-# Also: a 20-second smoke of each fuzz target (scripts/fuzz.sh).
+# Also: a 30-second smoke of each fuzz target (scripts/fuzz.sh).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -91,7 +91,7 @@ step "go integration tests (gorilla/websocket)"
 # docs/RELIABILITY.md): libFuzzer needs a nightly compiler, which scripts/fuzz.sh
 # installs with rustup when it is missing, and cargo-fuzz from crates.io.
 step "fuzz smoke: 20 s per cargo-fuzz target"
-scripts/fuzz.sh --seconds 20
+scripts/fuzz.sh --seconds 30
 
 if [[ $QUICK == 0 ]]; then
     step "Autobahn TestSuite cases 1-10 against throng"

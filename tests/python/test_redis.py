@@ -273,7 +273,7 @@ def test_what_another_program_publishes_into_redis_is_delivered_without_a_seq(cl
     run(main())
 
 
-def test_redis_down_gives_503_and_subscribers_stay_then_everything_resumes(cluster, redis):
+def test_redis_down_gives_503_and_subscribers_stay_then_everything_resumes(cluster, redis, request):
     a, b = cluster
 
     async def main():
@@ -289,6 +289,17 @@ def test_redis_down_gives_503_and_subscribers_stay_then_everything_resumes(clust
             wait_healthy(b.port, healthy=False)
             # The subscriber is still connected while Redis is away.
             await ws.ping()
+            # Channel lookups are told to come back (a 503, not a channel at seq 0);
+            # so are new subscribers when joining needs Redis (per-channel
+            # subscriptions: not an empty event stream or a bare EOF). With one
+            # pattern subscription a node can take them in and wait.
+            paths = ["/api/channels/fault"]
+            if request.node.callspec.params["cluster"] == "channels":
+                paths += ["/sse/fault", "/poll/fault?since=1&timeout=1", "/poll/fault?timeout=0"]
+            for path in paths:
+                resp = http_request(a.port, "GET", path)
+                assert resp.status == 503, f"{path}: {resp.status} {resp.body[:200]!r}"
+                assert "broker unavailable" in resp.json()["error"], f"{path}: {resp.json()}"
             redis.start()
             wait_healthy(a.port)
             wait_healthy(b.port)

@@ -96,3 +96,80 @@ def test_no_new_connections_after_shutdown(start_server):
             socket.create_connection(("127.0.0.1", srv.port), timeout=1).close()
 
     run(main())
+
+
+def read_http_answer(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """Everything the server sends until it closes (an answer with Connection: close)."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            raise AssertionError(f"connection reset after {data!r}")
+        if not chunk:
+            return data
+        data += chunk
+
+
+def kept_alive(port: int) -> socket.socket:
+    """A plain HTTP connection the server has accepted and answered once."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.settimeout(5)
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200"), "healthz"
+    return sock
+
+
+def test_a_request_on_a_kept_alive_connection_during_the_drain_is_answered(start_server):
+    """A proxy's pooled connection that sends a publish as the node starts draining
+    gets its answer (and Connection: close), not a reset a proxy could not retry."""
+    srv = start_server("--drain-timeout", "5s")
+    holder = raw_connect(srv.port)  # keeps the drain going past the grace
+    sock = kept_alive(srv.port)
+    try:
+        srv.signal(signal.SIGTERM)
+        time.sleep(0.02)
+        sock.sendall(b"POST /api/publish/drain HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+        answer = read_http_answer(sock)
+        head = answer.split(b"\r\n\r\n", 1)[0].lower()
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert b"connection: close" in head, answer
+    finally:
+        sock.close()
+        holder.close()
+    assert srv.wait(10) == 0
+
+
+@pytest.mark.parametrize("path", ["/sse/drain", "/poll/drain?timeout=5", "/ws/drain"])
+def test_a_new_subscriber_during_the_drain_gets_503(start_server, path):
+    srv = start_server("--drain-timeout", "5s")
+    holder = raw_connect(srv.port)
+    sock = kept_alive(srv.port)
+    try:
+        srv.signal(signal.SIGTERM)
+        time.sleep(0.02)
+        upgrade = ("Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n") if path.startswith("/ws/") else ""
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{upgrade}\r\n".encode())
+        answer = read_http_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"draining" in answer, answer
+    finally:
+        sock.close()
+        holder.close()
+    assert srv.wait(10) == 0
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_grace(start_server):
+    """An idle pooled connection does not hold the drain up to --drain-timeout."""
+    srv = start_server("--drain-timeout", "20s")
+    sock = kept_alive(srv.port)
+    try:
+        t0 = time.monotonic()
+        srv.signal(signal.SIGTERM)
+        assert read_http_answer(sock, timeout=10) == b""
+        assert srv.wait(10) == 0
+        assert time.monotonic() - t0 < 10, "the idle connection held the drain"
+    finally:
+        sock.close()
