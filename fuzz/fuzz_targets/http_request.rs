@@ -17,7 +17,9 @@
 //!   transport opening (whose upgrade `validate_upgrade` accepts with the same key,
 //!   whose channel and client name are valid), or a publish waiting for its body;
 //!   keep-alive only for HTTP/1.1 without `Connection: close` on a server not
-//!   draining. On `/` and `/echo` upgrades the answer is what `validate_upgrade` says.
+//!   draining. A draining server opens nothing: every `/`, `/echo`, `/ws/`, `/sse/`
+//!   and `/poll/` request gets 503. Otherwise, on `/` and `/echo` upgrades the
+//!   answer is what `validate_upgrade` says.
 //!   With `--token-secret`, nothing subscribes without a token (`?token=` or
 //!   `Authorization: Bearer`) and every subscription carries its expiry; with
 //!   `--allowed-origin`, nothing opens for a page from another `Origin` (403).
@@ -99,6 +101,7 @@ fn query_param<'a>(req: &Request<'a>, key: &str) -> Option<&'a str> {
 fn check_opening(req: &Request<'_>, opening: &Opening, options: Options) {
     let path = req.path();
     assert_eq!(req.method, "GET");
+    assert!(!options.draining, "a draining server opened a connection");
     assert!(
         origin_allowed(req, options),
         "opened for a page from another origin"
@@ -209,10 +212,14 @@ fn check_route(raw: &[u8], setup: &Setup) {
     // The handshake: on `/` and `/echo`, an upgrade opens exactly when it is valid,
     // and is refused with the status of its defect otherwise.
     let path = req.path();
-    // A page from an origin `--allowed-origin` does not list is refused (403) first.
+    // While draining every upgrade gets 503 (come back elsewhere); otherwise a page
+    // from an origin `--allowed-origin` does not list is refused (403) first.
     if req.wants_upgrade() && (path == "/" || path == "/echo") {
         let status = response.map(|r| r.status);
-        if !origin_allowed(&req, setup.options) {
+        if setup.options.draining {
+            // A draining server takes no new connection, whatever its defects.
+            assert_eq!(status, Some(503));
+        } else if !origin_allowed(&req, setup.options) {
             assert_eq!(status, Some(403));
         } else {
             match validate_upgrade(&req) {
