@@ -157,7 +157,10 @@ def start_bench(args, proxy_port: int, transport: str, conns: int, rate: float, 
            "--conns", str(conns), "--channels", "1", "--channel-prefix", channel,
            "--publish-rate", f"{rate:g}", "--publish-url", f"http://127.0.0.1:{proxy_port}",
            "--duration", f"{duration:g}s", "--rate", "2000", "--backoff", args.backoff,
-           "--threads", "1", "--json", "--allow-failures"]
+           "--threads", "1", "--json", "--allow-failures",
+           # Redis fsyncs every write (appendfsync always), so one publish takes a
+           # disk flush: one request at a time would cap a channel near 30/s.
+           "--publishers", "4"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -175,9 +178,10 @@ def run_scenario(args, scenario: str) -> dict:
         rss_before = {n.name: n.rss_kib() for n in nodes}
         active = [t for t in TRANSPORTS if counts[t] > 0]
         # The fault plays out within the load; it then runs on long enough for
-        # everyone to come back and catch up.
+        # everyone to come back and catch up: a subscriber refused all through the
+        # fault may be in its longest backoff wait (at most 15 s) when it ends.
         faults = 2 if scenario == "rolling" else 1
-        duration = 3 + faults * args.gap + 12
+        duration = 3 + faults * args.gap + 20
         for t in active:
             benches[t] = start_bench(args, proxy.port, t, counts[t], args.rate / len(active), duration,
                                      scenario)
