@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""A million concurrent WebSockets on this machine, server and load generator both.
+
+One process here may hold at most 20,000 open files (a hard limit root cannot raise:
+docs/TUNE.md), so the server runs as `throng serve --workers W` joined through a
+Redis started here, and the load as `throng bench push --procs P`, client source
+addresses spread over 127.0.0.x. Every subscriber joins one channel over
+`/ws/{channel}?format=json`, answers the server's pings, and gets the broadcasts
+the bench publishes (one when all are open, one --broadcast-every later): the
+bench checks each one reached every subscriber exactly once.
+
+While it runs, this script samples once a second: the server's and the bench's
+processes (RSS, CPU), /proc/meminfo (Slab, SUnreclaim), /proc/net/sockstat (TCP
+sockets in use, TCP memory pages). It writes, in --out:
+
+  million-STAMP.json   the settings, the bench's JSON, the samples and the summary
+  million-STAMP.csv    the samples
+  million-STAMP.svg    a chart: connections, server RSS and kernel slab over the run
+  million-STAMP.html   the bench's own HTML report (latency, timeline, failures)
+
+and prints the summary as a Markdown table (docs/SCALE.md).
+
+Before loading it runs `throng tune --conns N --loopback --apply`, which raises the
+/proc/sys values a million connections need (tcp_mem above all) and says what it
+cannot (the open-files limit: hence --workers and --procs).
+
+Usage (as root; redis-server from scripts/test.sh's installs):
+  python3 bench/million.py [--conns 1000000] [--workers auto] [--procs auto]
+      [--rate 25000] [--hold 50s] [--broadcast-every 40s] [--ping-interval 25s]
+      [--bin target/release/throng] [--out bench/results]
+Exit status: the bench's (1 if any connection failed or dropped, or a message was
+lost), 2 for a usage or setup error.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(check, timeout: float, what: str) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if check():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def connectable(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def http_get(port: int, path: str) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def duration_secs(text: str) -> float:
+    for suffix, mult in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * mult
+    return float(text)
+
+
+def tree(pid: int) -> list[int]:
+    """pid and every descendant."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def rss_and_ticks(pids: list[int]) -> tuple[int, int]:
+    rss_kib = ticks = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss_kib += int(line.split()[1])
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return rss_kib, ticks
+
+
+def meminfo() -> dict[str, int]:
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            out[k] = int(v.split()[0])
+    return out
+
+
+def sockstat() -> tuple[int, int]:
+    """TCP sockets in use, TCP memory in pages."""
+    with open("/proc/net/sockstat") as f:
+        for line in f:
+            if line.startswith("TCP:"):
+                parts = line.split()
+                vals = dict(zip(parts[1::2], parts[2::2]))
+                return int(vals["inuse"]), int(vals["mem"])
+    return 0, 0
+
+
+class Sampler(threading.Thread):
+    def __init__(self, server_pid: int) -> None:
+        super().__init__(daemon=True)
+        self.server_pid = server_pid
+        self.bench_pid: int | None = None
+        self.samples: list[dict] = []
+        self.stop_flag = threading.Event()
+        self.t0 = time.time()
+
+    def sample(self) -> dict:
+        srv_rss, srv_ticks = rss_and_ticks(tree(self.server_pid))
+        b_rss, b_ticks = rss_and_ticks(tree(self.bench_pid)) if self.bench_pid else (0, 0)
+        mi = meminfo()
+        inuse, mem_pages = sockstat()
+        return {
+            "t": round(time.time() - self.t0, 2),
+            "server_rss_kib": srv_rss,
+            "server_cpu_secs": srv_ticks / TICK,
+            "bench_rss_kib": b_rss,
+            "bench_cpu_secs": b_ticks / TICK,
+            "slab_kib": mi["Slab"],
+            "sunreclaim_kib": mi["SUnreclaim"],
+            "mem_available_kib": mi["MemAvailable"],
+            "tcp_inuse": inuse,
+            "tcp_mem_pages": mem_pages,
+        }
+
+    def run(self) -> None:
+        while not self.stop_flag.is_set():
+            self.samples.append(self.sample())
+            self.stop_flag.wait(1.0)
+
+
+def svg_chart(samples: list[dict], timeline: list[dict], t_load: float, title: str) -> str:
+    """Connections (bench timeline), server RSS and kernel slab against time."""
+    w, h, left, right, top, bottom = 900, 420, 70, 70, 40, 50
+    pw, ph = w - left - right, h - top - bottom
+    tmax = max(s["t"] for s in samples) or 1
+    conns = [(t_load + p["t_secs"], p["open"]) for p in timeline]
+    cmax = max([c for _, c in conns] + [1])
+    slab0 = samples[0]["slab_kib"]
+    mib = [(s["t"], s["server_rss_kib"] / 1024, (s["slab_kib"] - slab0) / 1024) for s in samples]
+    mmax = max([max(r, k) for _, r, k in mib] + [1])
+
+    def x(t: float) -> float:
+        return left + pw * max(0.0, t) / tmax
+
+    def line(points, ymax, color, dash=""):
+        d = " ".join(f"{'M' if i == 0 else 'L'}{x(t):.1f},{top + ph - ph * v / ymax:.1f}"
+                     for i, (t, v) in enumerate(points))
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        return f'<path d="{d}" fill="none" stroke="{color}" stroke-width="2"{extra}/>'
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+             f'font-family="sans-serif" font-size="12">',
+             f'<rect width="{w}" height="{h}" fill="white"/>',
+             f'<text x="{left}" y="22" font-size="15" font-weight="bold">{title}</text>',
+             f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>']
+    for i in range(6):
+        y = top + ph - ph * i / 5
+        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#1f6feb">'
+                     f'{cmax * i / 5 / 1000:,.0f}k</text>')
+        parts.append(f'<text x="{left + pw + 6}" y="{y + 4:.1f}" fill="#b35900">{mmax * i / 5:,.0f}</text>')
+    step = max(10, int(math.ceil(tmax / 10 / 10)) * 10)
+    for t in range(0, int(tmax) + 1, step):
+        parts.append(f'<text x="{x(t):.1f}" y="{top + ph + 16}" text-anchor="middle">{t}</text>')
+    parts.append(f'<text x="{left + pw / 2}" y="{h - 12}" text-anchor="middle">seconds since the server started</text>')
+    parts.append(f'<text x="14" y="{top + ph / 2}" fill="#1f6feb" transform="rotate(-90 14 {top + ph / 2})" '
+                 f'text-anchor="middle">open connections (bench)</text>')
+    parts.append(f'<text x="{w - 14}" y="{top + ph / 2}" fill="#b35900" transform="rotate(90 {w - 14} {top + ph / 2})" '
+                 f'text-anchor="middle">MiB</text>')
+    parts.append(line(conns, cmax, "#1f6feb"))
+    parts.append(line([(t, k) for t, _, k in mib], mmax, "#b35900"))
+    parts.append(line([(t, r) for t, r, _ in mib], mmax, "#2da44e", "6 3"))
+    lx = left + 10
+    for i, (label, color) in enumerate((("open connections", "#1f6feb"),
+                                         ("kernel slab growth, MiB (both ends' sockets)", "#b35900"),
+                                         ("server RSS, all workers, MiB", "#2da44e"))):
+        y = top + 16 + 16 * i
+        parts.append(f'<line x1="{lx}" x2="{lx + 20}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="2"/>')
+        parts.append(f'<text x="{lx + 26}" y="{y}">{label}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=str(ROOT / "target/release/throng"))
+    ap.add_argument("--conns", type=int, default=1_000_000)
+    ap.add_argument("--workers", default="auto", help="server processes (auto: what throng tune plans)")
+    ap.add_argument("--procs", default="auto", help="bench processes (auto: what throng tune plans)")
+    ap.add_argument("--rate", type=int, default=25_000, help="new connections per second, all together")
+    ap.add_argument("--hold", default="50s", help="how long the load runs once every connection is open")
+    ap.add_argument("--broadcast-every", default="40s", help="one broadcast when all are open, then one this often")
+    ap.add_argument("--ping-interval", default="25s")
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    args = ap.parse_args()
+
+    binary = Path(args.bin)
+    if not binary.exists():
+        print(f"no throng binary at {binary}: cargo build --release", file=sys.stderr)
+        return 2
+    redis_bin = shutil.which("redis-server")
+    if not redis_bin:
+        print("redis-server is needed (scripts/test.sh installs it)", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+
+    tune = subprocess.run([str(binary), "tune", "--conns", str(args.conns), "--loopback", "--apply", "--json"],
+                          capture_output=True, text=True)
+    plan = json.loads(tune.stdout)
+    print(f"tune --apply: {json.dumps(plan.get('applied'))}", file=sys.stderr)
+    p = plan.get("plan") or {}
+    workers = int(p.get("workers", 1)) if args.workers == "auto" else int(args.workers)
+    procs = int(p.get("procs", 1)) if args.procs == "auto" else int(args.procs)
+    # One source address reaches one server port from the ephemeral range; spread
+    # the client sockets over enough of 127.0.0.x, with room to spare.
+    lo, hi = (int(v) for v in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    n_ips = min(253, max(2, math.ceil(args.conns / (hi - lo + 1) * 1.5)))
+    source_ips = f"127.0.0.2-127.0.0.{1 + n_ips}"
+
+    port, redis_port = free_port(), free_port()
+    tmp = tempfile.TemporaryDirectory(prefix="throng-million-")
+    procs_to_stop: list[subprocess.Popen] = []
+    try:
+        redis = subprocess.Popen([redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", tmp.name],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        procs_to_stop.append(redis)
+        wait_for(lambda: connectable(redis_port), 10, "redis-server")
+        serve_cmd = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--workers", str(workers),
+                     "--threads", "1", "--broker", f"redis://127.0.0.1:{redis_port}",
+                     "--ping-interval", args.ping_interval, "--stats-interval", "0",
+                     "--history-size", "10"]
+        server = subprocess.Popen(serve_cmd, stdout=subprocess.DEVNULL, stderr=open(Path(tmp.name) / "serve.log", "w"),
+                                  stdin=subprocess.DEVNULL)
+        procs_to_stop.append(server)
+        wait_for(lambda: connectable(port) and http_get(port, "/healthz")[0] == 200, 60, "the server's workers")
+        wait_for(lambda: len(tree(server.pid)) >= workers + 1, 60, "every worker")
+        time.sleep(2)
+        sampler = Sampler(server.pid)
+        base = sampler.sample()
+        sampler.start()
+
+        hold = duration_secs(args.hold)
+        every = duration_secs(args.broadcast_every)
+        report_html = out_dir / f"million-{stamp}.html"
+        bench_cmd = [str(binary), "bench", "push", "--url", f"ws://127.0.0.1:{port}/ws/{{channel}}?format=json",
+                     "--conns", str(args.conns), "--procs", str(procs), "--source-ips", source_ips,
+                     "--rate", str(args.rate), "--channels", "1", "--channel-prefix", "million-",
+                     "--publish-rate", f"{1 / every:g}", "--publishers", "1", "--duration", f"{hold:g}s",
+                     "--connect-timeout", "30s", "--grace", "15s", "--interval", "5s",
+                     "--json", "--report", str(report_html)]
+        print("$ " + " ".join(serve_cmd), file=sys.stderr)
+        print("$ " + " ".join(bench_cmd), file=sys.stderr)
+        t_bench = time.time() - sampler.t0
+        bench = subprocess.Popen(bench_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs_to_stop.append(bench)
+        sampler.bench_pid = bench.pid
+        stderr_lines: list[str] = []
+        t_loaded = [0.0]
+
+        def watch() -> None:
+            assert bench.stderr
+            for line in bench.stderr:
+                stderr_lines.append(line)
+                sys.stderr.write("  bench: " + line)
+                if "load for" in line and not t_loaded[0]:
+                    t_loaded[0] = time.time() - sampler.t0
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        out, _ = bench.communicate()
+        watcher.join(5)
+        sampler.stop_flag.set()
+        sampler.join(5)
+        try:
+            result = json.loads(out)
+        except json.JSONDecodeError:
+            print("the bench printed no JSON:\n" + "".join(stderr_lines[-40:]), file=sys.stderr)
+            return 2
+    finally:
+        for proc in reversed(procs_to_stop):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+    samples = sampler.samples
+    t_load = t_loaded[0] or t_bench
+    n = result["opened"]
+    # The moment every connection was open, and an idle window after the first
+    # broadcast has gone out and before the next one.
+    full = [s for s in samples if s["t"] >= t_load]
+    at_full = full[0] if full else samples[-1]
+    idle = [s for s in samples if t_load + 5 <= s["t"] <= t_load + min(every, hold) - 3]
+    idle_cores = ((idle[-1]["server_cpu_secs"] - idle[0]["server_cpu_secs"]) / (idle[-1]["t"] - idle[0]["t"])
+                  if len(idle) >= 2 else None)
+    bench_idle_cores = ((idle[-1]["bench_cpu_secs"] - idle[0]["bench_cpu_secs"]) / (idle[-1]["t"] - idle[0]["t"])
+                        if len(idle) >= 2 else None)
+    peak_rss = max(s["server_rss_kib"] for s in samples)
+    peak_slab = max(s["slab_kib"] for s in samples)
+    peak_inuse = max(s["tcp_inuse"] for s in samples)
+    summary = {
+        "connections_opened": n,
+        "connections_asked": args.conns,
+        "failed": result["failed"],
+        "dropped": result["dropped"],
+        "connect_secs": result["connect_secs"],
+        "connects_per_sec": n / result["connect_secs"] if result["connect_secs"] else None,
+        "server_workers": workers,
+        "bench_procs": procs,
+        "server_rss_base_kib": base["server_rss_kib"],
+        "server_rss_at_full_kib": at_full["server_rss_kib"],
+        "server_rss_peak_kib": peak_rss,
+        "server_userspace_bytes_per_conn": (at_full["server_rss_kib"] - base["server_rss_kib"]) * 1024 / max(n, 1),
+        "server_rss_per_worker_at_full_kib": at_full["server_rss_kib"] / workers,
+        "bench_rss_at_full_kib": at_full["bench_rss_kib"],
+        "slab_growth_kib": peak_slab - base["slab_kib"],
+        "kernel_bytes_per_socket": (peak_slab - base["slab_kib"]) * 1024 / max(2 * n, 1),
+        "tcp_inuse_peak": peak_inuse,
+        "tcp_mem_peak_pages": max(s["tcp_mem_pages"] for s in samples),
+        "pings_received": result["pings"],
+        "pings_per_sec": result["pings"] / result["duration_secs"] if result["duration_secs"] else None,
+        "pings_per_conn": result["pings"] / max(n, 1),
+        "broadcasts": result["push"]["published"],
+        "deliveries": result["push"]["delivered"],
+        "expected_deliveries": result["push"]["expected_deliveries"],
+        "lost": result["push"]["lost"],
+        "duplicated": result["push"]["duplicated"],
+        "broadcast_to_all_max_ms": result["latency"]["max_us"] / 1000,
+        "delivery_p50_ms": result["latency"]["median_us"] / 1000,
+        "delivery_p99_ms": result["latency"]["p99_us"] / 1000,
+        "server_idle_cpu_cores": idle_cores,
+        "bench_idle_cpu_cores": bench_idle_cores,
+        "mem_available_min_kib": min(s["mem_available_kib"] for s in samples),
+    }
+    machine = {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
+               "mem_total_kib": meminfo()["MemTotal"]}
+    doc = {"settings": vars(args) | {"workers": workers, "procs": procs, "source_ips": source_ips},
+           "commands": {"serve": serve_cmd, "bench": bench_cmd}, "machine": machine, "summary": summary,
+           "t_bench_start": t_bench, "t_all_open": t_load, "samples": samples, "bench": result}
+    (out_dir / f"million-{stamp}.json").write_text(json.dumps(doc, indent=1))
+    with open(out_dir / f"million-{stamp}.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(samples[0].keys()))
+        wr.writeheader()
+        wr.writerows(samples)
+    title = f"{n:,} WebSockets: {workers} throng workers, {procs} bench processes, {os.cpu_count()} cores"
+    (out_dir / f"million-{stamp}.svg").write_text(svg_chart(samples, result.get("timeline", []), t_load, title))
+
+    def fmt(v, unit="", digits=0):
+        return "-" if v is None else f"{v:,.{digits}f}{unit}"
+
+    rows = [
+        ("connections open (asked)", f"{n:,} ({args.conns:,}); failed {result['failed']}, dropped {result['dropped']}"),
+        ("time to open all", f"{fmt(result['connect_secs'], ' s', 1)} ({fmt(summary['connects_per_sec'], '/s')})"),
+        ("server processes / bench processes", f"{workers} / {procs}"),
+        ("server RSS, all workers: before / all open / peak",
+         f"{fmt(base['server_rss_kib'] / 1024, ' MiB', 1)} / {fmt(at_full['server_rss_kib'] / 1024, ' MiB', 1)} / "
+         f"{fmt(peak_rss / 1024, ' MiB', 1)}"),
+        ("server userspace per connection", fmt(summary["server_userspace_bytes_per_conn"], " B")),
+        ("kernel slab growth (both ends)", f"{fmt(summary['slab_growth_kib'] / 1024 / 1024, ' GiB', 2)} = "
+                                            f"{fmt(summary['kernel_bytes_per_socket'], ' B')} per socket"),
+        ("TCP sockets in use, peak (sockstat)", f"{peak_inuse:,}"),
+        ("pings received", f"{result['pings']:,} ({fmt(summary['pings_per_sec'], '/s')}, "
+                           f"{summary['pings_per_conn']:.2f} per connection)"),
+        ("broadcasts; deliveries / expected; lost; duplicated",
+         f"{summary['broadcasts']}; {summary['deliveries']:,} / {summary['expected_deliveries']:,}; "
+         f"{summary['lost']}; {summary['duplicated']}"),
+        ("one broadcast reaches all (max) / p50 / p99",
+         f"{fmt(summary['broadcast_to_all_max_ms'], ' ms')} / {fmt(summary['delivery_p50_ms'], ' ms')} / "
+         f"{fmt(summary['delivery_p99_ms'], ' ms')}"),
+        ("server CPU while idle (pings only)", fmt(summary["server_idle_cpu_cores"], " cores", 3)),
+        ("bench CPU while idle (answering pings)", fmt(summary["bench_idle_cpu_cores"], " cores", 3)),
+        ("lowest MemAvailable", fmt(summary["mem_available_min_kib"] / 1024 / 1024, " GiB", 1)),
+    ]
+    print(f"| million-{stamp} | |\n|---|---|")
+    for k, v in rows:
+        print(f"| {k} | {v} |")
+    return 0 if result["failed"] == 0 and result["dropped"] == 0 and summary["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
