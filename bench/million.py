@@ -26,7 +26,7 @@ cannot (the open-files limit: hence --workers and --procs).
 
 Usage (as root; redis-server from scripts/test.sh's installs):
   python3 bench/million.py [--conns 1000000] [--workers auto] [--procs auto]
-      [--rate 25000] [--hold 50s] [--broadcast-every 40s] [--ping-interval 25s]
+      [--rate 25000] [--max-opening 4000] [--hold 50s] [--broadcast-every 40s] [--ping-interval 25s]
       [--bin target/release/throng] [--out bench/results]
 Exit status: the bench's (1 if any connection failed or dropped, or a message was
 lost), 2 for a usage or setup error.
@@ -212,7 +212,7 @@ def svg_chart(samples: list[dict], timeline: list[dict], t_load: float, title: s
     step = max(10, int(math.ceil(tmax / 10 / 10)) * 10)
     for t in range(0, int(tmax) + 1, step):
         parts.append(f'<text x="{x(t):.1f}" y="{top + ph + 16}" text-anchor="middle">{t}</text>')
-    parts.append(f'<text x="{left + pw / 2}" y="{h - 12}" text-anchor="middle">seconds since the server started</text>')
+    parts.append(f'<text x="{left + pw / 2}" y="{h - 12}" text-anchor="middle">seconds since the bench started</text>')
     parts.append(f'<text x="14" y="{top + ph / 2}" fill="#1f6feb" transform="rotate(-90 14 {top + ph / 2})" '
                  f'text-anchor="middle">open connections (bench)</text>')
     parts.append(f'<text x="{w - 14}" y="{top + ph / 2}" fill="#b35900" transform="rotate(90 {w - 14} {top + ph / 2})" '
@@ -238,11 +238,16 @@ def main() -> int:
     ap.add_argument("--workers", default="auto", help="server processes (auto: what throng tune plans)")
     ap.add_argument("--procs", default="auto", help="bench processes (auto: what throng tune plans)")
     ap.add_argument("--rate", type=int, default=25_000, help="new connections per second, all together")
+    ap.add_argument("--max-opening", type=int, default=4000,
+                    help="connections opening at once, all bench processes together")
     ap.add_argument("--hold", default="50s", help="how long the load runs once every connection is open")
     ap.add_argument("--broadcast-every", default="40s", help="one broadcast when all are open, then one this often")
     ap.add_argument("--ping-interval", default="25s")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again and redraw its chart")
     args = ap.parse_args()
+    if args.summarize:
+        return resummarize(Path(args.summarize))
 
     binary = Path(args.bin)
     if not binary.exists():
@@ -263,11 +268,12 @@ def main() -> int:
     p = plan.get("plan") or {}
     workers = int(p.get("workers", 1)) if args.workers == "auto" else int(args.workers)
     procs = int(p.get("procs", 1)) if args.procs == "auto" else int(args.procs)
-    # One source address reaches one server port from the ephemeral range; spread
-    # the client sockets over enough of 127.0.0.x, with room to spare.
-    lo, hi = (int(v) for v in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-    n_ips = min(253, max(2, math.ceil(args.conns / (hi - lo + 1) * 1.5)))
-    source_ips = f"127.0.0.2-127.0.0.{1 + n_ips}"
+    # One source address reaches one server port from the ephemeral range. Spread
+    # the client sockets over all of 127.0.0.2-254: connect() looks for a free port
+    # by trying ports in turn (the kernel's __inet_check_established), so an
+    # address whose range is half used makes every connect scan; at a million over
+    # 36 addresses that scan took a third of both cores.
+    source_ips = "127.0.0.2-127.0.0.254"
 
     port, redis_port = free_port(), free_port()
     tmp = tempfile.TemporaryDirectory(prefix="throng-million-")
@@ -297,7 +303,7 @@ def main() -> int:
         report_html = out_dir / f"million-{stamp}.html"
         bench_cmd = [str(binary), "bench", "push", "--url", f"ws://127.0.0.1:{port}/ws/{{channel}}?format=json",
                      "--conns", str(args.conns), "--procs", str(procs), "--source-ips", source_ips,
-                     "--rate", str(args.rate), "--channels", "1", "--channel-prefix", "million-",
+                     "--rate", str(args.rate), "--max-opening", str(args.max_opening), "--channels", "1", "--channel-prefix", "million-",
                      "--publish-rate", f"{1 / every:g}", "--publishers", "1", "--duration", f"{hold:g}s",
                      "--connect-timeout", "30s", "--grace", "15s", "--interval", "5s",
                      "--json", "--report", str(report_html)]
@@ -339,98 +345,149 @@ def main() -> int:
                     proc.kill()
                     proc.wait()
 
-    samples = sampler.samples
-    t_load = t_loaded[0] or t_bench
+    machine = {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
+               "mem_total_kib": meminfo()["MemTotal"]}
+    doc = {"settings": vars(args) | {"workers": workers, "procs": procs, "source_ips": source_ips},
+           "commands": {"serve": serve_cmd, "bench": bench_cmd}, "machine": machine,
+           "t_bench_start": t_bench, "t_all_open": t_loaded[0] or t_bench, "base": base,
+           "samples": sampler.samples, "bench": result}
+    summary, rows = summarize(doc)
+    doc["summary"] = summary
+    (out_dir / f"million-{stamp}.json").write_text(json.dumps(doc, indent=1))
+    with open(out_dir / f"million-{stamp}.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(doc["samples"][0].keys()))
+        wr.writeheader()
+        wr.writerows(doc["samples"])
+    (out_dir / f"million-{stamp}.svg").write_text(chart(doc))
+    print_rows(f"million-{stamp}", rows)
+    return 0 if result["failed"] == 0 and result["dropped"] == 0 and summary["lost"] == 0 else 1
+
+
+def chart(doc: dict) -> str:
+    n = doc["bench"]["opened"]
+    title = (f"{n:,} WebSockets: {doc['settings']['workers']} throng workers, "
+             f"{doc['settings']['procs']} bench processes, {doc['machine']['cores']} cores")
+    return svg_chart(doc["samples"], doc["bench"].get("timeline", []), doc["t_all_open"], title)
+
+
+def rate(samples: list[dict], key: str, t_from: float, t_to: float) -> float | None:
+    """The per-second rate of a cumulative sampled figure between two moments."""
+    window = [s for s in samples if t_from <= s["t"] <= t_to]
+    if len(window) < 2 or window[-1]["t"] <= window[0]["t"]:
+        return None
+    return (window[-1][key] - window[0][key]) / (window[-1]["t"] - window[0]["t"])
+
+
+def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
+    samples, result, base = doc["samples"], doc["bench"], doc.get("base") or doc["samples"][0]
+    t_load = doc["t_all_open"]
+    every = duration_secs(doc["settings"]["broadcast_every"])
+    hold = duration_secs(doc["settings"]["hold"])
+    ping_every = duration_secs(doc["settings"]["ping_interval"])
     n = result["opened"]
-    # The moment every connection was open, and an idle window after the first
-    # broadcast has gone out and before the next one.
     full = [s for s in samples if s["t"] >= t_load]
     at_full = full[0] if full else samples[-1]
-    idle = [s for s in samples if t_load + 5 <= s["t"] <= t_load + min(every, hold) - 3]
-    idle_cores = ((idle[-1]["server_cpu_secs"] - idle[0]["server_cpu_secs"]) / (idle[-1]["t"] - idle[0]["t"])
-                  if len(idle) >= 2 else None)
-    bench_idle_cores = ((idle[-1]["bench_cpu_secs"] - idle[0]["bench_cpu_secs"]) / (idle[-1]["t"] - idle[0]["t"])
-                        if len(idle) >= 2 else None)
-    peak_rss = max(s["server_rss_kib"] for s in samples)
+    # The first broadcast leaves when every connection is open; the idle window is
+    # from the second after it has reached everyone (no message received in a
+    # timeline second) to 2 s before the next one.
+    delivered_by = next((t_load + p["t_secs"] for p in result.get("timeline", [])
+                         if p["t_secs"] > 0 and p["received_per_sec"] == 0), t_load + every / 2)
+    idle_from, idle_to = delivered_by + 1, t_load + min(every, hold) - 2
+    busy_from, busy_to = t_load, delivered_by
     peak_slab = max(s["slab_kib"] for s in samples)
-    peak_inuse = max(s["tcp_inuse"] for s in samples)
+    deliveries = result["push"]["delivered"]
+    broadcasts = result["push"]["published"]
+    server_busy = rate(samples, "server_cpu_secs", busy_from, busy_to)
     summary = {
         "connections_opened": n,
-        "connections_asked": args.conns,
         "failed": result["failed"],
         "dropped": result["dropped"],
         "connect_secs": result["connect_secs"],
         "connects_per_sec": n / result["connect_secs"] if result["connect_secs"] else None,
-        "server_workers": workers,
-        "bench_procs": procs,
         "server_rss_base_kib": base["server_rss_kib"],
         "server_rss_at_full_kib": at_full["server_rss_kib"],
-        "server_rss_peak_kib": peak_rss,
+        "server_rss_peak_kib": max(s["server_rss_kib"] for s in samples),
         "server_userspace_bytes_per_conn": (at_full["server_rss_kib"] - base["server_rss_kib"]) * 1024 / max(n, 1),
-        "server_rss_per_worker_at_full_kib": at_full["server_rss_kib"] / workers,
         "bench_rss_at_full_kib": at_full["bench_rss_kib"],
-        "slab_growth_kib": peak_slab - base["slab_kib"],
-        "kernel_bytes_per_socket": (peak_slab - base["slab_kib"]) * 1024 / max(2 * n, 1),
-        "tcp_inuse_peak": peak_inuse,
+        "slab_at_full_kib": at_full["slab_kib"] - base["slab_kib"],
+        "kernel_bytes_per_socket": (at_full["slab_kib"] - base["slab_kib"]) * 1024 / max(2 * n, 1),
+        "slab_peak_kib": peak_slab - base["slab_kib"],
+        "tcp_inuse_peak": max(s["tcp_inuse"] for s in samples),
         "tcp_mem_peak_pages": max(s["tcp_mem_pages"] for s in samples),
         "pings_received": result["pings"],
-        "pings_per_sec": result["pings"] / result["duration_secs"] if result["duration_secs"] else None,
-        "pings_per_conn": result["pings"] / max(n, 1),
-        "broadcasts": result["push"]["published"],
-        "deliveries": result["push"]["delivered"],
+        "pings_per_sec_held": n / ping_every,
+        "broadcasts": broadcasts,
+        "deliveries": deliveries,
         "expected_deliveries": result["push"]["expected_deliveries"],
         "lost": result["push"]["lost"],
         "duplicated": result["push"]["duplicated"],
         "broadcast_to_all_max_ms": result["latency"]["max_us"] / 1000,
         "delivery_p50_ms": result["latency"]["median_us"] / 1000,
         "delivery_p99_ms": result["latency"]["p99_us"] / 1000,
-        "server_idle_cpu_cores": idle_cores,
-        "bench_idle_cpu_cores": bench_idle_cores,
+        "deliveries_per_sec_first_broadcast": n / (delivered_by - t_load) if delivered_by > t_load else None,
+        "server_cpu_cores_broadcast": server_busy,
+        "server_cpu_us_per_delivery": (server_busy * (delivered_by - t_load) / n * 1e6
+                                       if server_busy is not None and n else None),
+        "idle_window_secs": [round(idle_from - t_load, 1), round(idle_to - t_load, 1)],
+        "server_idle_cpu_cores": rate(samples, "server_cpu_secs", idle_from, idle_to),
+        "bench_idle_cpu_cores": rate(samples, "bench_cpu_secs", idle_from, idle_to),
         "mem_available_min_kib": min(s["mem_available_kib"] for s in samples),
     }
-    machine = {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
-               "mem_total_kib": meminfo()["MemTotal"]}
-    doc = {"settings": vars(args) | {"workers": workers, "procs": procs, "source_ips": source_ips},
-           "commands": {"serve": serve_cmd, "bench": bench_cmd}, "machine": machine, "summary": summary,
-           "t_bench_start": t_bench, "t_all_open": t_load, "samples": samples, "bench": result}
-    (out_dir / f"million-{stamp}.json").write_text(json.dumps(doc, indent=1))
-    with open(out_dir / f"million-{stamp}.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(samples[0].keys()))
-        wr.writeheader()
-        wr.writerows(samples)
-    title = f"{n:,} WebSockets: {workers} throng workers, {procs} bench processes, {os.cpu_count()} cores"
-    (out_dir / f"million-{stamp}.svg").write_text(svg_chart(samples, result.get("timeline", []), t_load, title))
 
     def fmt(v, unit="", digits=0):
         return "-" if v is None else f"{v:,.{digits}f}{unit}"
 
+    workers, procs = doc["settings"]["workers"], doc["settings"]["procs"]
     rows = [
-        ("connections open (asked)", f"{n:,} ({args.conns:,}); failed {result['failed']}, dropped {result['dropped']}"),
+        ("connections open", f"{n:,} of {doc['settings']['conns']:,}; failed {result['failed']}, "
+                             f"dropped {result['dropped']}"),
         ("time to open all", f"{fmt(result['connect_secs'], ' s', 1)} ({fmt(summary['connects_per_sec'], '/s')})"),
         ("server processes / bench processes", f"{workers} / {procs}"),
         ("server RSS, all workers: before / all open / peak",
          f"{fmt(base['server_rss_kib'] / 1024, ' MiB', 1)} / {fmt(at_full['server_rss_kib'] / 1024, ' MiB', 1)} / "
-         f"{fmt(peak_rss / 1024, ' MiB', 1)}"),
-        ("server userspace per connection", fmt(summary["server_userspace_bytes_per_conn"], " B")),
-        ("kernel slab growth (both ends)", f"{fmt(summary['slab_growth_kib'] / 1024 / 1024, ' GiB', 2)} = "
-                                            f"{fmt(summary['kernel_bytes_per_socket'], ' B')} per socket"),
-        ("TCP sockets in use, peak (sockstat)", f"{peak_inuse:,}"),
-        ("pings received", f"{result['pings']:,} ({fmt(summary['pings_per_sec'], '/s')}, "
-                           f"{summary['pings_per_conn']:.2f} per connection)"),
+         f"{fmt(summary['server_rss_peak_kib'] / 1024, ' MiB', 1)}"),
+        ("server userspace per connection (RSS growth / connections)",
+         fmt(summary["server_userspace_bytes_per_conn"], " B")),
+        ("kernel slab, all open (both ends' sockets) / peak",
+         f"{fmt(summary['slab_at_full_kib'] / 1024 / 1024, ' GiB', 2)} = "
+         f"{fmt(summary['kernel_bytes_per_socket'], ' B')} per socket / "
+         f"{fmt(summary['slab_peak_kib'] / 1024 / 1024, ' GiB', 2)}"),
+        ("TCP sockets in use, peak (sockstat)", f"{summary['tcp_inuse_peak']:,}"),
+        ("pings held", f"{fmt(summary['pings_per_sec_held'], '/s')} ({n:,} every {doc['settings']['ping_interval']}); "
+                       f"{result['pings']:,} received and answered over the run"),
         ("broadcasts; deliveries / expected; lost; duplicated",
-         f"{summary['broadcasts']}; {summary['deliveries']:,} / {summary['expected_deliveries']:,}; "
+         f"{broadcasts}; {deliveries:,} / {summary['expected_deliveries']:,}; "
          f"{summary['lost']}; {summary['duplicated']}"),
-        ("one broadcast reaches all (max) / p50 / p99",
-         f"{fmt(summary['broadcast_to_all_max_ms'], ' ms')} / {fmt(summary['delivery_p50_ms'], ' ms')} / "
-         f"{fmt(summary['delivery_p99_ms'], ' ms')}"),
-        ("server CPU while idle (pings only)", fmt(summary["server_idle_cpu_cores"], " cores", 3)),
-        ("bench CPU while idle (answering pings)", fmt(summary["bench_idle_cpu_cores"], " cores", 3)),
+        ("a broadcast reaches all: max / p50 / p99 of deliveries",
+         f"{fmt(summary['broadcast_to_all_max_ms'] / 1000, ' s', 1)} / {fmt(summary['delivery_p50_ms'] / 1000, ' s', 1)} / "
+         f"{fmt(summary['delivery_p99_ms'] / 1000, ' s', 1)}"),
+        ("first broadcast: deliveries/s; server CPU",
+         f"{fmt(summary['deliveries_per_sec_first_broadcast'], '/s')}; "
+         f"{fmt(summary['server_cpu_cores_broadcast'], ' cores', 2)} = "
+         f"{fmt(summary['server_cpu_us_per_delivery'], ' µs', 1)} per delivery"),
+        (f"CPU while idle (pings only, s {summary['idle_window_secs'][0]}..{summary['idle_window_secs'][1]} of the load):"
+         " server / bench",
+         f"{fmt(summary['server_idle_cpu_cores'], ' cores', 2)} / {fmt(summary['bench_idle_cpu_cores'], ' cores', 2)}"),
         ("lowest MemAvailable", fmt(summary["mem_available_min_kib"] / 1024 / 1024, " GiB", 1)),
     ]
-    print(f"| million-{stamp} | |\n|---|---|")
+    return summary, rows
+
+
+def print_rows(name: str, rows: list[tuple[str, str]]) -> None:
+    print(f"| {name} | |\n|---|---|")
     for k, v in rows:
         print(f"| {k} | {v} |")
-    return 0 if result["failed"] == 0 and result["dropped"] == 0 and summary["lost"] == 0 else 1
+
+
+def resummarize(path: Path) -> int:
+    """Prints the summary of a saved run again (and redraws its chart)."""
+    doc = json.loads(path.read_text())
+    summary, rows = summarize(doc)
+    doc["summary"] = summary
+    path.write_text(json.dumps(doc, indent=1))
+    path.with_suffix(".svg").write_text(chart(doc))
+    print_rows(path.stem, rows)
+    return 0
 
 
 if __name__ == "__main__":

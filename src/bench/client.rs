@@ -98,6 +98,8 @@ pub struct Plan {
     pub threads: usize,
     /// Connects per second for this process (0: as fast as possible).
     pub rate: f64,
+    /// Connections of this process opening at once (0: no limit), shared by its loops.
+    pub max_opening: u64,
 }
 
 impl Plan {
@@ -628,7 +630,10 @@ impl ClientLoop {
                 } else {
                     ((now - connect_start).as_secs_f64() * per_loop_rate) as u64 + 1
                 };
-                let upto = allowed.min(self.n_local).min(self.started + CONNECT_BATCH);
+                let upto = allowed
+                    .min(self.n_local)
+                    .min(self.started + CONNECT_BATCH)
+                    .min(self.started + self.opening_room());
                 while self.started < upto {
                     self.open_next();
                 }
@@ -656,11 +661,12 @@ impl ClientLoop {
             }
 
             let mut wait = Duration::from_millis(100);
-            if self.started < self.n_local && per_loop_rate > 0.0 {
+            // While --max-opening is reached, a connect finishing (an event) makes room.
+            if self.started < self.n_local && per_loop_rate > 0.0 && self.opening_room() > 0 {
                 let next =
                     connect_start + Duration::from_secs_f64(self.started as f64 / per_loop_rate);
                 wait = wait.min(next.saturating_duration_since(now));
-            } else if self.started < self.n_local {
+            } else if self.started < self.n_local && self.opening_room() > 0 {
                 wait = Duration::ZERO;
             }
             if let Some((at, _, _)) = self.chat_queue.front()
@@ -721,6 +727,18 @@ impl ClientLoop {
             },
             ..RawResult::default()
         }
+    }
+
+    /// How many more first connects this loop may start now: its share of
+    /// `--max-opening` less those still connecting or upgrading.
+    fn opening_room(&self) -> u64 {
+        if self.plan.max_opening == 0 {
+            return u64::MAX;
+        }
+        let share = (self.plan.max_opening / self.plan.threads.max(1) as u64).max(1);
+        let c = &self.tally.c;
+        let opening = c.attempted.saturating_sub(c.opened + c.failed);
+        share.saturating_sub(opening)
     }
 
     fn open_next(&mut self) {
@@ -1715,6 +1733,7 @@ mod tests {
             conns: 100,
             threads: 2,
             rate: 0.0,
+            max_opening: 0,
         }
     }
 

@@ -295,6 +295,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PER_SEC", default_value_t = 1000.0)]
     pub rate: f64,
 
+    /// At most this many connections opening (TCP connect + upgrade) at once, over
+    /// all --procs; new ones wait for a place, so a server slower than --rate is
+    /// never sent more than it can take (otherwise its queue grows until the
+    /// connect timeout fails them all); 0 = no limit
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    pub max_opening: u64,
+
     /// How long the load runs once every connection is open
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub duration: Duration,
@@ -626,6 +633,11 @@ impl BenchArgs {
             } else {
                 self.rate / procs
             },
+            max_opening: if self.child_index.is_some() || self.max_opening == 0 {
+                self.max_opening
+            } else {
+                (self.max_opening / self.procs.max(1) as u64).max(1)
+            },
         })
     }
 
@@ -646,6 +658,13 @@ impl BenchArgs {
             conns.to_string(),
             "--rate".into(),
             (self.rate / self.procs as f64).to_string(),
+            "--max-opening".into(),
+            if self.max_opening == 0 {
+                0
+            } else {
+                (self.max_opening / self.procs.max(1) as u64).max(1)
+            }
+            .to_string(),
             "--duration".into(),
             ms(self.duration),
             "--size".into(),
@@ -983,6 +1002,8 @@ fn drive(
         }
         bar
     };
+    // With --json there is no bar: a status line every --interval says how far it got.
+    let mut next_status = (args.json && !args.interval.is_zero()).then(|| t0 + args.interval);
     loop {
         if let Some(why) = fleet.broken() {
             bar.abandon();
@@ -996,6 +1017,18 @@ fn drive(
         if now >= next_sample {
             timeline.record(secs(now), Phase::Connect, &c, c.messages_out);
             next_sample = next_sample_after(t0, now);
+        }
+        if let Some(at) = next_status
+            && now >= at
+        {
+            eprintln!(
+                "[connecting {:6.1}s] open {} of {} | failed {}",
+                secs(now),
+                c.open_now,
+                args.conns,
+                c.failed
+            );
+            next_status = Some(at + args.interval);
         }
         bar.set_position(c.opened + c.failed);
         if c.failed > 0 {

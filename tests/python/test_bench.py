@@ -538,3 +538,103 @@ def test_ctrl_c_ends_the_load_early_and_still_reports(start_server, procs):
     assert r["opened"] == 10 and r["failed"] == 0
     assert r["messages_sent"] > 0 and r["messages_total"] > 0
     assert r["duration_secs"] < 30
+
+
+# -- --max-opening: never more handshakes in flight than asked -------------------
+
+
+class SlowUpgrader:
+    """A WebSocket server (raw sockets, one thread per connection) that answers each
+    upgrade only after `delay` seconds and then holds the connection, counting how
+    many upgrades were waiting at once: the bench's in-flight opens as the server
+    sees them."""
+
+    def __init__(self, delay: float) -> None:
+        import base64
+        import hashlib
+        import socket
+        import threading
+
+        self._b64, self._sha1, self._threading = base64, hashlib, threading
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.waiting = 0
+        self.max_waiting = 0
+        self.answered = 0
+        self.conns: list = []
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1024)
+        self.port = self.listener.getsockname()[1]
+        self.stopping = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopping:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            self._threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        with self.lock:
+            self.waiting += 1
+            self.max_waiting = max(self.max_waiting, self.waiting)
+        time.sleep(self.delay)
+        key = next(line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"sec-websocket-key:"))
+        accept = self._b64.b64encode(
+            self._sha1.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()).decode()
+        with self.lock:
+            self.waiting -= 1
+            self.answered += 1
+        conn.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                      f"Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n").encode())
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.listener.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("procs,max_opening", [(1, 3), (2, 4)])
+def test_max_opening_caps_the_connections_opening_at_once(procs, max_opening):
+    server = SlowUpgrader(delay=0.05)
+    try:
+        run = run_bench("idle", "--url", f"ws://127.0.0.1:{server.port}/", "--conns", 40, "--rate", 0,
+                        "--max-opening", max_opening, "--procs", procs, *short())
+        assert_no_panic(run)
+        r = run.report()
+        ctx = f"max waiting {server.max_waiting}\n{run.describe()}"
+        assert run.returncode == 0, ctx
+        assert_clean(r, 40, ctx)
+        assert server.answered == 40, ctx
+        # The cap held, and it was the cap (not one at a time) that paced the opens.
+        assert 2 <= server.max_waiting <= max_opening, ctx
+        # With --json there is no bar: the connect phase reports itself on stderr.
+        assert "[connecting" in run.stderr or r["connect_secs"] < 1.0, ctx
+    finally:
+        server.stop()
+
+
+def test_without_max_opening_every_connect_starts_at_once():
+    server = SlowUpgrader(delay=0.3)
+    try:
+        run = run_bench("idle", "--url", f"ws://127.0.0.1:{server.port}/", "--conns", 40, "--rate", 0,
+                        "--max-opening", 0, *short())
+        r = run.report()
+        ctx = f"max waiting {server.max_waiting}\n{run.describe()}"
+        assert_clean(r, 40, ctx)
+        assert server.max_waiting > 20, ctx
+    finally:
+        server.stop()
