@@ -29,6 +29,9 @@ pub const KERNEL_BYTES_PER_SOCKET: u64 = 5_070;
 pub const TCP_PAGES_PER_BUSY_SOCKET: u64 = 1;
 /// `throng bench`'s userspace memory per idle connection (docs/BENCHMARKS.md §3).
 const BENCH_BYTES_PER_CONN: u64 = 168;
+/// A planned source address fills at most 1/this of its ephemeral range.
+const PORT_FILL_DIVISOR: u64 = 4;
+
 /// Loopback source addresses `throng bench --source-ips` can spread over (127.0.0.2–254).
 const LOOPBACK_SOURCES: u64 = 253;
 /// The capability that lets a process raise its hard limits (linux/capability.h).
@@ -335,7 +338,11 @@ pub struct Memory {
 pub struct Ports {
     /// Connections one source address can open to one server port.
     pub per_source_address: u64,
-    /// Source addresses N connections to one server port need.
+    /// Source addresses to spread N connections to one server port over, each
+    /// filling at most a quarter of its range: connect() looks for a free port by
+    /// trying them in turn, so a crowded address makes every connect scan (a
+    /// million over 54 addresses spent a third of two cores in
+    /// `__inet_check_established`; over 253, nothing measurable: docs/SCALE.md).
     pub source_addresses: u64,
     /// Server ports needed when 127.0.0.2–127.0.0.254 are not enough.
     pub server_ports: u64,
@@ -403,7 +410,7 @@ pub fn check(m: &Machine, want: Want) -> Report {
     let n = want.conns;
     let [low, high] = m.ip_local_port_range;
     let span = if high >= low { high - low + 1 } else { 0 };
-    let source_addresses = n.div_ceil(span.max(1));
+    let source_addresses = n.div_ceil((span / PORT_FILL_DIVISOR).max(1));
     let ports = Ports {
         per_source_address: span,
         source_addresses,
@@ -915,7 +922,8 @@ pub fn render(r: &Report, applying: bool) -> String {
     ));
     if p.source_addresses > 1 {
         line(format!(
-            "{} connections to one port need {} source addresses: throng bench --source-ips \
+            "{} connections to one port: spread them over {} source addresses (each a quarter \
+             full, so connect() finds a free port at once): throng bench --source-ips \
              127.0.0.2-127.0.0.{}",
             thousands(r.conns),
             p.source_addresses,
@@ -1159,7 +1167,7 @@ mod tests {
         assert_eq!(tcp.fix.as_deref(), Some("287898 1000000 1500000"));
         assert_eq!(item(&r, PORT_RANGE).verdict, Verdict::Spread);
         assert_eq!(r.ports.per_source_address, 28_232);
-        assert_eq!(r.ports.source_addresses, 36);
+        assert_eq!(r.ports.source_addresses, 142);
         assert_eq!(r.memory.kernel_bytes, 1_000_000 * KERNEL_BYTES_PER_SOCKET);
         assert_eq!(r.memory.throng_bytes, 97_000_000);
         assert_eq!(r.memory.verdict, Verdict::Ok);
@@ -1169,7 +1177,7 @@ mod tests {
         assert!(plan.serve.contains("--workers 51"), "{}", plan.serve);
         assert!(
             plan.bench
-                .ends_with("--conns 1000000 --procs 51 --source-ips 127.0.0.2-127.0.0.37"),
+                .ends_with("--conns 1000000 --procs 51 --source-ips 127.0.0.2-127.0.0.154"),
             "{}",
             plan.bench
         );
