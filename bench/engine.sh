@@ -14,11 +14,13 @@
 # Servers: throng; gorilla (Go gorilla/websocket); tungstenite (tokio-tungstenite,
 # default config: a 128 KiB read buffer per connection); tungstenite4k (the same with
 # a 4 KiB read buffer, the fair peer for many idle connections); node (ws);
+# uws (not in the default list: uWebSockets, C++, one event loop; built from the
+# crates.io crate libuwebsockets-sys's bundled source by bench/peers/uws/build.sh, needs g++);
 # throng-base (not in the default list): a second throng binary, $THRONG_BASE_BIN,
 # run with the same flags as throng and interleaved with it like any other server,
 # to compare two builds (say the previous commit and this one) in one run; its rows
 # in the tables are labelled throng-base, and "÷ throng-base" is the A/B ratio.
-# Usage: bench/engine.sh [--servers throng,gorilla,tungstenite,tungstenite4k,node]
+# Usage: bench/engine.sh [--servers throng,gorilla,tungstenite,tungstenite4k,node,uws]
 #                        [--conns-idle 15000] [--rate 2000] [--echo-duration 10s]
 #                        [--echo-conns 100,1000] [--rounds 2] [--results-dir DIR]
 # A/B:   THRONG_BASE_BIN=/path/to/old/throng bench/engine.sh --servers throng,throng-base
@@ -44,7 +46,7 @@ ROUNDS=2            # echo rounds per server (interleaved); the table shows the 
 
 parse_options "--servers=SERVERS --conns-idle=CONNS_IDLE --rate=RATE --echo-duration=ECHO_DURATION
   --echo-conns=ECHO_CONNS --rounds=ROUNDS --results-dir=RESULTS_DIR" "$@"
-check_names server "$SERVERS" throng throng-base gorilla tungstenite tungstenite4k node
+check_names server "$SERVERS" throng throng-base gorilla tungstenite tungstenite4k node uws
 check_throng_base
 need jq
 
@@ -56,6 +58,7 @@ GORILLA=$BENCH_DIR/peers/gorilla-echo/gorilla-echo
 TUNG_DIR=$BENCH_DIR/peers/tungstenite-echo
 TUNGSTENITE=$TUNG_DIR/target/release/tungstenite-echo
 NODE_DIR=$BENCH_DIR/peers/node-ws-echo
+UWS_DIR=$BENCH_DIR/peers/uws
 
 go_build "$BENCH_DIR/clients/wsload" wsload
 if want gorilla; then go_build "$BENCH_DIR/peers/gorilla-echo" gorilla-echo; fi
@@ -72,6 +75,10 @@ if want node; then
     (cd "$NODE_DIR" && npm install --no-audit --no-fund --silent) || SKIPPED+=("node: npm install failed")
   fi
 fi
+if want uws; then
+  log "build uws-echo (bench/peers/uws/build.sh)"
+  "$UWS_DIR/build.sh" >/dev/null || SKIPPED+=("uws: bench/peers/uws/build.sh failed")
+fi
 copy_throngs
 
 # ---------------------------------------------------------------- machine
@@ -86,6 +93,7 @@ server_cmd() { # name port -> prints nothing, sets CMD array
     tungstenite) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2") ;;
     tungstenite4k) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2" --read-buffer 4096) ;;
     node) CMD=(node "$NODE_DIR/server.js" --addr "127.0.0.1:$2") ;;
+    uws) CMD=("$UWS_DIR/bin/uws-echo" --addr "127.0.0.1:$2") ;;
   esac
 }
 
@@ -112,6 +120,7 @@ server_version() {
     gorilla) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$BENCH_DIR/peers/gorilla-echo/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
     tungstenite|tungstenite4k) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
     node) echo "ws $(jq -r .version "$NODE_DIR/node_modules/ws/package.json" 2>/dev/null), node $(node --version 2>/dev/null)" ;;
+    uws) "$UWS_DIR/build.sh" --version ;;
   esac
 }
 

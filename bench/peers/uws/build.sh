@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds the uWebSockets benchmark peers bench/peers/uws/bin/uws-echo and
+# bench/peers/uws/bin/uws-hub from source that comes from crates.io:
+#   1. `cargo fetch` on fetch/Cargo.toml downloads the crate libuwebsockets-sys
+#      (=0.0.10), which bundles uWebSockets (header-only C++20) and uSockets (C),
+#      into $CARGO_HOME/registry/src/*/libuwebsockets-sys-0.0.10/ (the crate itself
+#      is never built: its build.rs needs bindgen);
+#   2. gcc compiles uSockets (epoll, no TLS), g++ compiles echo.cpp / hub.cpp
+#      against uWebSockets/src (no zlib), -O3 -flto, and links them.
+# `build.sh --version` prints the version line for the benchmark reports.
+# Idempotent: does nothing when both binaries are newer than their sources and
+# this script. Prints the binaries' directory on stdout (last line).
+# Env: CXX (default g++), CC (default gcc), UWS_SRC (use this uWebSockets
+# directory instead of fetching), FORCE=1 (rebuild).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BIN=$HERE/bin
+CC=${CC:-gcc}
+CXX=${CXX:-g++}
+CRATE=libuwebsockets-sys-0.0.10
+
+die() { echo "uws/build.sh: $*" >&2; exit 1; }
+say() { echo "uws/build.sh: $*" >&2; }
+
+command -v "$CC" >/dev/null 2>&1 || die "needs a C compiler ($CC): apt-get install -y gcc g++"
+command -v "$CXX" >/dev/null 2>&1 || die "needs a C++20 compiler ($CXX): apt-get install -y g++"
+
+# ---- locate (and if needed fetch) the uWebSockets source
+MODE=build
+case "${1:-}" in
+  --version) MODE=version ;;
+  "") ;;
+  *) die "usage: build.sh [--version]" ;;
+esac
+if [ -z "${UWS_SRC:-}" ]; then
+  CARGO_HOME_DIR=${CARGO_HOME:-$HOME/.cargo}
+  find_src() { ls -d "$CARGO_HOME_DIR"/registry/src/*/"$CRATE"/uWebSockets 2>/dev/null | head -1; }
+  UWS_SRC=$(find_src || true)
+  if [ -z "$UWS_SRC" ]; then
+    command -v cargo >/dev/null 2>&1 || die "needs cargo to fetch the $CRATE crate from crates.io"
+    say "cargo fetch ($CRATE from crates.io)"
+    cargo fetch --manifest-path "$HERE/fetch/Cargo.toml" >&2 || die "cargo fetch of $CRATE failed"
+    UWS_SRC=$(find_src || true)
+    [ -n "$UWS_SRC" ] || die "cargo fetch succeeded but $CARGO_HOME_DIR/registry/src/*/$CRATE/uWebSockets is missing"
+  fi
+fi
+US_SRC=$UWS_SRC/uSockets/src
+[ -f "$UWS_SRC/src/App.h" ] || die "$UWS_SRC/src/App.h not found (not a uWebSockets tree)"
+[ -f "$US_SRC/libusockets.h" ] || die "$US_SRC/libusockets.h not found (the crate lacks uSockets)"
+
+# --version: the line the benchmark reports show for this peer. uWebSockets'
+# source carries no release number; its server header ("uWebSockets: 20") gives the major.
+if [ "$MODE" = version ]; then
+  major=$(sed -n 's/.*writeHeader("uWebSockets", "\([0-9]*\)").*/\1/p' "$UWS_SRC/src/HttpResponse.h" | head -1)
+  echo "uWebSockets ${major:-?} (source of crates.io $CRATE), $("$CXX" --version | head -1)"
+  exit 0
+fi
+
+# ---- up to date?
+SOURCES=("$HERE/echo.cpp" "$HERE/hub.cpp" "$HERE/common.h" "$HERE/build.sh")
+up_to_date() {
+  local b s
+  for b in "$BIN/uws-echo" "$BIN/uws-hub"; do
+    [ -x "$b" ] || return 1
+    for s in "${SOURCES[@]}"; do [ "$b" -nt "$s" ] || return 1; done
+    [ "$b" -nt "$UWS_SRC/src/App.h" ] || return 1
+  done
+}
+if [ "${FORCE:-0}" != 1 ] && up_to_date; then
+  echo "$BIN"; exit 0
+fi
+
+# ---- build
+mkdir -p "$BIN"
+OBJ=$(mktemp -d "${TMPDIR:-/tmp}/uws-build.XXXXXX")
+trap 'rm -rf "$OBJ"' EXIT
+CFLAGS=(-O3 -flto=auto -DLIBUS_NO_SSL -std=c11 -I"$US_SRC")
+CXXFLAGS=(-O3 -flto=auto -DLIBUS_NO_SSL -DUWS_NO_ZLIB -std=c++20 -I"$UWS_SRC/src" -I"$US_SRC")
+
+say "compiling uSockets ($US_SRC)"
+objs=()
+for f in "$US_SRC"/*.c "$US_SRC"/eventing/epoll_kqueue.c; do
+  o=$OBJ/$(basename "${f%.c}").o
+  "$CC" "${CFLAGS[@]}" -c "$f" -o "$o" || die "compiling $f failed"
+  objs+=("$o")
+done
+
+for prog in echo hub; do
+  say "compiling uws-$prog ($CXX)"
+  "$CXX" "${CXXFLAGS[@]}" "$HERE/$prog.cpp" "${objs[@]}" -o "$BIN/uws-$prog.tmp" \
+    || die "compiling/linking uws-$prog failed"
+  mv "$BIN/uws-$prog.tmp" "$BIN/uws-$prog"
+done
+say "built $BIN/uws-echo and $BIN/uws-hub"
+echo "$BIN"
