@@ -16,11 +16,13 @@
 # a 4 KiB read buffer, the fair peer for many idle connections); node (ws);
 # uws (not in the default list: uWebSockets, C++, one event loop; built from the
 # crates.io crate libuwebsockets-sys's bundled source by bench/peers/uws/build.sh, needs g++);
+# throng1 (not in the default list): throng with one I/O thread (--threads 1),
+# as single-loop servers run;
 # throng-base (not in the default list): a second throng binary, $THRONG_BASE_BIN,
 # run with the same flags as throng and interleaved with it like any other server,
 # to compare two builds (say the previous commit and this one) in one run; its rows
 # in the tables are labelled throng-base, and "÷ throng-base" is the A/B ratio.
-# Usage: bench/engine.sh [--servers throng,gorilla,tungstenite,tungstenite4k,node,uws]
+# Usage: bench/engine.sh [--servers throng,throng1,gorilla,tungstenite,tungstenite4k,node,uws]
 #                        [--conns-idle 15000] [--rate 2000] [--echo-duration 10s]
 #                        [--echo-conns 100,1000] [--rounds 2] [--results-dir DIR]
 # A/B:   THRONG_BASE_BIN=/path/to/old/throng bench/engine.sh --servers throng,throng-base
@@ -46,7 +48,7 @@ ROUNDS=2            # echo rounds per server (interleaved); the table shows the 
 
 parse_options "--servers=SERVERS --conns-idle=CONNS_IDLE --rate=RATE --echo-duration=ECHO_DURATION
   --echo-conns=ECHO_CONNS --rounds=ROUNDS --results-dir=RESULTS_DIR" "$@"
-check_names server "$SERVERS" throng throng-base gorilla tungstenite tungstenite4k node uws
+check_names server "$SERVERS" throng throng1 throng-base gorilla tungstenite tungstenite4k node uws
 check_throng_base
 need jq
 
@@ -89,6 +91,7 @@ NOFILE=$(ulimit -n)
 server_cmd() { # name port -> prints nothing, sets CMD array
   case "$1" in
     throng|throng-base) CMD=("$WORK/$1" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s) ;;
+    throng1) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --ping-interval 25s) ;;
     gorilla) CMD=("$GORILLA" -addr "127.0.0.1:$2") ;;
     tungstenite) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2") ;;
     tungstenite4k) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2" --read-buffer 4096) ;;
@@ -117,6 +120,7 @@ run_client() { # outfile args...
 server_version() {
   case "$1" in
     throng|throng-base) throng_version "$1" ;;
+    throng1) echo "$(throng_version throng), one I/O thread" ;;
     gorilla) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$BENCH_DIR/peers/gorilla-echo/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
     tungstenite|tungstenite4k) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
     node) echo "ws $(jq -r .version "$NODE_DIR/node_modules/ws/package.json" 2>/dev/null), node $(node --version 2>/dev/null)" ;;
