@@ -8,6 +8,10 @@
 #   (b) echo: 100 and 1000 connections, 32-byte text, one message in flight per
 #       connection, 1 s warmup + measured window; the server's utime+stime
 #       (/proc/PID/stat) over the window / messages = server CPU us per message.
+#   (c) handshakes: --handshakes connections opened at once (unpaced), held 1 s,
+#       closed; opened / time to open them all = handshakes per second, and the
+#       server's CPU over the whole run / connections = CPU per connection (its
+#       upgrade and its close); ROUNDS rounds interleaved, median shown.
 # Prints the machine description and one markdown table; raw JSON goes to
 # bench/results/engine-<date>.json (and the table to engine-<date>.md).
 #
@@ -24,7 +28,8 @@
 # in the tables are labelled throng-base, and "÷ throng-base" is the A/B ratio.
 # Usage: bench/engine.sh [--servers throng,throng1,gorilla,tungstenite,tungstenite4k,node,uws]
 #                        [--conns-idle 15000] [--rate 2000] [--echo-duration 10s]
-#                        [--echo-conns 100,1000] [--rounds 2] [--results-dir DIR]
+#                        [--echo-conns 100,1000] [--rounds 2] [--handshakes 10000]
+#                        [--results-dir DIR]
 # A/B:   THRONG_BASE_BIN=/path/to/old/throng bench/engine.sh --servers throng,throng-base
 # Env:   THRONG_BIN (default <repo>/target/release/throng);
 #        THRONG_BASE_BIN (the throng-base binary; needed for --servers ...throng-base)
@@ -45,9 +50,10 @@ IDLE_SETTLE=3s      # wait before the "after" RSS samples
 START_SETTLE=2      # seconds between readiness and the "before" RSS samples
 SOURCE_IPS=127.0.0.2-127.0.0.254
 ROUNDS=2            # echo rounds per server (interleaved); the table shows the median
+HS_CONNS=10000      # (c) connections opened as fast as possible, per round
 
 parse_options "--servers=SERVERS --conns-idle=CONNS_IDLE --rate=RATE --echo-duration=ECHO_DURATION
-  --echo-conns=ECHO_CONNS --rounds=ROUNDS --results-dir=RESULTS_DIR" "$@"
+  --echo-conns=ECHO_CONNS --rounds=ROUNDS --handshakes=HS_CONNS --results-dir=RESULTS_DIR" "$@"
 check_names server "$SERVERS" throng throng1 throng-base gorilla tungstenite tungstenite4k node uws
 check_throng_base
 need jq
@@ -185,12 +191,45 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
+# (c) handshakes: ROUNDS interleaved rounds, a fresh server each.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+for round in $(seq 1 "$ROUNDS"); do
+  for name in "${RAN[@]+"${RAN[@]}"}"; do
+    f=$WORK/$name-hs-r$round.json
+    log "round $round/$ROUNDS $name: $HS_CONNS handshakes, unpaced"
+    wait_quiet
+    if start_server "$name" "hs-r$round"; then
+      sleep 0.5
+      t0=$(cpu_ticks "$SERVER_PID")
+      run_client "$f.client" -mode idle -url "ws://127.0.0.1:$PORT/echo" -conns "$HS_CONNS" -rate 0 \
+        -duration 1s -settle 0s -rss-samples 1
+      t1=$(cpu_ticks "$SERVER_PID")
+      stop_server
+      jq --argjson ticks "$((t1 - t0))" --argjson tck "$CLK_TCK" --argjson r "$round" \
+        '. + {round:$r, server_cpu_seconds:($ticks / $tck),
+              handshakes_per_sec:(if (.open_seconds // 0) > 0 then .opened / .open_seconds else null end),
+              server_cpu_us_per_conn:(if (.opened // 0) > 0 then $ticks / $tck / .opened * 1e6 else null end)}' \
+        "$f.client" >"$f"
+      rm -f "$f.client"
+    else
+      echo '{"error":"server did not start"}' >"$f"
+    fi
+    log "  -> $(jq -c '{opened,failed,open_seconds,handshakes_per_sec,server_cpu_us_per_conn,error}' "$f")"
+  done
+done
+
 # Per-server JSON: idle result + per connection count the rounds and medians
 # (rounds with an error, failed dials, echo errors or mismatches are excluded).
 for name in "${RAN[@]+"${RAN[@]}"}"; do
   jq -n --arg name "$name" --arg version "$(server_version "$name")" --arg cmd "$(server_cmd "$name" PORT; echo "${CMD[*]}")" \
     --slurpfile idle "$WORK/$name-idle.json" \
     '{name:$name, version:$version, command:$cmd, idle:$idle[0], echo:{}}' >"$WORK/$name.json"
+  jq -s '
+    def median: sort | if length == 0 then null elif length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end;
+    (map(select(.error == null and .failed == 0 and .handshakes_per_sec != null))) as $ok |
+    {valid_rounds: ($ok|length), handshakes_per_sec: ($ok|map(.handshakes_per_sec)|median),
+     server_cpu_us_per_conn: ($ok|map(.server_cpu_us_per_conn)|median), rounds: .}' "$WORK/$name"-hs-r*.json >"$WORK/$name-hs.json"
+  jq --slurpfile h "$WORK/$name-hs.json" '.handshakes = $h[0]' "$WORK/$name.json" >"$WORK/$name.tmp" && mv "$WORK/$name.tmp" "$WORK/$name.json"
   for n in ${ECHO_CONNS//,/ }; do
     jq -s --arg n "$n" '
       def median: sort | if length == 0 then null elif length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end;
@@ -216,7 +255,7 @@ jq -n --argjson machine "$(machine_json nofile)" --argjson conns_idle "$CONNS_ID
   --argjson retries "$RETRIES_USED" --argjson quiet_waited "$QUIET_WAITED" \
   '{machine:$machine,
     params:{conns_idle:$conns_idle, rate:$rate, echo_duration:$echo_duration, echo_conns:$echo_conns, source_ips:$src,
-            idle_hold:"'"$IDLE_HOLD"'", idle_settle:"'"$IDLE_SETTLE"'", start_settle_s:'"$START_SETTLE"', message_size:32, warmup:"1s", rounds:$rounds},
+            idle_hold:"'"$IDLE_HOLD"'", idle_settle:"'"$IDLE_SETTLE"'", start_settle_s:'"$START_SETTLE"', message_size:32, warmup:"1s", rounds:$rounds, handshake_conns:'"$HS_CONNS"'},
     skipped:$skipped, run_seconds:$run_seconds, retries_used:$retries, quiet_wait_seconds:$quiet_waited, servers:[]}' >"$WORK/all.json"
 for name in "${RAN[@]+"${RAN[@]}"}"; do add_server "$WORK/$name.json"; done
 cp "$WORK/all.json" "$OUT_JSON"
@@ -230,6 +269,7 @@ render() {
   echo "- load: client \`wsload\` (Go, gorilla/websocket) on the same 2 cores, sources $SOURCE_IPS -> 127.0.0.1;"
   echo "  idle: $CONNS_IDLE conns @ ${RATE}/s, RSS = median of 5 VmRSS samples before / ${IDLE_SETTLE} after all open;"
   echo "  echo: 32 B text, 1 in flight per conn, 1 s warmup + $ECHO_DURATION window, $ROUNDS interleaved rounds (median shown);"
+  echo "  handshakes: $HS_CONNS conns dialed at once, held 1 s, closed; $ROUNDS interleaved rounds (median shown);"
   echo "  fresh server process per measurement; server CPU = utime+stime of the server pid over the window."
   print_skipped
   echo
@@ -243,6 +283,15 @@ render() {
       "| throng ÷ peer | RSS/conn ratio | msgs/s ratio @\($e1) | msgs/s ratio @\($e2) | CPU/msg ratio @\($e1) | CPU/msg ratio @\($e2) |",
       "|---|---:|---:|---:|---:|---:|";
       "| ÷ \(.p.name) | \(r(ok(.t.idle).server_rss_bytes_per_conn; ok(.p.idle).server_rss_bytes_per_conn) | sig3) | \(r(ok(.t.echo[$e1]).msgs_per_sec; ok(.p.echo[$e1]).msgs_per_sec) | f2) | \(r(ok(.t.echo[$e2]).msgs_per_sec; ok(.p.echo[$e2]).msgs_per_sec) | f2) | \(r(ok(.t.echo[$e1]).server_cpu_us_per_msg; ok(.p.echo[$e1]).server_cpu_us_per_msg) | f2) | \(r(ok(.t.echo[$e2]).server_cpu_us_per_msg; ok(.p.echo[$e2]).server_cpu_us_per_msg) | f2) |"),
+    "",
+    "| server | handshakes/s @\(.params.handshake_conns) at once | server CPU µs per connection (upgrade + close) | valid rounds |",
+    "|---|---:|---:|---:|",
+    (.servers[] | "| \(.name) | \(.handshakes.handshakes_per_sec | f0) | \(.handshakes.server_cpu_us_per_conn | f1) | \(.handshakes.valid_rounds // 0)/\(.handshakes.rounds // [] | length) |"),
+    "",
+    ratio_table(
+      "| throng ÷ peer | handshakes/s ratio | CPU/connection ratio |",
+      "|---|---:|---:|";
+      "| ÷ \(.p.name) | \(r(.t.handshakes.handshakes_per_sec; .p.handshakes.handshakes_per_sec) | f2) | \(r(.t.handshakes.server_cpu_us_per_conn; .p.handshakes.server_cpu_us_per_conn) | f2) |"),
     "",
     "Details: idle validity; echo medians over valid rounds, with the min–max of msgs/s and server CPU µs/msg across rounds:",
     "",
