@@ -1067,6 +1067,8 @@ fn drive(
     };
     let end = load_t0 + args.duration;
     let mut last = at_load_start;
+    // Sent (push: published) as of the last status line.
+    let mut last_sent = start_sent;
     let mut last_t = load_t0;
     let mut next_status = (!args.interval.is_zero()).then(|| load_t0 + args.interval);
     let mut next_sample = load_t0 + SAMPLE_EVERY;
@@ -1094,16 +1096,19 @@ fn drive(
             && now >= at
         {
             let c = fleet.live();
+            let sent_now = sent(&c, &publisher);
             eprintln!(
                 "{}",
                 status_line(
                     &c,
                     &last,
+                    (sent_now, last_sent),
                     (now - last_t).as_secs_f64(),
                     (now - load_t0).as_secs_f64()
                 )
             );
             last = c;
+            last_sent = sent_now;
             last_t = now;
             next_status = Some(at + args.interval);
         }
@@ -1151,7 +1156,14 @@ fn drive(
 }
 
 /// One status line: open sockets, rates over the last interval, failures.
-fn status_line(c: &Counters, last: &Counters, secs: f64, since_start: f64) -> String {
+/// `sent`: messages sent (push: published) now and at the previous line.
+fn status_line(
+    c: &Counters,
+    last: &Counters,
+    sent: (u64, u64),
+    secs: f64,
+    since_start: f64,
+) -> String {
     let secs = secs.max(1e-9);
     let samples = c.latency_samples.saturating_sub(last.latency_samples);
     let latency = if samples > 0 {
@@ -1168,8 +1180,8 @@ fn status_line(c: &Counters, last: &Counters, secs: f64, since_start: f64) -> St
         c.open_now,
         c.messages_in,
         c.messages_in.saturating_sub(last.messages_in) as f64 / secs,
-        c.messages_out,
-        c.messages_out.saturating_sub(last.messages_out) as f64 / secs,
+        sent.0,
+        sent.0.saturating_sub(sent.1) as f64 / secs,
         c.pings,
         c.failed,
         c.dropped
@@ -1204,9 +1216,10 @@ mod tests {
             latency_us_sum: 70_000,
             ..Counters::default()
         };
-        let line = status_line(&now, &last, 1.0, 5.0);
+        let line = status_line(&now, &last, (12, 2), 1.0, 5.0);
         assert!(line.contains("latency avg 3.000 ms"), "{line}");
-        assert!(!status_line(&last, &last, 1.0, 5.0).contains("latency"));
+        assert!(line.contains("sent 12 (10/s)"), "{line}");
+        assert!(!status_line(&last, &last, (0, 0), 1.0, 5.0).contains("latency"));
     }
 
     #[test]
