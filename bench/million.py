@@ -344,6 +344,9 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        log = Path(tmp.name) / "serve.log"
+        if log.exists():
+            shutil.copy(log, out_dir / f"million-{stamp}-serve.log")
 
     machine = {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
                "mem_total_kib": meminfo()["MemTotal"]}

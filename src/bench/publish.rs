@@ -179,14 +179,48 @@ fn publish_loop(
                 }
             }
             Ok(r) => fail(&mut summary, format!("status {}", r.status)),
-            Err(e) => fail(&mut summary, e.to_string()),
+            Err(e) => fail(&mut summary, with_causes(&e)),
         }
         i += advance;
     }
     summary
 }
 
+/// An error and its causes, so a failed publish says what the socket said
+/// (timed out, reset, closed) and not only that the request failed.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 fn fail(summary: &mut PublishSummary, reason: String) {
     summary.errors += 1;
     *summary.errors_by_reason.entry(reason).or_default() += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::ClientError;
+
+    #[test]
+    fn a_failed_publish_says_what_the_socket_said() {
+        let e = ClientError::Io {
+            addr: "127.0.0.1:8080".into(),
+            source: std::io::ErrorKind::TimedOut.into(),
+        };
+        assert_eq!(
+            with_causes(&e),
+            format!(
+                "request to 127.0.0.1:8080 failed: {}",
+                std::io::Error::from(std::io::ErrorKind::TimedOut)
+            )
+        );
+    }
 }
