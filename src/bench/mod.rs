@@ -633,12 +633,21 @@ impl BenchArgs {
             } else {
                 self.rate / procs
             },
-            max_opening: if self.child_index.is_some() || self.max_opening == 0 {
+            max_opening: if self.child_index.is_some() {
                 self.max_opening
             } else {
-                (self.max_opening / self.procs.max(1) as u64).max(1)
+                self.max_opening_per_proc()
             },
         })
+    }
+
+    /// Each process's share of `--max-opening` (0 stays "no limit").
+    fn max_opening_per_proc(&self) -> u64 {
+        if self.max_opening == 0 {
+            0
+        } else {
+            (self.max_opening / self.procs.max(1) as u64).max(1)
+        }
     }
 
     /// Arguments (after `throng bench`) for child `index` of a `--procs` run.
@@ -659,12 +668,7 @@ impl BenchArgs {
             "--rate".into(),
             (self.rate / self.procs as f64).to_string(),
             "--max-opening".into(),
-            if self.max_opening == 0 {
-                0
-            } else {
-                (self.max_opening / self.procs.max(1) as u64).max(1)
-            }
-            .to_string(),
+            self.max_opening_per_proc().to_string(),
             "--duration".into(),
             ms(self.duration),
             "--size".into(),
