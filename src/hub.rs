@@ -26,6 +26,9 @@ const SHARDS: usize = 64;
 /// Deliveries waiting for one loop before publishers are told to back off (503):
 /// a stalled loop must not let queues grow without bound.
 const MAX_INBOX: usize = 1 << 16;
+/// How many encodings a message can cache: one per transport format
+/// (`transport::Format::COUNT`, checked there at compile time).
+pub const ENCODINGS: usize = 4;
 
 /// Why a message was not handed to the loops (nothing was delivered).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -113,7 +116,7 @@ pub struct Message {
     /// When the broker handed it to the hub (the start of its delivery latency).
     pub handed: Instant,
     /// One slot per transport format, filled on first use.
-    encoded: Box<[OnceLock<Option<Bytes>>]>,
+    encoded: [OnceLock<Option<Bytes>>; ENCODINGS],
 }
 
 impl Message {
@@ -202,14 +205,12 @@ pub struct Hub {
     shards: Vec<Mutex<HashMap<Box<str>, Arc<Channel>>>>,
     inboxes: Vec<Inbox>,
     hasher: std::collections::hash_map::RandomState,
-    /// How many encodings a message can cache (the transports' formats).
-    formats: usize,
 }
 
 impl Hub {
     /// One inbox per event loop, each waking its loop through `wakers[i]`; every
-    /// message caches up to `formats` encodings.
-    pub fn new(wakers: Vec<Arc<Waker>>, formats: usize) -> Self {
+    /// message caches up to [`ENCODINGS`] encodings.
+    pub fn new(wakers: Vec<Arc<Waker>>) -> Self {
         Hub {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             inboxes: wakers
@@ -223,7 +224,6 @@ impl Hub {
                 })
                 .collect(),
             hasher: std::collections::hash_map::RandomState::new(),
-            formats,
         }
     }
 
@@ -318,7 +318,7 @@ impl Hub {
             body: body(),
             exclude,
             handed: Instant::now(),
-            encoded: (0..self.formats).map(|_| OnceLock::new()).collect(),
+            encoded: Default::default(),
         });
         // Pushed under the channel's lock, so every loop sees one channel's
         // messages in the order they were delivered.
@@ -370,7 +370,7 @@ mod tests {
             .iter()
             .map(|p| Arc::new(Waker::new(p.registry(), mio::Token(0)).unwrap()))
             .collect();
-        (Hub::new(wakers, 2), polls)
+        (Hub::new(wakers), polls)
     }
 
     fn data(seq: u64) -> Body {

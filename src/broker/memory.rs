@@ -288,7 +288,7 @@ mod tests {
             .iter()
             .map(|p| Arc::new(mio::Waker::new(p.registry(), mio::Token(0)).unwrap()))
             .collect();
-        let hub = Arc::new(Hub::new(wakers, 2));
+        let hub = Arc::new(Hub::new(wakers));
         let broker = MemoryBroker::new(Arc::clone(&hub), limits, Namespaces::default());
         (broker, hub, polls)
     }

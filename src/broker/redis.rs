@@ -1218,7 +1218,7 @@ mod tests {
         let polls = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(polls.registry(), mio::Token(0)).unwrap());
         let shared = Shared {
-            hub: Arc::new(Hub::new(vec![waker], 1)),
+            hub: Arc::new(Hub::new(vec![waker])),
             client: Client::open(url.as_str()).unwrap(),
             node: "n".into(),
             listening: AtomicBool::new(false),

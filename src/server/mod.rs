@@ -36,7 +36,6 @@ use crate::config::ServeConfig;
 use crate::history::Limits;
 use crate::hub::Hub;
 use crate::stats::ServerStats;
-use crate::transport::Format;
 use shared::Shared;
 pub use shared::{Admission, Refusal};
 
@@ -168,7 +167,7 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         polls.push(poll);
         wakers.push(Arc::new(waker));
     }
-    let hub = Arc::new(Hub::new(wakers.clone(), Format::COUNT));
+    let hub = Arc::new(Hub::new(wakers.clone()));
     let history = Limits {
         size: config.history_size,
         ttl: config.history_ttl,
@@ -225,7 +224,7 @@ pub(crate) mod tests_support {
             .iter()
             .map(|p| Arc::new(Waker::new(p.registry(), event_loop::WAKER).unwrap()))
             .collect();
-        let hub = Arc::new(Hub::new(wakers, Format::COUNT));
+        let hub = Arc::new(Hub::new(wakers));
         let config = ServeConfig {
             api_key: api_key.map(String::from),
             threads: 2,

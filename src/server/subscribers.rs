@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use slab::Slab;
+use smallvec::SmallVec;
 
 use super::conn::{Conn, Phase};
 use crate::broker::{Broker, BrokerError, Member, Replay};
@@ -26,6 +27,10 @@ use crate::transport::{Format, Subscribe, Subscription};
 
 /// Deliveries of one channel gathered into one write per subscriber.
 const MAX_FRAMES_PER_WRITE: usize = 64;
+
+/// One subscriber's frames of a group: held inline for the usual short runs, so a
+/// lone message reaches its subscribers without an allocation.
+type Frames<'a> = SmallVec<[&'a bytes::Bytes; 4]>;
 
 /// A loop's subscribers of one channel.
 struct LocalChannel {
@@ -293,7 +298,7 @@ impl LocalSubscribers {
         let mut wrote = false;
         // Each format's frames are gathered (and encoded) only if a subscriber here
         // uses it.
-        let mut by_format: [Option<Vec<&bytes::Bytes>>; Format::COUNT] = Default::default();
+        let mut by_format: [Option<Frames<'_>>; Format::COUNT] = Default::default();
         let exclude = group
             .first()
             .and_then(|d| d.exclude)
@@ -315,7 +320,7 @@ impl LocalSubscribers {
                 .iter()
                 .find(|f| f.key == key && f.channel == ckey)
                 .map(|f| f.live_after);
-            let only_new: Vec<&bytes::Bytes>;
+            let only_new: Frames<'_>;
             let frames = match fresh {
                 // History already gave it these: only what is newer goes out.
                 Some(after) => {
@@ -401,7 +406,7 @@ mod tests {
     fn broker(history_size: usize) -> (mio::Poll, Arc<Hub>, MemoryBroker) {
         let poll = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
-        let hub = Arc::new(Hub::new(vec![waker], Format::COUNT));
+        let hub = Arc::new(Hub::new(vec![waker]));
         let limits = Limits {
             size: history_size,
             ttl: Duration::from_secs(300),

@@ -36,6 +36,9 @@ pub enum Format {
     Poll,
 }
 
+// Every format needs its slot in a message's encodings.
+const _: () = assert!(Format::COUNT <= crate::hub::ENCODINGS);
+
 impl Format {
     /// How many formats exist: the encodings a message can cache.
     pub const COUNT: usize = 4;

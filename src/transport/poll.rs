@@ -218,7 +218,7 @@ mod tests {
 
         let poll = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
-        let hub = Arc::new(Hub::new(vec![waker], super::super::Format::COUNT));
+        let hub = Arc::new(Hub::new(vec![waker]));
         let limits = crate::history::Limits {
             size: 10,
             ttl: std::time::Duration::from_secs(60),

@@ -299,7 +299,7 @@ mod tests {
     fn chat_room() -> (MemoryBroker, Arc<Hub>, mio::Poll) {
         let poll = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
-        let hub = Arc::new(Hub::new(vec![waker], Format::COUNT));
+        let hub = Arc::new(Hub::new(vec![waker]));
         let history = crate::history::Limits {
             size: 0,
             ttl: std::time::Duration::ZERO,
