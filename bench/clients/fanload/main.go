@@ -19,13 +19,18 @@
 // Subscribers parse each frame: delivery latency (now - send time; messages
 // sent after the warmup), and per subscriber a seq bitmap: duplicates, out of
 // order (a seq below the highest seen), and at the end lost = published with a
-// 200 answer but never received. With -server-pid the server's utime+stime
-// over the measured window gives server CPU per delivery; the client's own
+// 2xx answer but never received. With -server-pid the server's utime+stime
+// (with its child processes: nginx's workers) over the measured window gives
+// server CPU per delivery; the client's own
 // CPU and the rest of the machine's load are reported too.
 //
 // -publish-rate 0 is the idle mode: subscribe, wait -settle, sample the
 // server's VmRSS (median of -rss-samples; also sampled before the first dial),
 // hold -duration, close: server RSS bytes per subscribed connection.
+//
+// -messages N is the burst mode (bench/burst.sh): N messages back to back (or
+// paced at -publish-rate), measured from the first publish until every
+// subscriber has every accepted one.
 //
 // Everything is bounded: dials and requests time out, the windows are fixed,
 // the close is forced after a few seconds.
@@ -63,6 +68,7 @@ type config struct {
 	channels    int
 	rate        float64
 	publishRate float64
+	messages    int
 	publishers  int
 	keepAlive   bool
 	size        int
@@ -247,8 +253,9 @@ type pubStats struct {
 }
 
 type chanState struct {
-	next uint64 // last seq used (owned by one publisher goroutine)
-	ok   bitset // seqs the server answered 200 for
+	next uint64       // last seq used (owned by one publisher goroutine)
+	ok   bitset       // seqs the server answered 2xx for
+	okN  atomic.Int64 // how many: read by the burst's waiter
 }
 
 type result struct {
@@ -356,18 +363,21 @@ func (r *run) publishOne(hc *http.Client, ps *pubStats, ch int, st *chanState, p
 	rb, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
 	ps.rtt.Add(p, int64(time.Since(t0)))
-	if resp.StatusCode != 200 {
+	// Any 2xx is an accepted publish (Nchan answers 201 or 202 with channel info).
+	if resp.StatusCode/100 != 2 {
 		ps.failed.Add(1)
 		ps.errs.Add(fmt.Sprintf("HTTP %d: %.80s", resp.StatusCode, strings.TrimSpace(string(rb))))
 		return
 	}
+	// A server that answers with its own seq (throng, the hubs) must agree with ours.
 	var ans struct {
-		Seq uint64 `json:"seq"`
+		Seq *uint64 `json:"seq"`
 	}
-	if json.Unmarshal(rb, &ans) != nil || ans.Seq != seq {
+	if json.Unmarshal(rb, &ans) == nil && ans.Seq != nil && *ans.Seq != seq {
 		ps.seqMismatch.Add(1)
 	}
 	st.ok.set(seq)
+	st.okN.Add(1)
 	ps.ok.Add(1)
 }
 
@@ -380,6 +390,8 @@ func main() {
 	flag.IntVar(&cfg.channels, "channels", 1, "channels; subscriber i joins channel i%K")
 	flag.Float64Var(&cfg.rate, "rate", 3000, "subscriber connection opening rate per second (0 = unpaced)")
 	flag.Float64Var(&cfg.publishRate, "publish-rate", 10, "messages per second in total, round-robin over channels (0 = idle mode)")
+	flag.IntVar(&cfg.messages, "messages", 0, "burst mode: publish this many messages in total at full speed (each publisher one request at a time; "+
+		"a -publish-rate above 0 paces them instead; -warmup unused, -duration bounds the publishing) and measure until every subscriber has them")
 	flag.IntVar(&cfg.publishers, "publishers", 16, "publisher goroutines (each owns channels c with c%P == p)")
 	flag.BoolVar(&cfg.keepAlive, "keepalive", true, "reuse publish connections where the server allows it")
 	flag.IntVar(&cfg.size, "size", 64, "message size in bytes (padded; at least the seq and timestamp)")
@@ -403,6 +415,8 @@ func main() {
 		fail("-warmup and -grace must be 0..1m")
 	case cfg.publishRate < 0 || cfg.publishRate > 1e6:
 		fail("-publish-rate must be 0..1e6")
+	case cfg.messages < 0 || cfg.messages/cfg.channels > maxSeq/2:
+		fail("-messages must be 0.. (too many per channel)")
 	case cfg.publishRate*(cfg.warmup+cfg.duration).Seconds()/float64(cfg.channels) > maxSeq/2:
 		fail("too many messages per channel")
 	case cfg.publishers < 1 || cfg.publishers > 1024:
@@ -424,7 +438,9 @@ func main() {
 
 	res := result{Label: cfg.label, Mode: "fanout", Addr: cfg.addr, Format: cfg.format, Conns: cfg.conns, Channels: cfg.channels,
 		Rate: cfg.rate, RSSDelta: cfg.RSSBefore()}
-	if cfg.publishRate == 0 {
+	if cfg.messages > 0 {
+		res.Mode = "burst"
+	} else if cfg.publishRate == 0 {
 		res.Mode = "idle"
 	}
 	res.Opening = r.openAll()
@@ -432,7 +448,11 @@ func main() {
 	time.Sleep(cfg.settle)
 	cfg.RSSAfter(&res.RSSDelta, res.Opened)
 
-	if cfg.publishRate == 0 {
+	if cfg.messages > 0 {
+		if res.Opened > 0 {
+			r.burst(&res)
+		}
+	} else if cfg.publishRate == 0 {
 		hold := time.Now()
 		time.Sleep(cfg.duration)
 		res.HoldSeconds = time.Since(hold).Seconds()
@@ -454,7 +474,7 @@ func main() {
 			res.ClosedByServer++
 		}
 	}
-	if res.Opened > 0 && cfg.publishRate > 0 {
+	if res.Opened > 0 && (cfg.publishRate > 0 || cfg.messages > 0) {
 		r.tally(&res)
 	}
 	loadkit.WriteJSON(res)
@@ -462,19 +482,21 @@ func main() {
 
 var chans []chanState
 
-func (r *run) publish(res *result) {
+// startPublishers starts -publishers goroutines, each publishing to the channels
+// handed to its queue, one request at a time; done ends when the queues are
+// closed and drained.
+func (r *run) startPublishers(res *result, ps *pubStats) (queues []chan int, done *sync.WaitGroup) {
 	cfg := r.cfg
-	ps := &pubStats{}
 	hc := postClient(cfg, r.ips, ps)
 	chans = make([]chanState, cfg.channels)
 	pad := bytes.Repeat([]byte("x"), cfg.size)
-	queues := make([]chan int, cfg.publishers)
-	var pw sync.WaitGroup
+	queues = make([]chan int, cfg.publishers)
+	done = &sync.WaitGroup{}
 	for p := range queues {
 		queues[p] = make(chan int, 4096)
-		pw.Add(1)
+		done.Add(1)
 		go func(p int) {
-			defer pw.Done()
+			defer done.Done()
 			for ch := range queues[p] {
 				r.publishOne(hc, ps, ch, &chans[ch], pad, p)
 			}
@@ -482,6 +504,13 @@ func (r *run) publish(res *result) {
 	}
 	res.Size, res.PublishRate, res.Publishers, res.KeepAlive = cfg.size, cfg.publishRate, cfg.publishers, cfg.keepAlive
 	res.WarmupSeconds, res.GraceSeconds, res.ClkTck = cfg.warmup.Seconds(), cfg.grace.Seconds(), cfg.ClkTck
+	return queues, done
+}
+
+func (r *run) publish(res *result) {
+	cfg := r.cfg
+	ps := &pubStats{}
+	queues, pw := r.startPublishers(res, ps)
 
 	pubStart := time.Now().Add(20 * time.Millisecond)
 	tStart := pubStart.Add(cfg.warmup)
@@ -542,20 +571,85 @@ func (r *run) publish(res *result) {
 	time.Sleep(cfg.grace)
 	dEnd := r.delivers.Load()
 
+	r.account(res, ps, use, d1-d0)
+	res.Deliveries = dEnd
+	res.PublishedInWindow = p1 - p0
+	res.PublishPerSec = float64(p1-p0) / window
+	res.DeliveriesInWindow = d1 - d0
+	res.DeliveriesInGrace = dEnd - dEndPub
+	res.DeliveriesPerSec = float64(d1-d0) / window
+}
+
+// burst publishes -messages messages at full speed (or paced at -publish-rate,
+// if above 0), round-robin over the channels, and measures from the first
+// publish until every subscriber has every accepted message (or -grace after
+// the last answer): deliveries/s over that time, latency of every message,
+// server CPU per delivery.
+func (r *run) burst(res *result) {
+	cfg := r.cfg
+	ps := &pubStats{}
+	queues, pw := r.startPublishers(res, ps)
+	open := make([]int64, cfg.channels)
+	for _, s := range r.subs {
+		if s.conn != nil {
+			open[s.ch]++
+		}
+	}
+	expected := func() (n int64) {
+		for ch := range chans {
+			n += chans[ch].okN.Load() * open[ch]
+		}
+		return n
+	}
+	fmt.Fprintf(os.Stderr, "fanload: burst of %d messages over %d channels (paced at %.0f/s; 0 = full speed)\n",
+		cfg.messages, cfg.channels, cfg.publishRate)
+	start := time.Now()
+	deadline := start.Add(cfg.duration)
+	r.measFrom.Store(start.UnixNano())
+	win := loadkit.StartWindow(cfg.ServerPID)
+	d0 := r.delivers.Load()
+	for k := 0; k < cfg.messages; k++ {
+		if cfg.publishRate > 0 { // paced: message k is due at k/rate (later if the answers are slower)
+			time.Sleep(time.Until(start.Add(time.Duration(float64(k) * float64(time.Second) / cfg.publishRate))))
+		}
+		if time.Now().After(deadline) {
+			ps.skipped.Add(int64(cfg.messages - k))
+			break
+		}
+		ch := k % cfg.channels
+		queues[ch%cfg.publishers] <- ch
+	}
+	for _, q := range queues {
+		close(q)
+	}
+	pw.Wait() // every request ends within the request timeout
+	published := time.Since(start).Seconds()
+	for until := time.Now().Add(cfg.grace); r.delivers.Load()-d0 < expected() && time.Now().Before(until); {
+		time.Sleep(time.Millisecond)
+	}
+	use := win.End()
+	d1 := r.delivers.Load()
+	r.account(res, ps, use, d1-d0)
+	res.PublishedInWindow = ps.ok.Load()
+	res.PublishPerSec = float64(ps.ok.Load()) / published
+	res.DeliveriesInWindow = d1 - d0
+	res.DeliveriesPerSec = float64(d1-d0) / use.Seconds
+}
+
+// account fills in what every publishing mode reports: the publishes, the
+// deliveries, latency, and the CPU of server, client and machine over the window.
+func (r *run) account(res *result, ps *pubStats, use loadkit.Usage, delivered int64) {
+	cfg := r.cfg
+	window := use.Seconds
 	tck := float64(cfg.ClkTck)
 	res.WindowSeconds = window
 	res.PublishedOK = ps.ok.Load()
 	res.PublishFailed, res.PublishSkipped = ps.failed.Load(), ps.skipped.Load()
 	res.PublishErrors = ps.errs.Snapshot()
 	res.PublishSeqMismatch, res.PublishDials = ps.seqMismatch.Load(), ps.dials.Load()
-	res.PublishedInWindow = p1 - p0
-	res.PublishPerSec = float64(p1-p0) / window
 	rtt := summarize(ps.rtt.Merged())
 	res.PublishRTTUS = &rtt
-	res.Deliveries = dEnd
-	res.DeliveriesInWindow = d1 - d0
-	res.DeliveriesInGrace = dEnd - dEndPub
-	res.DeliveriesPerSec = float64(d1-d0) / window
+	res.Deliveries = r.delivers.Load()
 	lat := summarize(r.lat.Merged())
 	res.LatencyUS = &lat
 	res.ClientCPUSeconds = use.ClientSeconds
@@ -564,16 +658,16 @@ func (r *run) publish(res *result) {
 	res.MachineIRQ = loadkit.UserHZSeconds(use.Machine.IRQ)
 	res.MachineSteal = loadkit.UserHZSeconds(use.Machine.Steal)
 	res.OtherProcs = float64(use.OthersTicks) / tck
-	if d1 > d0 {
-		res.ClientCPUUSPer = res.ClientCPUSeconds * 1e6 / float64(d1-d0)
+	if delivered > 0 {
+		res.ClientCPUUSPer = res.ClientCPUSeconds * 1e6 / float64(delivered)
 	}
 	res.Residual = res.MachineBusy - res.ClientCPUSeconds
 	if use.ServerOK {
 		res.ServerCPUSeconds = float64(use.ServerTicks) / tck
 		res.ServerCPUCores = res.ServerCPUSeconds / window
 		res.Residual -= res.ServerCPUSeconds
-		if d1 > d0 {
-			res.ServerCPUUSPer = res.ServerCPUSeconds * 1e6 / float64(d1-d0)
+		if delivered > 0 {
+			res.ServerCPUUSPer = res.ServerCPUSeconds * 1e6 / float64(delivered)
 		}
 	}
 	// Other load: other user processes, bounded by what the machine did

@@ -50,6 +50,42 @@ func ProcCPUTicks(pid int) (int64, error) {
 	return ut + st, nil
 }
 
+// ServerPIDs is pid and its child processes: a server that runs workers
+// (nginx's master and its worker processes) is measured whole.
+func ServerPIDs(pid int) []int {
+	if pid <= 0 {
+		return nil
+	}
+	pids := []int{pid}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return pids
+	}
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil || child == pid {
+			continue
+		}
+		if f, err := ProcStatFields(child); err == nil && f[1] == strconv.Itoa(pid) {
+			pids = append(pids, child)
+		}
+	}
+	return pids
+}
+
+// ServerCPUTicks returns utime+stime of pid and its children (clock ticks).
+func ServerCPUTicks(pid int) (int64, error) {
+	var sum int64
+	for i, p := range ServerPIDs(pid) {
+		t, err := ProcCPUTicks(p)
+		if err != nil && i == 0 {
+			return 0, err
+		}
+		sum += t
+	}
+	return sum, nil
+}
+
 // ProcRSSKB returns VmRSS of pid in KiB.
 func ProcRSSKB(pid int) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -185,10 +221,10 @@ func SelfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// Window measures a load window: the server's utime+stime (with a server pid),
-// this process's CPU, the machine's /proc/stat and the CPU of every other
-// user-space process (a gauge of disturbance by other sessions on a shared
-// machine).
+// Window measures a load window: the server's utime+stime (with a server pid;
+// its child processes included), this process's CPU, the machine's /proc/stat
+// and the CPU of every other user-space process (a gauge of disturbance by
+// other sessions on a shared machine).
 type Window struct {
 	serverPID int
 	srv0      int64
@@ -213,23 +249,23 @@ type Usage struct {
 func StartWindow(serverPID int) *Window {
 	w := &Window{serverPID: serverPID, srvErr: errors.New("no server pid")}
 	if serverPID > 0 {
-		w.srv0, w.srvErr = ProcCPUTicks(serverPID)
+		w.srv0, w.srvErr = ServerCPUTicks(serverPID)
 	}
 	w.cli0 = SelfCPU()
 	w.m0 = MachineStat()
-	w.others0 = OthersCPU(os.Getpid(), serverPID)
+	w.others0 = OthersCPU(append(ServerPIDs(serverPID), os.Getpid())...)
 	w.wall0 = time.Now()
 	return w
 }
 
 // End takes the readings at the end of the window.
 func (w *Window) End() Usage {
-	others1 := OthersCPU(os.Getpid(), w.serverPID)
+	others1 := OthersCPU(append(ServerPIDs(w.serverPID), os.Getpid())...)
 	m1 := MachineStat()
 	cli1 := SelfCPU()
 	u := Usage{Machine: m1.sub(w.m0), OthersTicks: OthersDelta(w.others0, others1), ClientSeconds: (cli1 - w.cli0).Seconds()}
 	if w.srvErr == nil {
-		if srv1, err := ProcCPUTicks(w.serverPID); err == nil {
+		if srv1, err := ServerCPUTicks(w.serverPID); err == nil {
 			u.ServerOK, u.ServerTicks = true, srv1-w.srv0
 		}
 	}
