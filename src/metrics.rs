@@ -21,7 +21,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::stats::{HandshakeFailure, LATENCY_BOUNDS, Snapshot};
+use crate::stats::{HandshakeFailure, LATENCY_BOUNDS, Snapshot, TURN_BOUNDS};
 
 /// The `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -278,6 +278,20 @@ pub fn render(scrape: &Scrape) -> String {
         &s.latency.buckets,
         s.latency.sum_ns as f64 / 1e9,
     );
+    let bounds: Vec<&str> = TURN_BOUNDS.iter().map(|&(_, le)| le).collect();
+    e.histogram(
+        "throng_loop_turn_seconds",
+        "Time an event loop spent between two waits (all of its connections wait for a turn).",
+        &bounds,
+        &s.turns,
+        s.turn_sum_ns as f64 / 1e9,
+    );
+    e.single(
+        "throng_loop_turn_slowest_seconds",
+        "The longest turn of any event loop since the start.",
+        Kind::Gauge,
+        Value::Float(s.slowest_turn_ns as f64 / 1e9),
+    );
     e.single(
         "throng_channels",
         "Channels the broker knows on this node.",
@@ -404,6 +418,9 @@ mod tests {
             bytes_sent: 999,
             slow_consumers: 1,
             latency,
+            turns: [5, 1, 0, 0, 0, 1, 0],
+            turn_sum_ns: 2_500_000_000,
+            slowest_turn_ns: 2_000_000_000,
             ..Snapshot::default()
         };
         snapshot.handshake_failures[HandshakeFailure::Timeout as usize] = 2;
@@ -436,6 +453,13 @@ mod tests {
             r#"throng_delivery_latency_seconds_bucket{le="+Inf"} 2"#,
             "throng_delivery_latency_seconds_sum 10.00003",
             "throng_delivery_latency_seconds_count 2",
+            r#"throng_loop_turn_seconds_bucket{le="0.0001"} 5"#,
+            r#"throng_loop_turn_seconds_bucket{le="1"} 6"#,
+            r#"throng_loop_turn_seconds_bucket{le="10"} 7"#,
+            r#"throng_loop_turn_seconds_bucket{le="+Inf"} 7"#,
+            "throng_loop_turn_seconds_sum 2.5",
+            "throng_loop_turn_seconds_count 7",
+            "throng_loop_turn_slowest_seconds 2",
             "throng_channels 5",
             "throng_uptime_seconds 1.5",
             "process_resident_memory_bytes 4096",
@@ -450,7 +474,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 12, "{text}");
+        assert_eq!(types.len(), 14, "{text}");
         assert_eq!(helps, types.len());
         let mut unique = types.clone();
         unique.sort_unstable();

@@ -89,6 +89,25 @@ pub const LATENCY_BOUNDS: [(u64, &str); 16] = [
 /// Buckets of the latency histogram: one per bound and `+Inf`.
 pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS.len() + 1;
 
+/// Upper bounds of the loop-turn buckets, in nanoseconds and as the `le` label. A
+/// turn is an event loop's work between two waits: every connection of the loop
+/// waits for it, so a long turn is late answers for all of them.
+pub const TURN_BOUNDS: [(u64, &str); 6] = [
+    (100_000, "0.0001"),
+    (1_000_000, "0.001"),
+    (10_000_000, "0.01"),
+    (100_000_000, "0.1"),
+    (1_000_000_000, "1"),
+    (10_000_000_000, "10"),
+];
+/// Buckets of the turn histogram: one per bound and `+Inf`.
+pub const TURN_BUCKETS: usize = TURN_BOUNDS.len() + 1;
+/// The first bucket of turns longer than 100 ms, and of those longer than 1 s.
+pub const TURN_OVER_100MS: usize = 4;
+pub const TURN_OVER_1S: usize = 5;
+const _: () = assert!(TURN_BOUNDS[TURN_OVER_100MS - 1].0 == 100_000_000);
+const _: () = assert!(TURN_BOUNDS[TURN_OVER_1S - 1].0 == 1_000_000_000);
+
 /// A loop turn's latency observations: plain counts per bucket (not cumulative)
 /// and their sum.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -147,11 +166,30 @@ pub struct LoopCounters {
     /// Delivery latency per bucket (not cumulative), see [`Latencies`].
     pub latency_buckets: [AtomicU64; LATENCY_BUCKETS],
     pub latency_sum_ns: AtomicU64,
+    /// Turns per bucket (not cumulative), see [`TURN_BOUNDS`], their total time
+    /// and the longest.
+    pub turn_buckets: [AtomicU64; TURN_BUCKETS],
+    pub turn_sum_ns: AtomicU64,
+    pub slowest_turn_ns: AtomicU64,
 }
 
 impl LoopCounters {
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts one turn of the loop that took `took` (only that loop writes).
+    pub fn record_turn(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = TURN_BOUNDS
+            .iter()
+            .position(|&(bound, _)| ns <= bound)
+            .unwrap_or(TURN_BOUNDS.len());
+        Self::add(&self.turn_buckets[bucket], 1);
+        Self::add(&self.turn_sum_ns, ns);
+        if ns > self.slowest_turn_ns.load(Ordering::Relaxed) {
+            self.slowest_turn_ns.store(ns, Ordering::Relaxed);
+        }
     }
 }
 
@@ -249,6 +287,11 @@ pub struct Snapshot {
     pub slow_consumers: u64,
     pub handshake_failures: [u64; HandshakeFailure::COUNT],
     pub latency: Latencies,
+    /// Loop turns per bucket of [`TURN_BOUNDS`] (not cumulative), their total
+    /// time, and the longest turn of any loop.
+    pub turns: [u64; TURN_BUCKETS],
+    pub turn_sum_ns: u64,
+    pub slowest_turn_ns: u64,
 }
 
 impl Snapshot {
@@ -302,6 +345,11 @@ impl ServerStats {
                 *sum += load(c);
             }
             s.latency.sum_ns += load(&l.latency_sum_ns);
+            for (sum, c) in s.turns.iter_mut().zip(&l.turn_buckets) {
+                *sum += load(c);
+            }
+            s.turn_sum_ns += load(&l.turn_sum_ns);
+            s.slowest_turn_ns = s.slowest_turn_ns.max(load(&l.slowest_turn_ns));
         }
         s
     }
@@ -366,6 +414,28 @@ mod tests {
         assert_eq!(l.buckets[LATENCY_BUCKETS - 1], 1);
         assert_eq!(l.count(), 4);
         assert_eq!(l.sum_ns, 25_000 + 25_001 + 3_000_000 + 60_000_000_000);
+    }
+
+    #[test]
+    fn turns_land_in_their_buckets_and_the_slowest_is_kept() {
+        let stats = ServerStats::new(2);
+        let zero = stats.loop_counters(0);
+        let one = stats.loop_counters(1);
+        zero.record_turn(Duration::from_micros(50));
+        zero.record_turn(Duration::from_millis(100));
+        zero.record_turn(Duration::from_millis(101));
+        one.record_turn(Duration::from_secs(3));
+        one.record_turn(Duration::from_secs(11));
+        one.record_turn(Duration::from_micros(10));
+        let s = stats.snapshot();
+        assert_eq!(s.turns, [2, 0, 0, 1, 1, 1, 1]);
+        assert_eq!(s.turns[TURN_OVER_100MS..].iter().sum::<u64>(), 3);
+        assert_eq!(s.turns[TURN_OVER_1S..].iter().sum::<u64>(), 2);
+        assert_eq!(s.slowest_turn_ns, 11_000_000_000);
+        assert_eq!(
+            s.turn_sum_ns,
+            50_000 + 100_000_000 + 101_000_000 + 3_000_000_000 + 11_000_000_000 + 10_000
+        );
     }
 
     #[test]

@@ -43,6 +43,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often loop 0 gives the broker its housekeeping turn.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
+/// A turn at least this long is logged (at most four lines a second per loop).
+const SLOW_TURN: Duration = Duration::from_millis(250);
 /// During a drain, plain HTTP connections (a proxy's kept-alive ones, those just
 /// taken from the accept queue) get this long to send a request already on its
 /// way; it is answered with `Connection: close`, the idle ones then close.
@@ -150,6 +152,7 @@ impl EventLoop {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+            let woke = Instant::now();
             self.now = self.wheel.now();
             for event in events.iter() {
                 match event.token() {
@@ -186,6 +189,19 @@ impl EventLoop {
                 self.shared.broker.maintain();
             }
             self.turn.publish(&self.counters);
+            let took = woke.elapsed();
+            self.counters.record_turn(took);
+            if took >= SLOW_TURN {
+                // Every connection of this loop waited this long: say so, with
+                // what the turn had to do.
+                tracing::warn!(
+                    event_loop = self.index,
+                    took_ms = took.as_millis() as u64,
+                    events = events.iter().count(),
+                    connections = self.conns.len(),
+                    "slow event loop turn"
+                );
+            }
 
             if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
                 self.begin_drain();

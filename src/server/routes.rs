@@ -20,7 +20,7 @@ use crate::protocol::DataKind;
 use crate::protocol::handshake::{self, HandshakeError};
 use crate::protocol::http::{self, Request};
 use crate::rules::{is_reserved, validate_channel_name, validate_client_name};
-use crate::stats::{HandshakeFailure, TurnCounts};
+use crate::stats::{HandshakeFailure, TURN_OVER_1S, TURN_OVER_100MS, TurnCounts};
 use crate::transport::{Format, Handover, Opening, Subscribe, sse};
 use crate::web;
 
@@ -694,6 +694,14 @@ fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome
             "messages_in": snap.messages_in,
             "messages_out": snap.messages_out,
             "accepted": snap.accepted,
+            // How long this process's event loops take per turn: a slow turn is a
+            // late answer for every connection of its loop.
+            "loop_turns": {
+                "count": snap.turns.iter().sum::<u64>(),
+                "over_100ms": snap.turns[TURN_OVER_100MS..].iter().sum::<u64>(),
+                "over_1s": snap.turns[TURN_OVER_1S..].iter().sum::<u64>(),
+                "slowest_ms": snap.slowest_turn_ns as f64 / 1e6,
+            },
             "uptime_seconds": uptime,
             "broker": ctx.shared.broker.describe(),
             "broker_healthy": ctx.shared.broker.healthy(),

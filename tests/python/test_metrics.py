@@ -6,6 +6,7 @@ the broker's health, and counters that only ever grow."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -30,6 +31,8 @@ FAMILIES = {
     "throng_handshake_failures_total": "counter",
     "throng_broker_up": "gauge",
     "throng_delivery_latency_seconds": "histogram",
+    "throng_loop_turn_seconds": "histogram",
+    "throng_loop_turn_slowest_seconds": "gauge",
     "throng_channels": "gauge",
     "throng_uptime_seconds": "gauge",
     "process_resident_memory_bytes": "gauge",
@@ -71,10 +74,10 @@ class Metrics:
         }
         return {k: v for k, v in self.samples.items() if k[0] in names}
 
-    def buckets(self) -> list[tuple[float, float]]:
-        """The latency histogram's (le, cumulative count), in the page's order."""
-        family = self.families[HISTOGRAM]
-        return [(float(s.labels["le"]), s.value) for s in family.samples if s.name == HISTOGRAM + "_bucket"]
+    def buckets(self, histogram: str = HISTOGRAM) -> list[tuple[float, float]]:
+        """A histogram's (le, cumulative count), in the page's order."""
+        family = self.families[histogram]
+        return [(float(s.labels["le"]), s.value) for s in family.samples if s.name == histogram + "_bucket"]
 
     def connections(self) -> dict[str, float]:
         return {t: self.value("throng_connections", transport=t) for t in ("websocket", "sse", "poll")}
@@ -118,13 +121,13 @@ def sse_event(c: RawConn) -> bytes:
             return lines[b"data"]
 
 
-def assert_histogram_consistent(m: Metrics) -> None:
-    buckets = m.buckets()
+def assert_histogram_consistent(m: Metrics, histogram: str = HISTOGRAM) -> None:
+    buckets = m.buckets(histogram)
     les = [le for le, _ in buckets]
     assert les == sorted(les) and les[-1] == float("inf"), les
     counts = [n for _, n in buckets]
     assert counts == sorted(counts), f"buckets are not cumulative: {buckets}"
-    assert counts[-1] == m.value(HISTOGRAM + "_count"), "+Inf bucket != _count"
+    assert counts[-1] == m.value(histogram + "_count"), "+Inf bucket != _count"
 
 
 def test_every_family_has_help_type_and_the_text_content_type(start_server):
@@ -362,9 +365,33 @@ def test_counters_only_grow_across_scrapes(start_server):
             for key, value in m.monotonic().items():
                 assert value >= seen.samples.get(key, 0), f"{key} went from {seen.samples.get(key)} to {value}"
             assert_histogram_consistent(m)
+            assert_histogram_consistent(m, "throng_loop_turn_seconds")
             assert m.value("throng_uptime_seconds") >= seen.value("throng_uptime_seconds")
             seen = m
         assert seen.value(HISTOGRAM + "_count") >= 50
         assert seen.value("throng_messages_published_total") == 50
     finally:
         sub.close()
+
+
+def test_loop_turns_are_counted_and_agree_with_api_stats(start_server):
+    """Every turn of an event loop lands in `throng_loop_turn_seconds`; the slowest
+    is a gauge, and /api/stats says the same for the process."""
+    srv = start_server("--threads", "2")
+    for i in range(20):
+        publish_ok(srv.port, "turns", str(i))
+    m = scrape(srv.port)
+    assert_histogram_consistent(m, "throng_loop_turn_seconds")
+    turns = m.value("throng_loop_turn_seconds_count")
+    # Each publish woke a loop at least once (and the scrape itself is a turn).
+    assert turns >= 20, m.text
+    slowest = m.value("throng_loop_turn_slowest_seconds")
+    total = m.value("throng_loop_turn_seconds_sum")
+    assert 0 < slowest <= total, (slowest, total)
+    # A loop turn that answers a publish on loopback takes far less than 10 s.
+    assert m.buckets("throng_loop_turn_seconds")[-2] == (10.0, turns)
+    stats = json.loads(http_request(srv.port, "GET", "/api/stats", b"").body)
+    lt = stats["loop_turns"]
+    assert set(lt) == {"count", "over_100ms", "over_1s", "slowest_ms"}, lt
+    assert lt["count"] >= turns and lt["over_1s"] <= lt["over_100ms"] <= lt["count"], lt
+    assert lt["slowest_ms"] >= slowest * 1000, (lt, slowest)
