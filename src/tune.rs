@@ -943,6 +943,15 @@ pub fn render(r: &Report, applying: bool) -> String {
         );
     }
 
+    if r.loopback && m.cores > 1 {
+        line(format!(
+            "\nI/O threads: serve runs one event loop per core (--threads {}). With throng bench on\n\
+             the same cores, give serve --threads 1 (per worker): half-busy loops sleep and wake\n\
+             three times as often, ~11% more CPU per message (docs/BENCHMARKS.md, section 14).",
+            m.cores
+        ));
+    }
+
     let f = &r.fixes;
     if !f.sysctl.is_empty() {
         line("\nTo fix, now (until reboot; --apply does this):".into());
@@ -1339,6 +1348,18 @@ mod tests {
         }
         assert!(text.contains("throng serve --workers 51"));
         assert!(text.contains("Still too low for 1,000,000 connections"));
+        // The server alone gets no advice on sharing cores with the bench...
+        assert!(!text.contains("I/O threads"), "{text}");
+        // ...but with the bench on the same cores, one loop per worker.
+        let shared = Want {
+            loopback: true,
+            ..want(1_000_000)
+        };
+        let text = render(&check(&Machine::read(&Fake::vm()).unwrap(), shared), false);
+        assert!(
+            text.contains("I/O threads") && text.contains("--threads 1"),
+            "{text}"
+        );
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["items"][4]["current"], 4096);
         assert_eq!(

@@ -141,7 +141,9 @@ impl EventLoop {
         hub::enter_loop(self.index);
         let mut events = Events::with_capacity(1024);
         loop {
-            let idle = self.unfinished.is_empty() && !self.shared.hub.inbox(self.index).has_work();
+            let idle = self.unfinished.is_empty()
+                && !self.subscribers.has_pending()
+                && !self.shared.hub.inbox(self.index).has_work();
             let timeout = if idle {
                 self.wheel.until_next_tick().max(Duration::from_millis(1))
             } else {
@@ -177,8 +179,9 @@ impl EventLoop {
                 self.on_readable(key, false);
             }
             // Publishes made during this turn (HTTP or chat) to our own inbox were
-            // not signalled through the waker: deliver them now.
-            if self.shared.hub.inbox(self.index).has_work() {
+            // not signalled through the waker, and a large fan-out goes on a slice
+            // a turn: deliver now.
+            if self.subscribers.has_pending() || self.shared.hub.inbox(self.index).has_work() {
                 self.drain_inbox();
             }
             self.run_timers();

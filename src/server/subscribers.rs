@@ -28,6 +28,11 @@ use crate::transport::{Format, Subscribe, Subscription};
 /// Deliveries of one channel gathered into one write per subscriber.
 const MAX_FRAMES_PER_WRITE: usize = 64;
 
+/// Subscribers one turn of the loop writes to at most; a larger fan-out goes on
+/// in the next turns, so the loop's other connections (a publisher waiting for
+/// its answer, a handshake, a ping) wait for a slice, not for the whole fan-out.
+const FAN_OUT_PER_TURN: usize = 1024;
+
 /// One subscriber's frames of a group: held inline for the usual short runs, so a
 /// lone message reaches its subscribers without an allocation.
 type Frames<'a> = SmallVec<[&'a bytes::Bytes; 4]>;
@@ -65,14 +70,31 @@ pub enum Follow {
     Answered(usize),
 }
 
-/// A returning subscriber that joined since the last inbox batch: history gave it
-/// every message up to `live_after`, so older deliveries still waiting in the inbox
-/// must not reach it a second time.
+/// A returning subscriber that joined since the last inbox batch was taken:
+/// history gave it every message up to `live_after`, so older deliveries still
+/// waiting in the inbox (or in the batch being delivered) must not reach it a
+/// second time.
 #[derive(Debug, Clone, Copy)]
 struct Fresh {
     key: usize,
     channel: usize,
     live_after: u64,
+    /// Kept until batch number `until` (the next one taken after the join) is
+    /// delivered: everything published before the join is in it or before it.
+    until: u64,
+}
+
+/// A fan-out larger than one turn's share, part done: the subscribers it had
+/// when it began, and the next one to write to.
+struct Cursor {
+    /// The end of the group (in the batch) being fanned out.
+    end: usize,
+    keys: Vec<u32>,
+    next: usize,
+    wrote: bool,
+    /// Connections that subscribed since it began (perhaps under the key of one
+    /// that left): they start at the next message, as they would have before.
+    joined: Vec<u32>,
 }
 
 pub struct LocalSubscribers {
@@ -81,8 +103,14 @@ pub struct LocalSubscribers {
     lists: HashMap<usize, LocalChannel>,
     /// Returning subscribers until the next inbox batch has been delivered.
     fresh: Vec<Fresh>,
-    /// Reused buffer for inbox batches.
+    /// The inbox batch being delivered (a reused buffer): from `start` on, the
+    /// groups not yet delivered; `cursor` is the fan-out of the first of them, if
+    /// it is part done.
     batch: Vec<Delivery>,
+    start: usize,
+    cursor: Option<Cursor>,
+    /// Inbox batches taken so far.
+    taken: u64,
     /// The names chat clients chose (`name=`), by connection: kept here rather than
     /// in every subscription, which stays as small as an unnamed one.
     names: HashMap<usize, Box<str>>,
@@ -101,6 +129,9 @@ impl LocalSubscribers {
             lists: HashMap::new(),
             fresh: Vec::new(),
             batch: Vec::new(),
+            start: 0,
+            cursor: None,
+            taken: 0,
             names: HashMap::new(),
             expiring: BinaryHeap::new(),
             stale_expiries: 0,
@@ -139,7 +170,11 @@ impl LocalSubscribers {
                 key,
                 channel: channel_key(&joined.channel),
                 live_after: replay.last_seq,
+                until: self.taken + 1,
             });
+        }
+        if let Some(cursor) = &mut self.cursor {
+            cursor.joined.push(key as u32);
         }
         if let Some(name) = &subscribe.name {
             self.names.insert(key, name.clone());
@@ -237,8 +272,15 @@ impl LocalSubscribers {
         broker.unsubscribe(&sub.channel, self.member(key, sub.format, name.as_deref()));
     }
 
-    /// Writes every delivery waiting in `inbox` to this loop's subscribers, and
-    /// lists in `failed` those that could not take them.
+    /// Whether a batch is part delivered: the loop must come back to it before it
+    /// waits for anything.
+    pub fn has_pending(&self) -> bool {
+        self.start < self.batch.len()
+    }
+
+    /// Writes the deliveries waiting in `inbox` to this loop's subscribers, at
+    /// most [`FAN_OUT_PER_TURN`] subscribers a call (the rest on the next calls,
+    /// before anything newer), and lists in `failed` those that could not take them.
     pub fn deliver(
         &mut self,
         inbox: &Inbox,
@@ -247,22 +289,46 @@ impl LocalSubscribers {
         counts: &mut TurnCounts,
         failed: &mut Vec<Follow>,
     ) {
-        let mut batch = std::mem::take(&mut self.batch);
-        inbox.take(&mut batch);
-        let mut start = 0;
-        while start < batch.len() {
+        if !self.has_pending() {
+            self.batch.clear();
+            self.start = 0;
+            inbox.take(&mut self.batch);
+            self.taken += 1;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let mut budget = FAN_OUT_PER_TURN;
+        while self.start < batch.len() && budget > 0 {
+            let start = self.start;
             let ckey = channel_key(&batch[start].channel);
-            let mut end = start + 1;
-            while end < batch.len()
-                && end - start < MAX_FRAMES_PER_WRITE
-                && channel_key(&batch[end].channel) == ckey
-                && batch[end].exclude.is_none()
-                && batch[start].exclude.is_none()
-            {
-                end += 1;
-            }
+            let end = match &self.cursor {
+                Some(cursor) => cursor.end,
+                None => {
+                    let mut end = start + 1;
+                    while end < batch.len()
+                        && end - start < MAX_FRAMES_PER_WRITE
+                        && channel_key(&batch[end].channel) == ckey
+                        && batch[end].exclude.is_none()
+                        && batch[start].exclude.is_none()
+                    {
+                        end += 1;
+                    }
+                    end
+                }
+            };
             let group = &batch[start..end];
-            if self.fan_out(ckey, group, conns, max_queue, counts, failed) {
+            let Some(wrote) = self.fan_out(
+                ckey,
+                group,
+                end,
+                conns,
+                max_queue,
+                counts,
+                failed,
+                &mut budget,
+            ) else {
+                break;
+            };
+            if wrote {
                 // Delivery latency: once per message on this loop, when every
                 // subscriber here has been written to.
                 let now = Instant::now();
@@ -272,29 +338,56 @@ impl LocalSubscribers {
                         .observe(now.saturating_duration_since(message.handed));
                 }
             }
-            start = end;
+            self.start = end;
         }
-        batch.clear();
         self.batch = batch;
-        // Everything published before the newest subscriber joined was in this batch.
-        self.fresh.clear();
+        if !self.has_pending() {
+            let done = self.taken;
+            self.batch.clear();
+            self.start = 0;
+            // Everything published before these subscribers joined was in it.
+            self.fresh.retain(|f| f.until > done);
+        }
     }
 
-    /// Sends a run of deliveries of one channel to this loop's subscribers: each
-    /// subscriber gets all of them in one write, by reference to the shared frames.
-    /// Returns whether any subscriber was written to.
+    /// Sends a run of deliveries of one channel (ending at `end` in the batch) to
+    /// this loop's subscribers: each subscriber gets all of them in one write, by
+    /// reference to the shared frames. Spends one of `budget` per subscriber; when
+    /// it runs out first, keeps its place in `self.cursor` and returns `None`.
+    /// Otherwise returns whether any subscriber was written to.
+    #[allow(clippy::too_many_arguments)]
     fn fan_out(
-        &self,
+        &mut self,
         ckey: usize,
         group: &[Delivery],
+        end: usize,
         conns: &mut Slab<Conn>,
         max_queue: usize,
         counts: &mut TurnCounts,
         failed: &mut Vec<Follow>,
-    ) -> bool {
+        budget: &mut usize,
+    ) -> Option<bool> {
+        let mut cursor = self.cursor.take();
         let Some(list) = self.lists.get(&ckey) else {
-            return false;
+            // Everyone here left meanwhile.
+            return Some(cursor.is_some_and(|c| c.wrote));
         };
+        if cursor.is_none() && list.conns.len() > *budget {
+            // Too many for this turn: fan out to the subscribers it has now, over
+            // as many turns as it takes (who joins meanwhile starts at the next).
+            cursor = Some(Cursor {
+                end,
+                keys: list.conns.clone(),
+                next: 0,
+                wrote: false,
+                joined: Vec::new(),
+            });
+        }
+        let (keys, from, joined) = match &cursor {
+            Some(c) => (&c.keys[..], c.next, &c.joined[..]),
+            None => (&list.conns[..], 0, &[][..]),
+        };
+        let until = keys.len().min(from + *budget);
         let mut wrote = false;
         // Each format's frames are gathered (and encoded) only if a subscriber here
         // uses it.
@@ -304,7 +397,10 @@ impl LocalSubscribers {
             .and_then(|d| d.exclude)
             .filter(|e| e.loop_index == self.loop_index)
             .map(|e| e.key);
-        for &key in &list.conns {
+        for &key in &keys[from..until] {
+            if joined.contains(&key) {
+                continue;
+            }
             let key = key as usize;
             if Some(key) == exclude {
                 continue;
@@ -312,7 +408,14 @@ impl LocalSubscribers {
             let Some(conn) = conns.get_mut(key) else {
                 continue;
             };
-            let Some(format) = conn.session.subscription().map(|s| s.format) else {
+            // A subscriber snapshot is older than this turn: the key may have
+            // left, or be someone else's by now.
+            let Some(format) = conn
+                .session
+                .subscription()
+                .filter(|s| channel_key(&s.channel) == ckey)
+                .map(|s| s.format)
+            else {
                 continue;
             };
             let fresh = self
@@ -360,7 +463,17 @@ impl LocalSubscribers {
                 failed.push(Follow::Answered(key));
             }
         }
-        wrote
+        *budget -= until - from;
+        match cursor {
+            Some(mut c) if until < c.keys.len() => {
+                c.next = until;
+                c.wrote |= wrote;
+                self.cursor = Some(c);
+                None
+            }
+            Some(c) => Some(c.wrote || wrote),
+            None => Some(wrote),
+        }
     }
 }
 
@@ -425,6 +538,124 @@ mod tests {
             conns.insert(Conn::new(socket, [127, 0, 0, 1].into(), 0)),
             client,
         )
+    }
+
+    /// Reads exactly `want.len()` bytes (waiting up to a second for them), then
+    /// checks nothing more is there.
+    fn assert_got(client: &mut TcpStream, want: &[u8], who: &str) {
+        client
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        let mut got = vec![0u8; want.len()];
+        client
+            .read_exact(&mut got)
+            .unwrap_or_else(|e| panic!("{who}: {e}"));
+        assert_eq!(got, want, "{who}");
+        client.set_nonblocking(true).unwrap();
+        let mut more = [0u8; 64];
+        assert!(
+            matches!(client.read(&mut more), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "{who}: more than {want:?}"
+        );
+        client.set_nonblocking(false).unwrap();
+    }
+
+    fn ws_subscribe(
+        subscribers: &mut LocalSubscribers,
+        broker: &MemoryBroker,
+        conns: &mut Slab<Conn>,
+        key: usize,
+        channel: &str,
+        resume: Option<Resume>,
+    ) -> Option<Replay> {
+        let subscribe = Subscribe {
+            channel: channel.into(),
+            format: Format::WsRaw,
+            resume,
+            name: None,
+            expires: None,
+        };
+        let (sub, _, replay) = subscribers
+            .join(broker, &Namespaces::default(), key, &subscribe, key as u32)
+            .unwrap();
+        conns[key].session = Session::WebSocket(WsState::new(Some(sub)));
+        replay
+    }
+
+    #[test]
+    fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
+        let (_poll, hub, broker) = broker(10);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut conns: Slab<Conn> = Slab::new();
+        let mut subscribers = LocalSubscribers::new(0);
+        let n = FAN_OUT_PER_TURN + FAN_OUT_PER_TURN / 2;
+        let mut clients = Vec::new();
+        for _ in 0..n {
+            let (key, client) = connect(&listener, &mut conns);
+            ws_subscribe(&mut subscribers, &broker, &mut conns, key, "big", None);
+            clients.push((key, client));
+        }
+        broker.publish("big", text("m1")).unwrap();
+        broker.publish("big", text("m2")).unwrap();
+        let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
+        subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+        // One turn's share written (both messages in one write each), the rest left.
+        assert!(subscribers.has_pending());
+        assert_eq!(counts.delivered, 2 * FAN_OUT_PER_TURN as u64);
+        assert_eq!(
+            counts.latency.count(),
+            0,
+            "not every subscriber has them yet"
+        );
+
+        // Between turns: one not yet written to leaves (the last one takes its
+        // place in the channel's list), a newcomer joins, and one comes back with
+        // history (which gives it m1 and m2).
+        let (gone, _) = clients.remove(FAN_OUT_PER_TURN + 3);
+        subscribers.leave(&broker, gone, &mut conns);
+        conns.remove(gone);
+        let (newcomer, newcomer_client) = connect(&listener, &mut conns);
+        assert_eq!(
+            newcomer, gone,
+            "the slab hands the newcomer the key that left"
+        );
+        ws_subscribe(&mut subscribers, &broker, &mut conns, newcomer, "big", None);
+        let (back, back_client) = connect(&listener, &mut conns);
+        let replay = ws_subscribe(
+            &mut subscribers,
+            &broker,
+            &mut conns,
+            back,
+            "big",
+            Some(Resume {
+                since: 0,
+                epoch: None,
+            }),
+        );
+        let seqs: Vec<u64> = replay.unwrap().messages.iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, vec![1, 2]);
+        // Published after they joined: everyone gets it, once the fan-out is done.
+        broker.publish("big", text("m3")).unwrap();
+        while subscribers.has_pending() || hub.inbox(0).has_work() {
+            subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+        }
+        assert!(failed.is_empty(), "{failed:?}");
+        for (key, client) in &mut clients {
+            assert_got(
+                client,
+                b"\x81\x02m1\x81\x02m2\x81\x02m3",
+                &format!("subscriber {key}"),
+            );
+        }
+        // The newcomer joined while m1 and m2 were being fanned out (under the key
+        // of the one that left): it starts at the next message, as a subscriber
+        // does; the one that came back got m1 and m2 from history only.
+        let mut newcomer_client = newcomer_client;
+        let mut back_client = back_client;
+        assert_got(&mut back_client, b"\x81\x02m3", "returning subscriber");
+        assert_got(&mut newcomer_client, b"\x81\x02m3", "newcomer");
+        assert_eq!(counts.delivered, 2 * (n as u64 - 1) + (n as u64 - 1) + 2);
+        assert_eq!(counts.latency.count(), 3);
     }
 
     #[test]
