@@ -184,7 +184,12 @@ impl EventLoop {
             if self.subscribers.has_pending() || self.shared.hub.inbox(self.index).has_work() {
                 self.drain_inbox();
             }
-            self.run_timers();
+            // Pings and timeouts wait while a fan-out is part done, as they did when
+            // a fan-out was one turn: the slices make room for requests and
+            // handshakes, and a ping can wait a second where a broadcast cannot.
+            if !self.subscribers.has_pending() {
+                self.run_timers();
+            }
             self.expire_tokens();
             self.resume_accepting();
             if self.index == 0 && self.now >= self.next_maintain {
