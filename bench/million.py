@@ -326,8 +326,11 @@ def main() -> int:
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        out, _ = bench.communicate()
-        bench_status = bench.returncode
+        # stdout only: stderr is the watcher's (communicate() would read it too,
+        # and a line it took never reached the watcher).
+        assert bench.stdout
+        out = bench.stdout.read()
+        bench_status = bench.wait()
         watcher.join(5)
         sampler.stop_flag.set()
         sampler.join(5)
