@@ -74,22 +74,7 @@ if want nchan; then NCHAN_SO=$(nchan_module) || { echo "$PROG: ngx_nchan_module.
 begin_run burst rm
 
 # ---------------------------------------------------------------- build
-FANLOAD=$BENCH_DIR/clients/fanload/fanload
-HUB_DIR=$BENCH_DIR/peers/gorilla-hub
-TB_DIR=$BENCH_DIR/peers/tokio-broadcast
-UWS_DIR=$BENCH_DIR/peers/uws
-go_build "$BENCH_DIR/clients/fanload" fanload
-if want gorilla-hub; then go_build "$HUB_DIR" gorilla-hub; fi
-if want tokio-broadcast; then
-  need cargo
-  log "cargo build --release (tokio-broadcast)"
-  cargo build --release --quiet --manifest-path "$TB_DIR/Cargo.toml" --target-dir "$TB_DIR/target"
-fi
-if want uws; then
-  log "build uws-hub (bench/peers/uws/build.sh)"
-  "$UWS_DIR/build.sh" >/dev/null || SKIPPED+=("uws: bench/peers/uws/build.sh failed")
-fi
-copy_throngs
+build_hub_peers
 
 # ---------------------------------------------------------------- machine
 describe_machine
@@ -105,13 +90,7 @@ server_cmd() { # name port -> sets CMD array (and writes Nchan's config)
     uws) CMD=("$UWS_DIR/bin/uws-hub" --addr "127.0.0.1:$2") ;;
     gorilla-hub) CMD=("$HUB_DIR/gorilla-hub" -addr "127.0.0.1:$2") ;;
     tokio-broadcast) CMD=("$TB_DIR/target/release/tokio-broadcast" --addr "127.0.0.1:$2") ;;
-    nchan)
-      local user_line=
-      if [ "$(id -u)" = 0 ]; then user_line="user $(id -un) $(id -gn);"; fi
-      mkdir -p "$NCHAN_DIR/tmp"; : >"$NCHAN_DIR/error.log"
-      sed -e "s#@MODULE@#${NCHAN_SO:-ngx_nchan_module.so}#" -e "s#@WORKERS@#1#" -e "s#@PORT@#$2#" \
-          -e "s#@DIR@#$NCHAN_DIR#g" -e "s#@USER@#$user_line#" "$BENCH_DIR/peers/nchan/nginx.conf.template" >"$NCHAN_DIR/nginx.conf"
-      CMD=("$NGINX" -p "$NCHAN_DIR/" -c nginx.conf -e "$NCHAN_DIR/error.log") ;;
+    nchan) nchan_cmd "$NCHAN_DIR" "$2" 1 "$BENCH_DIR/peers/nchan/nginx.conf.template" ;;
   esac
 }
 server_version() {

@@ -69,25 +69,9 @@ need curl
 begin_run fanout rm
 
 # ---------------------------------------------------------------- build
-FANLOAD=$BENCH_DIR/clients/fanload/fanload
-HUB_DIR=$BENCH_DIR/peers/gorilla-hub
 HUB=$HUB_DIR/gorilla-hub
-TB_DIR=$BENCH_DIR/peers/tokio-broadcast
 TB=$TB_DIR/target/release/tokio-broadcast
-UWS_DIR=$BENCH_DIR/peers/uws
-
-go_build "$BENCH_DIR/clients/fanload" fanload
-if want gorilla-hub; then go_build "$HUB_DIR" gorilla-hub; fi
-if want tokio-broadcast; then
-  need cargo
-  log "cargo build --release (tokio-broadcast)"
-  cargo build --release --quiet --manifest-path "$TB_DIR/Cargo.toml" --target-dir "$TB_DIR/target"
-fi
-if want uws; then
-  log "build uws-hub (bench/peers/uws/build.sh)"
-  "$UWS_DIR/build.sh" >/dev/null || SKIPPED+=("uws: bench/peers/uws/build.sh failed")
-fi
-copy_throngs
+build_hub_peers
 
 # ---------------------------------------------------------------- machine
 describe_machine

@@ -184,6 +184,43 @@ install_packages() {
 
 # ---------------------------------------------------------------- servers
 
+# nchan_cmd DIR PORT WORKERS TEMPLATE [REDIS_URL]: writes DIR/nginx.conf from
+# TEMPLATE (an Nchan config under bench/peers/nchan: the module $NCHAN_SO, WORKERS
+# worker processes, PORT, DIR for its pid, logs and temp files, the invoking user
+# for the workers when run as root, REDIS_URL for the Redis one) and sets CMD to
+# run nginx from it as its own process ($NGINX).
+nchan_cmd() {
+  local dir=$1 port=$2 workers=$3 template=$4 redis=${5:-} user_line=
+  if [ "$(id -u)" = 0 ]; then user_line="user $(id -un) $(id -gn);"; fi
+  mkdir -p "$dir/tmp"; : >"$dir/error.log"
+  sed -e "s#@MODULE@#${NCHAN_SO:-ngx_nchan_module.so}#" -e "s#@WORKERS@#$workers#" -e "s#@PORT@#$port#" \
+      -e "s#@DIR@#$dir#g" -e "s#@USER@#$user_line#" -e "s#@REDIS_URL@#$redis#" "$template" >"$dir/nginx.conf"
+  CMD=("$NGINX" -p "$dir/" -c nginx.conf -e "$dir/error.log")
+}
+
+# build_hub_peers: for the pub/sub harnesses (fanout.sh, burst.sh), their client
+# fanload and the peers --servers names: gorilla-hub ($HUB_DIR), tokio-broadcast
+# ($TB_DIR), uws (uws-hub, $UWS_DIR; skipped if it does not build); then the
+# private copies of the throng builds.
+HUB_DIR=$BENCH_DIR/peers/gorilla-hub
+TB_DIR=$BENCH_DIR/peers/tokio-broadcast
+UWS_DIR=$BENCH_DIR/peers/uws
+FANLOAD=$BENCH_DIR/clients/fanload/fanload
+build_hub_peers() {
+  go_build "$BENCH_DIR/clients/fanload" fanload
+  if want gorilla-hub; then go_build "$HUB_DIR" gorilla-hub; fi
+  if want tokio-broadcast; then
+    need cargo
+    log "cargo build --release (tokio-broadcast)"
+    cargo build --release --quiet --manifest-path "$TB_DIR/Cargo.toml" --target-dir "$TB_DIR/target"
+  fi
+  if want uws; then
+    log "build uws-hub (bench/peers/uws/build.sh)"
+    "$UWS_DIR/build.sh" >/dev/null || SKIPPED+=("uws: bench/peers/uws/build.sh failed")
+  fi
+  copy_throngs
+}
+
 free_port() {
   local p
   for _ in $(seq 1 50); do

@@ -124,13 +124,7 @@ server_cmd() { # name port -> sets CMD array (and writes Nchan's config)
   case "$1" in
     throng) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads "$WORKERS" --stats-interval 0
                  --ping-interval 0 --history-size 100 --history-ttl 5m) ;;
-    nchan)
-      local user_line=
-      if [ "$(id -u)" = 0 ]; then user_line="user $(id -un) $(id -gn);"; fi
-      mkdir -p "$NCHAN_DIR/tmp"; : >"$NCHAN_DIR/error.log"
-      sed -e "s#@MODULE@#${NCHAN_SO:-ngx_nchan_module.so}#" -e "s#@WORKERS@#$WORKERS#" -e "s#@PORT@#$2#" \
-          -e "s#@DIR@#$NCHAN_DIR#g" -e "s#@USER@#$user_line#" "$CONF_TEMPLATE" >"$NCHAN_DIR/nginx.conf"
-      CMD=("$NGINX" -p "$NCHAN_DIR/" -c nginx.conf -e "$NCHAN_DIR/error.log") ;;
+    nchan) nchan_cmd "$NCHAN_DIR" "$2" "$WORKERS" "$CONF_TEMPLATE" ;;
   esac
 }
 # ready when /healthz answers (the Nchan config has one too)

@@ -162,14 +162,7 @@ node_cmd() {
   case "$1" in
     throng) CMD=("$WORK/throng" serve --listen "127.0.0.1:$3" --threads 1 --broker "redis://127.0.0.1:$REDIS_PORT"
                  --stats-interval 0 --ping-interval 0 --history-size 100 --history-ttl 5m) ;;
-    nchan)
-      local dir=$WORK/nchan-$2 user_line=
-      if [ "$(id -u)" = 0 ]; then user_line="user $(id -un) $(id -gn);"; fi
-      mkdir -p "$dir/tmp"; : >"$dir/error.log"
-      sed -e "s#@MODULE@#${NCHAN_SO:-ngx_nchan_module.so}#" -e "s#@WORKERS@#1#" -e "s#@PORT@#$3#" \
-          -e "s#@DIR@#$dir#g" -e "s#@USER@#$user_line#" -e "s#@REDIS_URL@#redis://127.0.0.1:$REDIS_PORT#" \
-          "$CONF_TEMPLATE" >"$dir/nginx.conf"
-      CMD=("$NGINX" -p "$dir/" -c nginx.conf -e "$dir/error.log") ;;
+    nchan) nchan_cmd "$WORK/nchan-$2" "$3" 1 "$CONF_TEMPLATE" "redis://127.0.0.1:$REDIS_PORT" ;;
   esac
 }
 

@@ -13,7 +13,6 @@ use throng::hub::Hub;
 use throng::protocol::http::reason_phrase;
 use throng::server::event_loop::WAKER;
 use throng::server::shared::Shared;
-use throng::transport::Format;
 
 pub const LOOPBACK: [u8; 4] = [127, 0, 0, 1];
 pub const REMOTE: [u8; 4] = [192, 0, 2, 7];
@@ -43,7 +42,7 @@ fn hub() -> Arc<Hub> {
             .iter()
             .map(|p| Arc::new(Waker::new(p.registry(), WAKER).expect("mio waker")))
             .collect();
-        let hub = Arc::new(Hub::new(wakers, Format::COUNT));
+        let hub = Arc::new(Hub::new(wakers));
         (polls, hub)
     });
     Arc::clone(hub)

@@ -4,10 +4,11 @@
 //! Fan-out is the hot path: a run of one channel's deliveries reaches each
 //! subscriber as one gathered write of shared frames, each format encoded once per
 //! message (by the transport, cached in the message), nothing allocated per
-//! subscriber. Joining and leaving are O(1): a subscriber knows its position in its
-//! channel's list, and leaving swaps the last one into its place. This module must
-//! not decide what messages mean or how connections close; it reports the
-//! subscribers it could not write to, and the loop deals with them.
+//! subscriber; a loop writes to at most [`FAN_OUT_PER_TURN`] subscribers a turn
+//! and goes on in the next. Joining and leaving are O(1): a subscriber knows its
+//! position in its channel's list, and leaving swaps the last one into its place.
+//! This module must not decide what messages mean or how connections close; it
+//! reports the subscribers it could not write to, and the loop deals with them.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
