@@ -4,8 +4,8 @@
 //! Fan-out is the hot path: a run of one channel's deliveries reaches each
 //! subscriber as one gathered write of shared frames, each format encoded once per
 //! message (by the transport, cached in the message), nothing allocated per
-//! subscriber; a loop writes to at most [`FAN_OUT_PER_TURN`] subscribers a turn
-//! and goes on in the next. Joining and leaving are O(1): a subscriber knows its
+//! subscriber; a fan-out goes out [`FAN_OUT_SLICE`] subscribers at a time, the
+//! loop's other events between slices. Joining and leaving are O(1): a subscriber knows its
 //! position in its channel's list, and leaving swaps the last one into its place.
 //! This module must not decide what messages mean or how connections close; it
 //! reports the subscribers it could not write to, and the loop deals with them.
@@ -29,10 +29,11 @@ use crate::transport::{Format, Subscribe, Subscription};
 /// Deliveries of one channel gathered into one write per subscriber.
 const MAX_FRAMES_PER_WRITE: usize = 64;
 
-/// Subscribers one turn of the loop writes to at most; a larger fan-out goes on
-/// in the next turns, so the loop's other connections (a publisher waiting for
-/// its answer, a handshake, a ping) wait for a slice, not for the whole fan-out.
-const FAN_OUT_PER_TURN: usize = 1024;
+/// Subscribers one delivery pass writes to at most (a loop turn makes one, or two
+/// when its waker rang too); a larger fan-out goes on in the next turns, so the
+/// loop's other connections (a publisher waiting for its answer, a handshake)
+/// wait for a slice, not for the whole fan-out.
+const FAN_OUT_SLICE: usize = 1024;
 
 /// One subscriber's frames of a group: held inline for the usual short runs, so a
 /// lone message reaches its subscribers without an allocation.
@@ -280,7 +281,7 @@ impl LocalSubscribers {
     }
 
     /// Writes the deliveries waiting in `inbox` to this loop's subscribers, at
-    /// most [`FAN_OUT_PER_TURN`] subscribers a call (the rest on the next calls,
+    /// most [`FAN_OUT_SLICE`] subscribers a call (the rest on the next calls,
     /// before anything newer), and lists in `failed` those that could not take them.
     pub fn deliver(
         &mut self,
@@ -297,7 +298,7 @@ impl LocalSubscribers {
             self.taken += 1;
         }
         let batch = std::mem::take(&mut self.batch);
-        let mut budget = FAN_OUT_PER_TURN;
+        let mut budget = FAN_OUT_SLICE;
         while self.start < batch.len() && budget > 0 {
             let start = self.start;
             let ckey = channel_key(&batch[start].channel);
@@ -384,6 +385,8 @@ impl LocalSubscribers {
                 joined: Vec::new(),
             });
         }
+        // Only a snapshot can hold a key that has left the channel since.
+        let snapshot = cursor.is_some();
         let (keys, from, joined) = match &cursor {
             Some(c) => (&c.keys[..], c.next, &c.joined[..]),
             None => (&list.conns[..], 0, &[][..]),
@@ -414,7 +417,7 @@ impl LocalSubscribers {
             let Some(format) = conn
                 .session
                 .subscription()
-                .filter(|s| channel_key(&s.channel) == ckey)
+                .filter(|s| !snapshot || channel_key(&s.channel) == ckey)
                 .map(|s| s.format)
             else {
                 continue;
@@ -589,7 +592,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut conns: Slab<Conn> = Slab::new();
         let mut subscribers = LocalSubscribers::new(0);
-        let n = FAN_OUT_PER_TURN + FAN_OUT_PER_TURN / 2;
+        let n = FAN_OUT_SLICE + FAN_OUT_SLICE / 2;
         let mut clients = Vec::new();
         for _ in 0..n {
             let (key, client) = connect(&listener, &mut conns);
@@ -602,7 +605,7 @@ mod tests {
         subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
         // One turn's share written (both messages in one write each), the rest left.
         assert!(subscribers.has_pending());
-        assert_eq!(counts.delivered, 2 * FAN_OUT_PER_TURN as u64);
+        assert_eq!(counts.delivered, 2 * FAN_OUT_SLICE as u64);
         assert_eq!(
             counts.latency.count(),
             0,
@@ -612,7 +615,7 @@ mod tests {
         // Between turns: one not yet written to leaves (the last one takes its
         // place in the channel's list), a newcomer joins, and one comes back with
         // history (which gives it m1 and m2).
-        let (gone, _) = clients.remove(FAN_OUT_PER_TURN + 3);
+        let (gone, _) = clients.remove(FAN_OUT_SLICE + 3);
         subscribers.leave(&broker, gone, &mut conns);
         conns.remove(gone);
         let (newcomer, newcomer_client) = connect(&listener, &mut conns);
@@ -711,17 +714,7 @@ mod tests {
             }),
         ] {
             let (key, client) = connect(&listener, &mut conns);
-            let subscribe = Subscribe {
-                channel: "c".into(),
-                format: Format::WsRaw,
-                resume,
-                name: None,
-                expires: None,
-            };
-            let (sub, _, replay) = subscribers
-                .join(&broker, &Namespaces::default(), key, &subscribe, key as u32)
-                .unwrap();
-            conns[key].session = Session::WebSocket(WsState::new(Some(sub)));
+            let replay = ws_subscribe(&mut subscribers, &broker, &mut conns, key, "c", resume);
             clients.push(client);
             if resume.is_none() {
                 // Published while only the first subscriber counts: it waits in the
