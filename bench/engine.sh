@@ -20,13 +20,17 @@
 # a 4 KiB read buffer, the fair peer for many idle connections); node (ws);
 # uws (not in the default list: uWebSockets, C++, one event loop; built from the
 # crates.io crate libuwebsockets-sys's bundled source by bench/peers/uws/build.sh, needs g++);
+# uring (not in the default list): bench/peers/uring-echo, a probe rather than a
+# peer: a bare WebSocket echo on io_uring (multishot receive into provided
+# buffers, one submit per batch; one thread), to measure what the io_uring
+# interface saves against epoll on this kernel before throng is built on it;
 # throng1 (not in the default list): throng with one I/O thread (--threads 1),
 # as single-loop servers run;
 # throng-base (not in the default list): a second throng binary, $THRONG_BASE_BIN,
 # run with the same flags as throng and interleaved with it like any other server,
 # to compare two builds (say the previous commit and this one) in one run; its rows
 # in the tables are labelled throng-base, and "÷ throng-base" is the A/B ratio.
-# Usage: bench/engine.sh [--servers throng,throng1,gorilla,tungstenite,tungstenite4k,node,uws]
+# Usage: bench/engine.sh [--servers throng,throng1,gorilla,tungstenite,tungstenite4k,node,uws,uring]
 #                        [--conns-idle 15000] [--rate 2000] [--echo-duration 10s]
 #                        [--echo-conns 100,1000] [--rounds 2] [--handshakes 10000]
 #                        [--results-dir DIR]
@@ -54,7 +58,7 @@ HS_CONNS=10000      # (c) connections opened as fast as possible, per round
 
 parse_options "--servers=SERVERS --conns-idle=CONNS_IDLE --rate=RATE --echo-duration=ECHO_DURATION
   --echo-conns=ECHO_CONNS --rounds=ROUNDS --handshakes=HS_CONNS --results-dir=RESULTS_DIR" "$@"
-check_names server "$SERVERS" throng throng1 throng-base gorilla tungstenite tungstenite4k node uws
+check_names server "$SERVERS" throng throng1 throng-base gorilla tungstenite tungstenite4k node uws uring
 check_throng_base
 need jq
 
@@ -67,6 +71,8 @@ TUNG_DIR=$BENCH_DIR/peers/tungstenite-echo
 TUNGSTENITE=$TUNG_DIR/target/release/tungstenite-echo
 NODE_DIR=$BENCH_DIR/peers/node-ws-echo
 UWS_DIR=$BENCH_DIR/peers/uws
+URING_DIR=$BENCH_DIR/peers/uring-echo
+URING=$URING_DIR/target/release/uring-echo
 
 go_build "$BENCH_DIR/clients/wsload" wsload
 if want gorilla; then go_build "$BENCH_DIR/peers/gorilla-echo" gorilla-echo; fi
@@ -87,6 +93,11 @@ if want uws; then
   log "build uws-echo (bench/peers/uws/build.sh)"
   "$UWS_DIR/build.sh" >/dev/null || SKIPPED+=("uws: bench/peers/uws/build.sh failed")
 fi
+if want uring; then
+  need cargo
+  log "cargo build --release (uring-echo)"
+  cargo build --release --quiet --manifest-path "$URING_DIR/Cargo.toml" --target-dir "$URING_DIR/target"
+fi
 copy_throngs
 
 # ---------------------------------------------------------------- machine
@@ -103,6 +114,7 @@ server_cmd() { # name port -> prints nothing, sets CMD array
     tungstenite4k) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2" --read-buffer 4096) ;;
     node) CMD=(node "$NODE_DIR/server.js" --addr "127.0.0.1:$2") ;;
     uws) CMD=("$UWS_DIR/bin/uws-echo" --addr "127.0.0.1:$2") ;;
+    uring) CMD=("$URING" --addr "127.0.0.1:$2") ;;
   esac
 }
 
@@ -131,6 +143,7 @@ server_version() {
     tungstenite|tungstenite4k) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
     node) echo "ws $(jq -r .version "$NODE_DIR/node_modules/ws/package.json" 2>/dev/null), node $(node --version 2>/dev/null)" ;;
     uws) "$UWS_DIR/build.sh" --version ;;
+    uring) echo "io-uring $(awk '/^name = "io-uring"/ {getline; gsub(/"/,"",$3); print $3}' "$URING_DIR/Cargo.lock") (a probe: io_uring echo, one thread), kernel $(uname -r)" ;;
   esac
 }
 
