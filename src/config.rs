@@ -120,6 +120,15 @@ pub mod defaults {
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
     pub const REDIS_SUBSCRIBE: &str = "channels";
+    pub const IO_URING: &str = "auto";
+}
+
+fn parse_io_uring(s: &str) -> Result<bool, String> {
+    match s {
+        "auto" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}' is not auto or off")),
+    }
 }
 
 fn parse_redis_subscribe(s: &str) -> Result<crate::broker::Subscribe, String> {
@@ -261,6 +270,11 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
     pub workers: usize,
 
+    /// How loops receive: auto (io_uring multishot receives where the kernel has
+    /// them, else epoll) or off (epoll and recv alone)
+    #[arg(long, env = "THRONG_IO_URING", value_name = "HOW", default_value = defaults::IO_URING, value_parser = parse_io_uring, action = clap::ArgAction::Set)]
+    pub io_uring: bool,
+
     /// On SIGTERM/SIGINT: close clients with 1001 and exit within this time
     #[arg(long, env = "THRONG_DRAIN_TIMEOUT", value_name = "DURATION", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -340,6 +354,12 @@ pub struct ServeConfig {
     /// waits for Redis to confirm); `pattern`: one PSUBSCRIBE, nothing to wait for,
     /// but every node gets every message.
     pub redis_subscribe: crate::broker::Subscribe,
+    /// Receive through io_uring where the kernel allows it (default): each loop
+    /// keeps one multishot receive armed per connection, into a pool of buffers
+    /// it shares among them (128 KiB, doubling up to 8 MiB while receives find it
+    /// empty), and waits for both those and epoll in one `io_uring_enter`. False,
+    /// or a kernel without it: epoll and `recv`.
+    pub io_uring: bool,
     /// Worker processes sharing the listeners. Default 1 (this process serves);
     /// above 1 a master runs that many and restarts any that dies, each holding up
     /// to its own open-files limit. Needs a Redis broker.
@@ -385,6 +405,7 @@ impl Default for ServeConfig {
             broker: builtin(str::parse, defaults::BROKER),
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
             redis_subscribe: builtin(parse_redis_subscribe, defaults::REDIS_SUBSCRIBE),
+            io_uring: builtin(parse_io_uring, defaults::IO_URING),
             namespaces: Namespaces::default(),
         }
     }
@@ -482,6 +503,7 @@ impl ServeArgs {
             broker: self.broker,
             workers: self.workers,
             redis_subscribe: self.redis_subscribe,
+            io_uring: self.io_uring,
             namespaces: match &self.config {
                 Some(path) => namespaces_from_file(path)?,
                 None => Namespaces::default(),
@@ -678,6 +700,14 @@ mod tests {
         ] {
             assert!(bad.parse::<ListenSpec>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn io_uring_is_auto_or_off_and_auto_by_default() {
+        assert_eq!(parse_io_uring("auto"), Ok(true));
+        assert_eq!(parse_io_uring("off"), Ok(false));
+        assert!(parse_io_uring("on").is_err());
+        assert!(ServeConfig::default().io_uring);
     }
 
     #[test]

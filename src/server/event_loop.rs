@@ -11,6 +11,7 @@
 
 use std::io::{self, Read};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use super::http::Next;
 use super::shared::Shared;
 use super::subscribers::{Follow, LocalSubscribers};
 use super::timer::{Tick, TimerWheel, ticks};
+use super::uring::{Completion, Uring};
 use crate::hub;
 use crate::protocol::http::write_error;
 use crate::stats::{HandshakeFailure, LoopCounters, TurnCounts};
@@ -52,6 +54,8 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 
 pub const WAKER: Token = Token(usize::MAX);
 const LISTENER_BASE: usize = usize::MAX / 2;
+/// Events taken from epoll in one poll.
+const EVENTS_PER_POLL: usize = 1024;
 
 /// The listeners and the accept back-off at the open-files limit.
 struct Acceptor {
@@ -89,6 +93,15 @@ pub struct EventLoop {
     /// Until when plain HTTP connections may still send a request during a drain.
     drain_grace: Option<Instant>,
     now: Tick,
+    /// Receives through io_uring (made by `run`, in the loop's own thread); none:
+    /// epoll reports readable sockets and the loop reads them.
+    uring: Option<Uring>,
+    /// Per slab key, the generation of its connection: a receive completion of a
+    /// connection that is gone (its key maybe reused) is recognised and dropped.
+    generations: Vec<u32>,
+    completions: Vec<Completion>,
+    /// Epoll filled a whole batch: poll it again next turn without being told.
+    epoll_again: bool,
 }
 
 impl EventLoop {
@@ -132,6 +145,10 @@ impl EventLoop {
             drain_deadline: None,
             drain_grace: None,
             now: 0,
+            uring: None,
+            generations: Vec::new(),
+            completions: Vec::new(),
+            epoll_again: false,
         })
     }
 
@@ -139,7 +156,17 @@ impl EventLoop {
     /// drain timeout has passed).
     pub fn run(mut self) -> io::Result<()> {
         hub::enter_loop(self.index);
-        let mut events = Events::with_capacity(1024);
+        if self.shared.config.io_uring {
+            match Uring::new(self.poll.as_raw_fd()) {
+                Ok(uring) => self.uring = Some(uring),
+                Err(e) => {
+                    if self.index == 0 {
+                        tracing::info!(error = %e, "io_uring unavailable: receiving through epoll");
+                    }
+                }
+            }
+        }
+        let mut events = Events::with_capacity(EVENTS_PER_POLL);
         loop {
             let idle = self.unfinished.is_empty()
                 && !self.subscribers.has_pending()
@@ -149,14 +176,51 @@ impl EventLoop {
             } else {
                 Duration::ZERO
             };
-            match self.poll.poll(&mut events, Some(timeout)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
+            let mut completions = std::mem::take(&mut self.completions);
+            completions.clear();
+            let polled = match &mut self.uring {
+                None => {
+                    match self.poll.poll(&mut events, Some(timeout)) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    }
+                    true
+                }
+                Some(uring) => {
+                    let wait = (!self.epoll_again).then_some(timeout);
+                    uring.wait(wait, &mut completions)?;
+                    let ready = self.epoll_again
+                        || completions.iter().any(|c| matches!(c, Completion::Epoll));
+                    if ready {
+                        match self.poll.poll(&mut events, Some(Duration::ZERO)) {
+                            Ok(()) => {}
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(e),
+                        }
+                        // A full batch may leave events behind, and the poll of
+                        // the epoll descriptor fires on new ones only.
+                        self.epoll_again = events.iter().count() >= EVENTS_PER_POLL;
+                    }
+                    ready
+                }
+            };
             let woke = Instant::now();
             self.now = self.wheel.now();
-            for event in events.iter() {
+            for &completion in &completions {
+                if let Completion::Received {
+                    key,
+                    generation,
+                    result,
+                    buffer,
+                    more,
+                } = completion
+                {
+                    self.on_received(key, generation, result, buffer, more);
+                }
+            }
+            self.completions = completions;
+            for event in events.iter().filter(|_| polled) {
                 match event.token() {
                     WAKER => self.drain_inbox(),
                     Token(t) if t >= LISTENER_BASE => {
@@ -168,8 +232,10 @@ impl EventLoop {
                         if event.is_writable() {
                             self.on_writable(key);
                         }
+                        // With io_uring the receive reports the peer's end and
+                        // errors; reading here too could reorder the bytes.
                         let closed = event.is_read_closed() || event.is_error();
-                        if event.is_readable() || closed {
+                        if self.uring.is_none() && (event.is_readable() || closed) {
                             self.on_readable(key, closed);
                         }
                     }
@@ -285,13 +351,27 @@ impl EventLoop {
         let _ = socket.set_nodelay(true);
         let entry = self.conns.vacant_entry();
         let key = entry.key();
-        if let Err(e) = self.poll.registry().register(
-            &mut socket,
-            Token(key),
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        // With io_uring epoll only says when a socket can take more output.
+        let interest = if self.uring.is_some() {
+            Interest::WRITABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
+        };
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut socket, Token(key), interest)
+        {
             tracing::warn!(error = %e, "cannot register a new connection");
             return;
+        }
+        if let Some(uring) = &mut self.uring {
+            if self.generations.len() <= key {
+                self.generations.resize(key + 1, 0);
+            }
+            let generation = self.generations[key].wrapping_add(1);
+            self.generations[key] = generation;
+            uring.arm_receive(socket.as_raw_fd(), key, generation);
         }
         let conn = entry.insert(Conn::new(socket, addr.ip(), self.now));
         let due = self.now + self.handshake_ticks;
@@ -301,9 +381,16 @@ impl EventLoop {
     fn drop_conn(&mut self, key: usize) {
         self.subscribers
             .leave(&*self.shared.broker, key, &mut self.conns);
-        if let Some(conn) = self.conns.try_remove(key)
-            && conn.session.is_counted()
-        {
+        let Some(mut conn) = self.conns.try_remove(key) else {
+            return;
+        };
+        if let Some(uring) = &mut self.uring {
+            // The armed receive holds the socket open until it is cancelled; its
+            // registration would outlive the descriptor's number meanwhile.
+            let _ = self.poll.registry().deregister(&mut conn.socket);
+            uring.cancel_receive(key, self.generations[key]);
+        }
+        if conn.session.is_counted() {
             self.counters.sockets.fetch_sub(1, Ordering::Relaxed);
             match conn.session {
                 Session::Sse(_) => self.counters.sse.fetch_sub(1, Ordering::Relaxed),
@@ -334,17 +421,8 @@ impl EventLoop {
                 return;
             };
             let n = match conn.socket.read(&mut self.read_buf) {
-                // The peer is done sending. An answer still on its way to it (a
-                // last response, our close frame, a kept-alive request's answer)
-                // is finished first: a half-closed client still reads.
-                Ok(0) if !conn.out.is_empty() && conn.phase == Phase::Closing => return,
-                Ok(0) if !conn.out.is_empty() && matches!(conn.session, Session::Http(_)) => {
-                    self.out.clear();
-                    self.send_out(key, After::Close);
-                    return;
-                }
                 Ok(0) => {
-                    self.drop_conn(key);
+                    self.on_peer_done(key);
                     return;
                 }
                 Ok(n) => n,
@@ -369,6 +447,85 @@ impl EventLoop {
         }
         // The socket may still hold input: come back after others had their turn.
         self.unfinished.push(key);
+    }
+
+    /// The peer is done sending. An answer still on its way to it (a last
+    /// response, our close frame, a kept-alive request's answer) is finished
+    /// first: a half-closed client still reads.
+    fn on_peer_done(&mut self, key: usize) {
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        if !conn.out.is_empty() && conn.phase == Phase::Closing {
+            return;
+        }
+        if !conn.out.is_empty() && matches!(conn.session, Session::Http(_)) {
+            self.out.clear();
+            self.send_out(key, After::Close);
+            return;
+        }
+        self.drop_conn(key);
+    }
+
+    /// What io_uring received for connection `key`: bytes, its end, or an error.
+    fn on_received(
+        &mut self,
+        key: usize,
+        generation: u32,
+        result: i32,
+        buffer: Option<u16>,
+        more: bool,
+    ) {
+        let Some(uring) = &mut self.uring else {
+            return;
+        };
+        let live = self.conns.contains(key) && self.generations.get(key) == Some(&generation);
+        if result > 0
+            && live
+            && let Some(bid) = buffer
+        {
+            let n = result as usize;
+            let bytes = uring.buffer(bid, n);
+            let n = bytes.len();
+            self.read_buf[..n].copy_from_slice(bytes);
+            uring.give_back(bid);
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.last_seen = self.now;
+                // Closing: our goodbye is out; Lingering: we wait for EOF.
+                // Either way the peer's remaining bytes are of no use.
+                if conn.phase == Phase::Active {
+                    self.on_input(key, n);
+                }
+            }
+        } else if let Some(bid) = buffer {
+            uring.give_back(bid);
+        }
+        if !live {
+            return;
+        }
+        match result {
+            0 => {
+                self.on_peer_done(key);
+                return;
+            }
+            r if r == -libc::ENOBUFS => {
+                if let Some(uring) = &mut self.uring {
+                    uring.starved();
+                }
+            }
+            r if r < 0 && r != -libc::EINTR && r != -libc::EAGAIN => {
+                self.drop_conn(key);
+                return;
+            }
+            _ => {}
+        }
+        if !more
+            && self.generations.get(key) == Some(&generation)
+            && let Some(conn) = self.conns.get(key)
+            && let Some(uring) = &mut self.uring
+        {
+            uring.arm_receive(conn.socket.as_raw_fd(), key, generation);
+        }
     }
 
     /// Hands `read_buf[..n]` to the connection's handler.

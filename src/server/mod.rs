@@ -20,6 +20,7 @@ pub mod routes;
 pub mod shared;
 pub mod subscribers;
 pub mod timer;
+pub mod uring;
 
 use std::io;
 use std::net::SocketAddr;

@@ -1,0 +1,333 @@
+//! A loop's io_uring: one multishot receive per connection into a ring of buffers
+//! the loop provides, and a multishot poll of the loop's epoll descriptor, so one
+//! wait covers received bytes and every other event (writability, listeners, the
+//! waker). Reads that come this way skip epoll's readiness walk and one `recv`
+//! system call per message (docs/BENCHMARKS.md §15).
+//!
+//! Owns the ring, the buffers and the submissions not made yet. It knows nothing of
+//! connections, sessions or wire formats: a completion carries the key and the
+//! generation the event loop gave it, and the loop decides what it means.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use io_uring::types::{BufRingEntry, SubmitArgs, Timespec};
+use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
+
+/// Bytes per provided buffer: a larger message arrives in several completions.
+const BUF_SIZE: usize = 2048;
+/// Buffers given to the kernel at first (128 KiB, touched at once so the pool is
+/// part of the process's size from the start, not of its connections'); it
+/// doubles whenever receives find it empty.
+const BUFS_AT_START: u16 = 64;
+/// The most buffers the pool grows to when receives find it empty (8 MiB).
+const BUFS_MAX: u16 = 4096;
+const BUF_GROUP: u16 = 0;
+/// Entries in the submission queue; completions get twice as many.
+const RING_ENTRIES: u32 = 4096;
+/// The epoll descriptor's poll; connection keys stay below it.
+const EPOLL: u64 = u64::MAX;
+
+/// What one completion says.
+#[derive(Debug, Clone, Copy)]
+pub enum Completion {
+    /// The loop's epoll descriptor has events: poll it without waiting.
+    Epoll,
+    /// A receive for the connection `key` of generation `generation`.
+    Received {
+        key: usize,
+        generation: u32,
+        /// Bytes received (in `buffer`), 0 at the peer's end, or a negative errno.
+        result: i32,
+        buffer: Option<u16>,
+        /// The receive stays armed; otherwise it must be armed again if wanted.
+        more: bool,
+    },
+    /// Anything else (a cancellation's own answer).
+    Other,
+}
+
+pub struct Uring {
+    ring: IoUring,
+    epoll_fd: RawFd,
+    /// The buffer ring's entries, shared with the kernel (page-aligned mapping).
+    entries: *mut BufRingEntry,
+    /// The buffers themselves: BUFS_MAX × BUF_SIZE, of which `given` are in use.
+    memory: Vec<u8>,
+    given: u16,
+    tail: u16,
+    /// The pool ran dry since the last turn: grow it before arming again.
+    starved: bool,
+    pending: Vec<squeue::Entry>,
+    epoll_armed: bool,
+}
+
+// SAFETY: the raw pointer is to a private mapping owned by this value; the loop
+// that owns a `Uring` is the only thread that touches it.
+unsafe impl Send for Uring {}
+
+impl std::fmt::Debug for Uring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Uring")
+            .field("buffers", &self.given)
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+impl Drop for Uring {
+    fn drop(&mut self) {
+        // The ring goes first (its fields drop after this), so the kernel no
+        // longer reads the entries when they are unmapped.
+        let bytes = BUFS_MAX as usize * std::mem::size_of::<BufRingEntry>();
+        let _ = self.ring.submitter().unregister_buf_ring(BUF_GROUP);
+        // SAFETY: the mapping made in `new`, unregistered above.
+        unsafe { libc::munmap(self.entries.cast(), bytes) };
+    }
+}
+
+fn read(cqe: &cqueue::Entry) -> Completion {
+    let data = cqe.user_data();
+    if data == EPOLL {
+        return Completion::Epoll;
+    }
+    if data & (1 << 31) != 0 {
+        return Completion::Other;
+    }
+    Completion::Received {
+        key: (data & 0x7fff_ffff) as usize,
+        generation: (data >> 32) as u32,
+        result: cqe.result(),
+        buffer: cqueue::buffer_select(cqe.flags()),
+        more: cqueue::more(cqe.flags()),
+    }
+}
+
+fn user_data(key: usize, generation: u32) -> u64 {
+    ((generation as u64) << 32) | key as u64
+}
+
+impl Uring {
+    /// A ring for the calling thread (it must be the only one to use it), or why
+    /// this kernel cannot give one: the loop then reads through epoll alone.
+    pub fn new(epoll_fd: RawFd) -> io::Result<Uring> {
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            // Completion work runs in our own wait, not by interrupting the thread
+            // as data lands: without it this costs more than epoll (§15).
+            .setup_defer_taskrun()
+            .setup_cqsize(RING_ENTRIES * 2)
+            .build(RING_ENTRIES)?;
+        let mut probe = Probe::new();
+        ring.submitter().register_probe(&mut probe)?;
+        for code in [
+            opcode::RecvMulti::CODE,
+            opcode::PollAdd::CODE,
+            opcode::AsyncCancel::CODE,
+        ] {
+            if !probe.is_supported(code) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("io_uring opcode {code} not supported"),
+                ));
+            }
+        }
+        let bytes = BUFS_MAX as usize * std::mem::size_of::<BufRingEntry>();
+        // SAFETY: an anonymous private mapping, page-aligned as the kernel needs.
+        let entries = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if entries == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the mapping outlives the registration (unregistered in Drop).
+        if let Err(e) = unsafe {
+            ring.submitter()
+                .register_buf_ring_with_flags(entries as u64, BUFS_MAX, BUF_GROUP, 0)
+        } {
+            // SAFETY: the mapping just made, never registered.
+            unsafe { libc::munmap(entries, bytes) };
+            return Err(e);
+        }
+        let mut uring = Uring {
+            ring,
+            epoll_fd,
+            entries: entries.cast(),
+            // Zeroed memory is mapped lazily: only the buffers given are touched.
+            memory: vec![0u8; BUFS_MAX as usize * BUF_SIZE],
+            given: 0,
+            tail: 0,
+            starved: false,
+            pending: Vec::with_capacity(64),
+            epoll_armed: false,
+        };
+        uring.grow(BUFS_AT_START);
+        Ok(uring)
+    }
+
+    /// Gives the kernel `more` buffers it has not had yet.
+    fn grow(&mut self, more: u16) {
+        let from = self.given;
+        let to = from.saturating_add(more).min(BUFS_MAX);
+        for bid in from..to {
+            let start = bid as usize * BUF_SIZE;
+            // Touched now, so the pool counts once, at its size, from here on.
+            self.memory[start..start + BUF_SIZE].fill(1);
+            self.put(bid);
+        }
+        self.given = to;
+        self.publish_tail();
+    }
+
+    fn put(&mut self, bid: u16) {
+        let slot = (self.tail & (BUFS_MAX - 1)) as usize;
+        // SAFETY: slot < BUFS_MAX, inside the mapping; the kernel reads an entry
+        // only once the tail published after it says so.
+        unsafe {
+            let entry = &mut *self.entries.add(slot);
+            entry.set_addr(self.memory.as_ptr().add(bid as usize * BUF_SIZE) as u64);
+            entry.set_len(BUF_SIZE as u32);
+            entry.set_bid(bid);
+        }
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    fn publish_tail(&self) {
+        // SAFETY: the tail is the first entry's last u16, 2-byte aligned, and the
+        // kernel reads it with acquire semantics.
+        unsafe {
+            let tail = BufRingEntry::tail(self.entries) as *const AtomicU16;
+            (*tail).store(self.tail, Ordering::Release);
+        }
+    }
+
+    /// The bytes a completion received.
+    pub fn buffer(&self, bid: u16, len: usize) -> &[u8] {
+        let start = bid as usize * BUF_SIZE;
+        &self.memory[start..start + len.min(BUF_SIZE)]
+    }
+
+    /// Hands a buffer back once its bytes have been used.
+    pub fn give_back(&mut self, bid: u16) {
+        if bid < self.given {
+            self.put(bid);
+            self.publish_tail();
+        }
+    }
+
+    /// The pool was empty when a receive completed (`ENOBUFS`).
+    pub fn starved(&mut self) {
+        self.starved = true;
+    }
+
+    /// Starts receiving for `fd`, under `key` and `generation`.
+    pub fn arm_receive(&mut self, fd: RawFd, key: usize, generation: u32) {
+        if self.starved {
+            self.starved = false;
+            let given = self.given;
+            self.grow(given);
+        }
+        self.pending.push(
+            opcode::RecvMulti::new(types::Fd(fd), BUF_GROUP)
+                .build()
+                .user_data(user_data(key, generation)),
+        );
+    }
+
+    /// Stops the receive of `key`/`generation`; its last completion is stale.
+    pub fn cancel_receive(&mut self, key: usize, generation: u32) {
+        self.pending.push(
+            opcode::AsyncCancel::new(user_data(key, generation))
+                .build()
+                .user_data(user_data(key, generation) | 1 << 31),
+        );
+    }
+
+    /// Submits what is pending and waits up to `timeout` (none: do not wait) for
+    /// completions, which go to `out`.
+    pub fn wait(&mut self, timeout: Option<Duration>, out: &mut Vec<Completion>) -> io::Result<()> {
+        if !self.epoll_armed {
+            self.epoll_armed = true;
+            self.pending.push(
+                opcode::PollAdd::new(types::Fd(self.epoll_fd), libc::POLLIN as u32)
+                    .multi(true)
+                    .build()
+                    .user_data(EPOLL),
+            );
+        }
+        self.push_pending()?;
+        let result = match timeout {
+            Some(t) if !t.is_zero() => {
+                let ts = Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
+                let args = SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            // Deferred completion work runs only in an enter that asks for events.
+            // SAFETY: no argument is passed.
+            _ => unsafe {
+                let queued = self.ring.submission().len() as u32;
+                self.ring.submitter().enter::<libc::sigset_t>(
+                    queued,
+                    0,
+                    io_uring::EnterFlags::GETEVENTS.bits(),
+                    None,
+                )
+            },
+        };
+        match result {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+        let mut epoll_ended = false;
+        for cqe in self.ring.completion() {
+            if cqe.user_data() == EPOLL && !cqueue::more(cqe.flags()) {
+                epoll_ended = true;
+            }
+            out.push(read(&cqe));
+        }
+        if epoll_ended {
+            self.epoll_armed = false;
+        }
+        Ok(())
+    }
+
+    /// Moves pending submissions into the queue, submitting early if it is full.
+    fn push_pending(&mut self) -> io::Result<()> {
+        let mut at = 0;
+        while at < self.pending.len() {
+            let pushed = {
+                let mut sq = self.ring.submission();
+                let mut n = 0;
+                for entry in &self.pending[at..] {
+                    // SAFETY: no entry names memory of ours but the buffer ring,
+                    // which lives as long as the ring.
+                    if unsafe { sq.push(entry) }.is_err() {
+                        break;
+                    }
+                    n += 1;
+                }
+                n
+            };
+            at += pushed;
+            if at < self.pending.len() {
+                self.ring.submit()?;
+            }
+        }
+        self.pending.clear();
+        Ok(())
+    }
+}

@@ -1,0 +1,160 @@
+"""--io-uring: both ways a loop receives (io_uring multishot receives, and epoll
+with recv) carry the same traffic: large messages over many buffers, many
+connections at once (more than the buffer pool has at start), pipelined HTTP,
+publish to subscribers, and closes that must reach the client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+
+import httpx
+import pytest
+
+from rawws import RawConn
+from wsutil import run, ws_connect
+
+MODES = ["auto", "off"]
+
+
+def uses_io_uring(pid: int) -> bool:
+    """Whether the process holds an io_uring instance (a ring's descriptor)."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if "io_uring" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def kernel_has_io_uring() -> bool:
+    try:
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            return f.read().strip() == "0"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mode_decides_whether_a_ring_is_made(start_server, mode):
+    srv = start_server("--io-uring", mode, "--threads", "2")
+    if mode == "off":
+        assert not uses_io_uring(srv.pid)
+    elif kernel_has_io_uring():
+        # The loops make their rings as they start; the port answers just before.
+        deadline = time.monotonic() + 5
+        while not uses_io_uring(srv.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert uses_io_uring(srv.pid), srv.describe()
+        assert "io_uring unavailable" not in srv.stderr()
+
+
+def test_bad_mode_is_refused(start_server):
+    srv = start_server("--io-uring", "sometimes", wait=False)
+    assert srv.wait(10) not in (None, 0)
+    assert "not auto or off" in srv.stderr()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_large_messages_span_many_receives(start_server, mode):
+    srv = start_server("--io-uring", mode, "--max-message-size", "1MiB")
+
+    async def main():
+        async with ws_connect(srv.url(), max_size=2**21) as ws:
+            for size in [1, 2047, 2048, 2049, 40_000, 700_000]:
+                msg = os.urandom(size)
+                await ws.send(msg)
+                assert await ws.recv() == msg
+
+    run(main())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_many_connections_sending_at_once(start_server, mode):
+    """300 clients send together, more than the 64 buffers a pool starts with."""
+    srv = start_server("--io-uring", mode, "--threads", "1")
+
+    async def client(i, ready, go):
+        async with ws_connect(srv.url()) as ws:
+            ready.release()
+            await go.wait()
+            msgs = [f"{i}:{n}:" + "x" * 3000 for n in range(5)]
+            for m in msgs:
+                await ws.send(m)
+            for m in msgs:
+                assert await asyncio.wait_for(ws.recv(), 20) == m
+
+    async def main():
+        n = 300
+        ready = asyncio.Semaphore(0)
+        go = asyncio.Event()
+        tasks = [asyncio.create_task(client(i, ready, go)) for i in range(n)]
+        for _ in range(n):
+            await asyncio.wait_for(ready.acquire(), 20)
+        go.set()
+        await asyncio.gather(*tasks)
+
+    run(main(), timeout=60)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pipelined_requests_and_publish_to_a_subscriber(start_server, mode):
+    srv = start_server("--io-uring", mode)
+
+    async def main():
+        async with ws_connect(srv.url("/ws/pipe")) as ws:
+            await asyncio.sleep(0.2)
+            requests = b"".join(
+                b"POST /api/publish/pipe HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
+                + f"{i:02}".encode()
+                for i in range(20)
+            )
+            with socket.create_connection(("127.0.0.1", srv.port)) as s:
+                s.sendall(requests)
+                s.settimeout(5)
+                answers = b""
+                while answers.count(b"HTTP/1.1 ") < 20:
+                    chunk = s.recv(65536)
+                    assert chunk, "closed before every answer"
+                    answers += chunk
+            got = []
+            for _ in range(20):
+                got.append(await asyncio.wait_for(ws.recv(), 5))
+            assert [g if isinstance(g, str) else g.decode() for g in got] == [f"{i:02}" for i in range(20)]
+
+    run(main())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_connection_the_server_drops_is_closed_for_the_client(start_server, mode):
+    """With io_uring the armed receive holds the socket until it is cancelled."""
+    srv = start_server("--io-uring", mode, "--handshake-timeout", "1s")
+    with RawConn(srv.port) as c:
+        c.send(b"GET /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        assert c.wait_closed(timeout=6) == b""
+    # The descriptor's number is reused at once; the next connection works.
+    r = httpx.get(f"http://127.0.0.1:{srv.port}/healthz", timeout=5)
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clients_closing_release_their_connections(start_server, mode):
+    srv = start_server("--io-uring", mode)
+
+    async def main():
+        for _ in range(3):
+            conns = [await ws_connect(srv.url()).__aenter__() for _ in range(50)]
+            for ws in conns:
+                await ws.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            stats = httpx.get(f"http://127.0.0.1:{srv.port}/api/stats", timeout=5).json()
+            if stats["connections"]["websocket"] == 0:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"connections left open: {stats['connections']}")
+
+    run(main())
