@@ -1,8 +1,10 @@
-//! One I/O thread: an epoll loop (via mio) that owns its listeners' accepted
-//! sockets, their [`Conn`] records in a slab, and a timer wheel.
+//! One I/O thread: an event loop that owns its listeners' accepted sockets, their
+//! [`Conn`] records in a slab, and a timer wheel. It waits through its
+//! [`Uring`] (io_uring receives, and epoll polled through the ring) or, without
+//! one, in epoll (via mio) alone.
 //!
-//! The loop polls, hands each readable connection's bytes (read into one buffer
-//! shared by all its connections) to the connection's handler — [`http`] before an
+//! The loop hands each connection's received bytes (copied into one buffer shared
+//! by all its connections) to the connection's handler — [`http`] before an
 //! upgrade, the transport after — and writes what they answered with one syscall per
 //! read batch (corking). It delivers its inbox through [`LocalSubscribers`], and
 //! keeps time: handshake, ping, idle, close and linger deadlines, accept back-off,
