@@ -23,6 +23,12 @@ use crate::server::LISTEN_BACKLOG;
 /// (`scripts/socket-cost.py`, median of 3, Linux 6.18 on the 2-core VM; 5,011 B with
 /// `throng serve` and `throng bench idle` holding 9,000). A loopback pair is two sockets.
 pub const KERNEL_BYTES_PER_SOCKET: u64 = 5_070;
+/// Kernel memory of the io_uring receive `serve` keeps armed on each connection
+/// (the default, `--io-uring auto`): its request (256 B in the `io_kiocb` cache) and
+/// its poll entry. Slab grew 10,267–10,342 B per loopback pair with `auto` against
+/// 9,901–9,994 B with `off`, `throng serve --threads 1` holding 9,000 idle
+/// connections from `throng bench idle` (docs/BENCHMARKS.md §16).
+pub const IO_URING_BYTES_PER_CONN: u64 = 360;
 /// TCP memory (what `net.ipv4.tcp_mem` counts, in pages) of a socket while data
 /// waits in it: one small unread message took 0.97 pages per socket (same script).
 /// An idle socket holds none.
@@ -321,6 +327,9 @@ pub struct Memory {
     pub sockets: u64,
     pub kernel_bytes_per_socket: u64,
     pub kernel_bytes: u64,
+    /// Kernel memory of the armed io_uring receives (none with `--io-uring off`).
+    pub receive_bytes_per_conn: u64,
+    pub receive_bytes: u64,
     pub throng_bytes_per_conn: u64,
     pub throng_bytes: u64,
     /// `throng bench`'s userspace (with `--loopback`; else 0).
@@ -471,17 +480,20 @@ pub fn check(m: &Machine, want: Want) -> Report {
 
     let throng_bytes_per_conn = throng_bytes_per_conn(want.transport);
     let kernel_bytes = sockets * KERNEL_BYTES_PER_SOCKET;
+    let receive_bytes = n * IO_URING_BYTES_PER_CONN;
     let throng_bytes = n * throng_bytes_per_conn;
     let bench_bytes = if want.loopback {
         n * BENCH_BYTES_PER_CONN
     } else {
         0
     };
-    let total_bytes = kernel_bytes + throng_bytes + bench_bytes;
+    let total_bytes = kernel_bytes + receive_bytes + throng_bytes + bench_bytes;
     let memory = Memory {
         sockets,
         kernel_bytes_per_socket: KERNEL_BYTES_PER_SOCKET,
         kernel_bytes,
+        receive_bytes_per_conn: IO_URING_BYTES_PER_CONN,
+        receive_bytes,
         throng_bytes_per_conn,
         throng_bytes,
         bench_bytes,
@@ -892,6 +904,13 @@ pub fn render(r: &Report, applying: bool) -> String {
         mem.kernel_bytes,
     ));
     line(row(
+        "kernel",
+        r.conns,
+        "io_uring receives (none with --io-uring off)",
+        mem.receive_bytes_per_conn,
+        mem.receive_bytes,
+    ));
+    line(row(
         "throng",
         r.conns,
         what,
@@ -1178,6 +1197,7 @@ mod tests {
         assert_eq!(r.ports.per_source_address, 28_232);
         assert_eq!(r.ports.source_addresses, 142);
         assert_eq!(r.memory.kernel_bytes, 1_000_000 * KERNEL_BYTES_PER_SOCKET);
+        assert_eq!(r.memory.receive_bytes, 1_000_000 * IO_URING_BYTES_PER_CONN);
         assert_eq!(r.memory.throng_bytes, 97_000_000);
         assert_eq!(r.memory.verdict, Verdict::Ok);
         let plan = r.plan.as_ref().unwrap();
