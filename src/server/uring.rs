@@ -22,8 +22,8 @@ const BUF_SIZE: usize = 2048;
 /// part of the process's size from the start, not of its connections'); it
 /// doubles whenever receives find it empty.
 const BUFS_AT_START: u16 = 64;
-/// The most buffers the pool grows to when receives find it empty (8 MiB).
-const BUFS_MAX: u16 = 4096;
+/// The most buffers the pool grows to when receives find it empty (2 MiB).
+const BUFS_MAX: u16 = 1024;
 const BUF_GROUP: u16 = 0;
 /// Entries in the submission queue; completions get twice as many.
 const RING_ENTRIES: u32 = 4096;
