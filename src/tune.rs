@@ -523,6 +523,25 @@ pub fn check(m: &Machine, want: Want) -> Report {
 }
 
 /// `--workers` and `--procs` for N connections under the current hard limit.
+/// Workers for `n` connections of at most `per_worker` each. The kernel spreads
+/// them over the workers by a hash (SO_REUSEPORT), not evenly: each gets about n/w,
+/// give or take √(n/w). Plan for four of those above the mean, so no worker is
+/// likely to reach its open-files limit (at a million, 51 workers of 19,898 left
+/// one at 19,990 connections and refusing more in two runs of three).
+fn workers_for(n: u64, per_worker: u64) -> u64 {
+    if n <= per_worker {
+        return 1;
+    }
+    let mut workers = n.div_ceil(per_worker);
+    loop {
+        let mean = n as f64 / workers as f64;
+        if mean + 4.0 * mean.sqrt() <= per_worker as f64 || workers >= n {
+            return workers;
+        }
+        workers += 1;
+    }
+}
+
 fn plan(m: &Machine, n: u64, ports: &Ports) -> Plan {
     let limit = FileLimit {
         soft: m.nofile_hard,
@@ -531,7 +550,7 @@ fn plan(m: &Machine, n: u64, ports: &Ports) -> Plan {
     let listeners = m.cores * usize::try_from(ports.server_ports.max(1)).unwrap_or(1);
     let per_worker = limit.connection_ceiling(listeners).max(1);
     let per_proc = m.nofile_hard.saturating_sub(os::RESERVED_FDS).max(1);
-    let workers = n.div_ceil(per_worker);
+    let workers = workers_for(n, per_worker);
     let procs = n.div_ceil(per_proc);
     let (listen, bench_ports) = if ports.server_ports > 1 {
         let last = 8080 + ports.server_ports - 1;
@@ -1176,6 +1195,17 @@ mod tests {
     }
 
     #[test]
+    fn workers_leave_room_for_the_kernels_uneven_spread() {
+        assert_eq!(workers_for(15_000, 19_898), 1);
+        assert_eq!(workers_for(100_000, 19_898), 6);
+        // 51 would hold 1,000,000 if the kernel spread them evenly; it does not.
+        assert_eq!(workers_for(1_000_000, 19_898), 52);
+        let w = workers_for(2_000_000, 19_898);
+        let mean = 2_000_000.0 / w as f64;
+        assert!(mean + 4.0 * mean.sqrt() <= 19_898.0 && w > 2_000_000u64.div_ceil(19_898));
+    }
+
+    #[test]
     fn a_million_on_the_vm_needs_workers_and_tcp_mem() {
         let r = check(&Machine::read(&Fake::vm()).unwrap(), want(1_000_000));
         assert!(!r.ok);
@@ -1202,9 +1232,9 @@ mod tests {
         assert_eq!(r.memory.throng_bytes, 97_000_000);
         assert_eq!(r.memory.verdict, Verdict::Ok);
         let plan = r.plan.as_ref().unwrap();
-        assert_eq!((plan.per_worker, plan.workers), (19_898, 51));
+        assert_eq!((plan.per_worker, plan.workers), (19_898, 52));
         assert_eq!((plan.per_proc, plan.procs), (19_900, 51));
-        assert!(plan.serve.contains("--workers 51"), "{}", plan.serve);
+        assert!(plan.serve.contains("--workers 52"), "{}", plan.serve);
         assert!(
             plan.bench
                 .ends_with("--conns 1000000 --procs 51 --source-ips 127.0.0.2-127.0.0.154"),
@@ -1367,7 +1397,7 @@ mod tests {
         for i in &r.items {
             assert!(text.contains(i.name), "{} missing from\n{text}", i.name);
         }
-        assert!(text.contains("throng serve --workers 51"));
+        assert!(text.contains("throng serve --workers 52"));
         assert!(text.contains("Still too low for 1,000,000 connections"));
         // The server alone gets no advice on sharing cores with the bench...
         assert!(!text.contains("I/O threads"), "{text}");
