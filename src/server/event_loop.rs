@@ -482,45 +482,39 @@ impl EventLoop {
             return;
         };
         let live = self.conns.contains(key) && self.generations.get(key) == Some(&generation);
-        if result > 0
-            && live
-            && let Some(bid) = buffer
-        {
-            let n = result as usize;
-            let bytes = uring.buffer(bid, n);
-            let n = bytes.len();
-            self.read_buf[..n].copy_from_slice(bytes);
+        let mut received = 0;
+        if let Some(bid) = buffer {
+            if live && result > 0 {
+                let bytes = uring.buffer(bid, result as usize);
+                received = bytes.len();
+                self.read_buf[..received].copy_from_slice(bytes);
+            }
             uring.give_back(bid);
+        }
+        if result == -libc::ENOBUFS {
+            uring.starved();
+        }
+        if !live {
+            return;
+        }
+        if received > 0 {
             if let Some(conn) = self.conns.get_mut(key) {
                 conn.last_seen = self.now;
                 // Closing: our goodbye is out; Lingering: we wait for EOF.
                 // Either way the peer's remaining bytes are of no use.
                 if conn.phase == Phase::Active {
-                    self.on_input(key, n);
+                    self.on_input(key, received);
                 }
             }
-        } else if let Some(bid) = buffer {
-            uring.give_back(bid);
-        }
-        if !live {
+        } else if result == 0 {
+            self.on_peer_done(key);
+            return;
+        } else if result < 0 && ![libc::ENOBUFS, libc::EINTR, libc::EAGAIN].contains(&-result) {
+            self.drop_conn(key);
             return;
         }
-        match result {
-            0 => {
-                self.on_peer_done(key);
-                return;
-            }
-            r if r == -libc::ENOBUFS => {
-                if let Some(uring) = &mut self.uring {
-                    uring.starved();
-                }
-            }
-            r if r < 0 && r != -libc::EINTR && r != -libc::EAGAIN => {
-                self.drop_conn(key);
-                return;
-            }
-            _ => {}
-        }
+        // A receive that stopped (the pool ran dry, or the kernel ended it) is
+        // armed again while the connection lives.
         if !more
             && self.generations.get(key) == Some(&generation)
             && let Some(conn) = self.conns.get(key)
