@@ -229,6 +229,12 @@ pub fn render(scrape: &Scrape) -> String {
         );
     }
     e.single(
+        "throng_io_uring_receivers",
+        "Connections whose bytes arrive through io_uring now (--io-uring; busy ones only).",
+        Kind::Gauge,
+        Value::Int(s.ring_receivers),
+    );
+    e.single(
         "throng_messages_published_total",
         "Messages published through this node (HTTP API and chat members).",
         Kind::Counter,
@@ -413,6 +419,7 @@ mod tests {
             sockets: 10,
             sse: 3,
             poll: 2,
+            ring_receivers: 6,
             published: 4,
             delivered: 12,
             bytes_sent: 999,
@@ -440,6 +447,7 @@ mod tests {
             r#"throng_connections{transport="websocket"} 5"#,
             r#"throng_connections{transport="sse"} 3"#,
             r#"throng_connections{transport="poll"} 2"#,
+            "throng_io_uring_receivers 6",
             "throng_messages_published_total 4",
             "throng_messages_delivered_total 12",
             "throng_bytes_sent_total 999",
@@ -474,7 +482,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 14, "{text}");
+        assert_eq!(types.len(), 15, "{text}");
         assert_eq!(helps, types.len());
         let mut unique = types.clone();
         unique.sort_unstable();

@@ -144,6 +144,9 @@ pub struct LoopCounters {
     pub sse: AtomicU64,
     /// Of those, waiting long-polls.
     pub poll: AtomicU64,
+    /// Of those, connections receiving through io_uring now (busy ones; as of the
+    /// loop's last sweep).
+    pub ring_receivers: AtomicU64,
     /// Frames received from clients (data and control).
     pub frames_in: AtomicU64,
     /// Whole data messages received from clients.
@@ -277,6 +280,7 @@ pub struct Snapshot {
     pub sockets: u64,
     pub sse: u64,
     pub poll: u64,
+    pub ring_receivers: u64,
     pub frames_in: u64,
     pub messages_in: u64,
     pub messages_out: u64,
@@ -330,6 +334,7 @@ impl ServerStats {
             s.sockets += load(&l.sockets);
             s.sse += load(&l.sse);
             s.poll += load(&l.poll);
+            s.ring_receivers += load(&l.ring_receivers);
             s.frames_in += load(&l.frames_in);
             s.messages_in += load(&l.messages_in);
             s.messages_out += load(&l.messages_out);

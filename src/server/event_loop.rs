@@ -27,7 +27,7 @@ use super::http::Next;
 use super::shared::Shared;
 use super::subscribers::{Follow, LocalSubscribers};
 use super::timer::{Tick, TimerWheel, ticks};
-use super::uring::{Completion, Uring};
+use super::uring::{Completion, Uring, Via};
 use crate::hub;
 use crate::protocol::http::write_error;
 use crate::stats::{HandshakeFailure, LoopCounters, TurnCounts};
@@ -47,6 +47,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often loop 0 gives the broker its housekeeping turn.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
+/// How often a loop with io_uring weighs which connections are busy enough to
+/// receive through the ring (`Uring::sweep`).
+const RECEIVE_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// A turn at least this long is logged (at most four lines a second per loop).
 const SLOW_TURN: Duration = Duration::from_millis(250);
 /// During a drain, plain HTTP connections (a proxy's kept-alive ones, those just
@@ -87,6 +90,7 @@ pub struct EventLoop {
     /// Subscribers a fan-out could not write to, dealt with after it.
     failed: Vec<Follow>,
     next_maintain: Tick,
+    next_receive_sweep: Tick,
     ping_ticks: Tick,
     idle_ticks: Tick,
     handshake_ticks: Tick,
@@ -95,12 +99,9 @@ pub struct EventLoop {
     /// Until when plain HTTP connections may still send a request during a drain.
     drain_grace: Option<Instant>,
     now: Tick,
-    /// Receives through io_uring (made by `run`, in the loop's own thread); none:
-    /// epoll reports readable sockets and the loop reads them.
+    /// Receives through io_uring for busy connections (made by `run`, in the
+    /// loop's own thread); none: epoll reports every readable socket.
     uring: Option<Uring>,
-    /// Per slab key, the generation of its connection: a receive completion of a
-    /// connection that is gone (its key maybe reused) is recognised and dropped.
-    generations: Vec<u32>,
     completions: Vec<Completion>,
     /// Epoll filled a whole batch: poll it again next turn without being told.
     epoll_again: bool,
@@ -143,12 +144,12 @@ impl EventLoop {
             subscribers: LocalSubscribers::new(index),
             failed: Vec::new(),
             next_maintain: ticks(MAINTAIN_EVERY),
+            next_receive_sweep: ticks(RECEIVE_SWEEP_EVERY),
             ping_seq: 0,
             drain_deadline: None,
             drain_grace: None,
             now: 0,
             uring: None,
-            generations: Vec::new(),
             completions: Vec::new(),
             epoll_again: false,
         })
@@ -234,10 +235,10 @@ impl EventLoop {
                         if event.is_writable() {
                             self.on_writable(key);
                         }
-                        // With io_uring the receive reports the peer's end and
-                        // errors; reading here too could reorder the bytes.
+                        // A receive in the ring reports the peer's end and errors;
+                        // reading here too could reorder the bytes.
                         let closed = event.is_read_closed() || event.is_error();
-                        if self.uring.is_none() && (event.is_readable() || closed) {
+                        if event.is_readable() || closed {
                             self.on_readable(key, closed);
                         }
                     }
@@ -260,6 +261,15 @@ impl EventLoop {
             }
             self.expire_tokens();
             self.resume_accepting();
+            if self.now >= self.next_receive_sweep {
+                self.next_receive_sweep = self.now + ticks(RECEIVE_SWEEP_EVERY);
+                if let Some(uring) = &mut self.uring {
+                    uring.sweep();
+                    self.counters
+                        .ring_receivers
+                        .store(uring.armed(), Ordering::Relaxed);
+                }
+            }
             if self.index == 0 && self.now >= self.next_maintain {
                 self.next_maintain = self.now + ticks(MAINTAIN_EVERY);
                 self.shared.broker.maintain();
@@ -353,27 +363,16 @@ impl EventLoop {
         let _ = socket.set_nodelay(true);
         let entry = self.conns.vacant_entry();
         let key = entry.key();
-        // With io_uring epoll only says when a socket can take more output.
-        let interest = if self.uring.is_some() {
-            Interest::WRITABLE
-        } else {
-            Interest::READABLE | Interest::WRITABLE
-        };
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut socket, Token(key), interest)
-        {
+        if let Err(e) = self.poll.registry().register(
+            &mut socket,
+            Token(key),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
             tracing::warn!(error = %e, "cannot register a new connection");
             return;
         }
         if let Some(uring) = &mut self.uring {
-            if self.generations.len() <= key {
-                self.generations.resize(key + 1, 0);
-            }
-            let generation = self.generations[key].wrapping_add(1);
-            self.generations[key] = generation;
-            uring.arm_receive(socket.as_raw_fd(), key, generation);
+            uring.opened(key);
         }
         let conn = entry.insert(Conn::new(socket, addr.ip(), self.now));
         let due = self.now + self.handshake_ticks;
@@ -386,11 +385,12 @@ impl EventLoop {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
         };
-        if let Some(uring) = &mut self.uring {
+        if let Some(uring) = &mut self.uring
+            && uring.closed(key)
+        {
             // The armed receive holds the socket open until it is cancelled; its
             // registration would outlive the descriptor's number meanwhile.
             let _ = self.poll.registry().deregister(&mut conn.socket);
-            uring.cancel_receive(key, self.generations[key]);
         }
         if conn.session.is_counted() {
             self.counters.sockets.fetch_sub(1, Ordering::Relaxed);
@@ -415,27 +415,59 @@ impl EventLoop {
         }
     }
 
-    /// Reads until the socket is drained. `peer_closed`: the event also reported
-    /// the peer's FIN, which a short read must not hide (no further edge comes).
+    /// Reads a socket epoll called readable (or one left unfinished), unless its
+    /// bytes come through the ring; a connection that read itself busy moves there.
     fn on_readable(&mut self, key: usize, peer_closed: bool) {
+        let mut busy = false;
+        if let Some(uring) = &self.uring
+            && uring.via(key) != Via::Epoll
+        {
+            return;
+        }
+        if !self.read_socket(key, peer_closed, &mut busy) || !busy {
+            return;
+        }
+        let (Some(conn), Some(uring)) = (self.conns.get_mut(key), &mut self.uring) else {
+            return;
+        };
+        // From here epoll only says when the socket can take more output. What
+        // the socket holds now, the ring's receive takes first.
+        if self
+            .poll
+            .registry()
+            .reregister(&mut conn.socket, Token(key), Interest::WRITABLE)
+            .is_ok()
+        {
+            uring.arm(conn.socket.as_raw_fd(), key);
+        }
+    }
+
+    /// Reads until the socket is drained; true if it was and the connection
+    /// lives. `peer_closed`: the event also reported the peer's FIN, which a short
+    /// read must not hide (no further edge comes). `busy`: set when io_uring
+    /// would take this connection's reads from now on.
+    fn read_socket(&mut self, key: usize, peer_closed: bool, busy: &mut bool) -> bool {
         for _ in 0..READS_PER_TURN {
             let Some(conn) = self.conns.get_mut(key) else {
-                return;
+                return false;
             };
             let n = match conn.socket.read(&mut self.read_buf) {
                 Ok(0) => {
                     self.on_peer_done(key);
-                    return;
+                    return false;
                 }
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => {
                     self.drop_conn(key);
-                    return;
+                    return false;
                 }
             };
             conn.last_seen = self.now;
+            if let Some(uring) = &mut self.uring {
+                *busy |= uring.count_read(key);
+            }
             // Closing: our goodbye is out; Lingering: we wait for EOF. Either way
             // the peer's remaining bytes are of no use.
             if conn.phase == Phase::Active {
@@ -444,11 +476,12 @@ impl EventLoop {
             if n < self.read_buf.len() && !peer_closed {
                 // A short read drained the socket; new data raises a new edge, so
                 // the extra read that would only say EAGAIN is skipped.
-                return;
+                return self.conns.contains(key);
             }
         }
         // The socket may still hold input: come back after others had their turn.
         self.unfinished.push(key);
+        false
     }
 
     /// The peer is done sending. An answer still on its way to it (a last
@@ -481,7 +514,7 @@ impl EventLoop {
         let Some(uring) = &mut self.uring else {
             return;
         };
-        let live = self.conns.contains(key) && self.generations.get(key) == Some(&generation);
+        let live = self.conns.contains(key) && uring.is_current(key, generation);
         let mut received = 0;
         if let Some(bid) = buffer {
             if live && result > 0 {
@@ -498,6 +531,7 @@ impl EventLoop {
             return;
         }
         if received > 0 {
+            uring.count_read(key);
             if let Some(conn) = self.conns.get_mut(key) {
                 conn.last_seen = self.now;
                 // Closing: our goodbye is out; Lingering: we wait for EOF.
@@ -509,18 +543,40 @@ impl EventLoop {
         } else if result == 0 {
             self.on_peer_done(key);
             return;
-        } else if result < 0 && ![libc::ENOBUFS, libc::EINTR, libc::EAGAIN].contains(&-result) {
+        } else if result < 0
+            && ![libc::ENOBUFS, libc::EINTR, libc::EAGAIN, libc::ECANCELED].contains(&-result)
+        {
             self.drop_conn(key);
             return;
         }
-        // A receive that stopped (the pool ran dry, or the kernel ended it) is
-        // armed again while the connection lives.
-        if !more
-            && self.generations.get(key) == Some(&generation)
-            && let Some(conn) = self.conns.get(key)
-            && let Some(uring) = &mut self.uring
-        {
-            uring.arm_receive(conn.socket.as_raw_fd(), key, generation);
+        if more {
+            return;
+        }
+        let (Some(conn), Some(uring)) = (self.conns.get_mut(key), &mut self.uring) else {
+            return;
+        };
+        if !uring.is_current(key, generation) {
+            return;
+        }
+        match uring.receive_ended(key) {
+            // It stopped (the pool ran dry, or the kernel ended it): armed again.
+            Via::Ring => uring.arm(conn.socket.as_raw_fd(), key),
+            // It was cancelled for being quiet: epoll reads the socket again,
+            // starting with whatever arrived since.
+            Via::Epoll => {
+                let interest = Interest::READABLE | Interest::WRITABLE;
+                if self
+                    .poll
+                    .registry()
+                    .reregister(&mut conn.socket, Token(key), interest)
+                    .is_err()
+                {
+                    self.drop_conn(key);
+                    return;
+                }
+                self.unfinished.push(key);
+            }
+            Via::Leaving => {}
         }
     }
 

@@ -689,6 +689,8 @@ fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome
                 "sse": snap.sse,
                 "poll": snap.poll,
             },
+            // Busy connections whose bytes come through io_uring (--io-uring).
+            "io_uring_receivers": snap.ring_receivers,
             "channels": ctx.shared.broker.channel_count(),
             "frames_in": snap.frames_in,
             "messages_in": snap.messages_in,

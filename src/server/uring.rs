@@ -1,12 +1,20 @@
-//! A loop's io_uring: one multishot receive per connection into a ring of buffers
-//! the loop provides, and a multishot poll of the loop's epoll descriptor, so one
-//! wait covers received bytes and every other event (writability, listeners, the
-//! waker). Reads that come this way skip epoll's readiness walk and one `recv`
-//! system call per message (docs/BENCHMARKS.md §15).
+//! A loop's io_uring: a multishot receive per busy connection into a ring of
+//! buffers the loop provides, and a multishot poll of the loop's epoll descriptor,
+//! so one wait covers received bytes and every other event (writability, listeners,
+//! the waker, the quiet connections' reads). Reads that come this way skip epoll's
+//! readiness walk and one `recv` system call per message (docs/BENCHMARKS.md §15).
 //!
-//! Owns the ring, the buffers and the submissions not made yet. It knows nothing of
-//! connections, sessions or wire formats: a completion carries the key and the
-//! generation the event loop gave it, and the loop decides what it means.
+//! A connection starts out read through epoll. Once it has sent [`BUSY_READS`]
+//! reads in one [`Uring::sweep`] period its receive moves to the ring; a period
+//! with fewer than [`QUIET_READS`] moves it back. So a connection that mostly waits
+//! (a subscriber, a held event stream) never holds an armed receive (360 B of
+//! kernel memory) nor a share of the pool, and its handshake costs what it costs
+//! with epoll (§16).
+//!
+//! Owns the ring, the buffers, the submissions not made yet and, per connection
+//! key, its generation and which way it reads. It knows nothing of sessions or
+//! wire formats: a completion carries the key and the generation, and the event
+//! loop decides what it means.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -18,10 +26,14 @@ use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
 
 /// Bytes per provided buffer: a larger message arrives in several completions.
 const BUF_SIZE: usize = 2048;
-/// Buffers given to the kernel at first (128 KiB, touched at once so the pool is
-/// part of the process's size from the start, not of its connections'); it
+/// Buffers given to the kernel when the first receive is armed (128 KiB, touched
+/// at once so the pool counts at its size from then on, not per connection); it
 /// doubles whenever receives find it empty.
 const BUFS_AT_START: u16 = 64;
+/// Reads in one sweep period that move a connection's receive to the ring.
+pub const BUSY_READS: u16 = 8;
+/// Fewer receives than this in a sweep period move it back to epoll.
+pub const QUIET_READS: u16 = 2;
 /// The most buffers the pool grows to when receives find it empty (2 MiB).
 const BUFS_MAX: u16 = 1024;
 const BUF_GROUP: u16 = 0;
@@ -49,6 +61,27 @@ pub enum Completion {
     Other,
 }
 
+/// Which way a connection's bytes reach the loop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Via {
+    /// Epoll says the socket is readable and the loop reads it.
+    #[default]
+    Epoll,
+    /// A multishot receive is armed in the ring.
+    Ring,
+    /// The ring's receive is being cancelled; its last completion moves the
+    /// connection back to epoll (not sooner: bytes would be read out of order).
+    Leaving,
+}
+
+/// One connection key's receive bookkeeping: 8 bytes per slab slot.
+#[derive(Debug, Clone, Copy, Default)]
+struct Receiver {
+    generation: u32,
+    reads: u16,
+    via: Via,
+}
+
 pub struct Uring {
     ring: IoUring,
     epoll_fd: RawFd,
@@ -62,6 +95,11 @@ pub struct Uring {
     starved: bool,
     pending: Vec<squeue::Entry>,
     epoll_armed: bool,
+    /// Per connection key; a completion of a connection that is gone (its key
+    /// maybe reused) is recognised by its generation and dropped.
+    receivers: Vec<Receiver>,
+    /// Connections whose receive is in the ring (`Ring` or `Leaving`).
+    armed: u64,
 }
 
 // SAFETY: the raw pointer is to a private mapping owned by this value; the loop
@@ -158,7 +196,7 @@ impl Uring {
             unsafe { libc::munmap(entries, bytes) };
             return Err(e);
         }
-        let mut uring = Uring {
+        let uring = Uring {
             ring,
             epoll_fd,
             entries: entries.cast(),
@@ -169,8 +207,9 @@ impl Uring {
             starved: false,
             pending: Vec::with_capacity(64),
             epoll_armed: false,
+            receivers: Vec::new(),
+            armed: 0,
         };
-        uring.grow(BUFS_AT_START);
         Ok(uring)
     }
 
@@ -229,9 +268,55 @@ impl Uring {
         self.starved = true;
     }
 
-    /// Starts receiving for `fd`, under `key` and `generation`.
-    pub fn arm_receive(&mut self, fd: RawFd, key: usize, generation: u32) {
-        if self.starved {
+    /// A new connection took `key`: it reads through epoll until it is busy.
+    pub fn opened(&mut self, key: usize) {
+        if self.receivers.len() <= key {
+            self.receivers.resize(key + 1, Receiver::default());
+        }
+        let r = &mut self.receivers[key];
+        *r = Receiver {
+            generation: r.generation.wrapping_add(1),
+            reads: 0,
+            via: Via::Epoll,
+        };
+    }
+
+    /// Which way `key`'s bytes come.
+    pub fn via(&self, key: usize) -> Via {
+        self.receivers.get(key).map_or(Via::Epoll, |r| r.via)
+    }
+
+    /// Counts one read (or received completion) of `key`; true when it reads
+    /// through epoll and has become busy enough for the ring.
+    pub fn count_read(&mut self, key: usize) -> bool {
+        let Some(r) = self.receivers.get_mut(key) else {
+            return false;
+        };
+        r.reads = r.reads.saturating_add(1);
+        r.via == Via::Epoll && r.reads >= BUSY_READS
+    }
+
+    /// Whether a completion is of `key`'s current connection and receive.
+    pub fn is_current(&self, key: usize, generation: u32) -> bool {
+        self.receivers
+            .get(key)
+            .is_some_and(|r| r.generation == generation && r.via != Via::Epoll)
+    }
+
+    /// Receives `key`'s bytes (on `fd`) through the ring from now on, or again
+    /// after its receive stopped.
+    pub fn arm(&mut self, fd: RawFd, key: usize) {
+        let Some(r) = self.receivers.get_mut(key) else {
+            return;
+        };
+        if r.via == Via::Epoll {
+            self.armed += 1;
+        }
+        r.via = Via::Ring;
+        let generation = r.generation;
+        if self.given == 0 {
+            self.grow(BUFS_AT_START);
+        } else if self.starved {
             self.starved = false;
             let given = self.given;
             self.grow(given);
@@ -243,12 +328,61 @@ impl Uring {
         );
     }
 
-    /// Stops the receive of `key`/`generation`; its last completion is stale.
-    pub fn cancel_receive(&mut self, key: usize, generation: u32) {
+    /// `key`'s receive ended (its completion had no "more"): `Ring` if it is to
+    /// be armed again, `Epoll` if it was leaving and now reads through epoll.
+    pub fn receive_ended(&mut self, key: usize) -> Via {
+        let Some(r) = self.receivers.get_mut(key) else {
+            return Via::Epoll;
+        };
+        if r.via == Via::Leaving {
+            r.via = Via::Epoll;
+            r.reads = 0;
+            self.armed -= 1;
+        }
+        r.via
+    }
+
+    /// `key`'s connection is gone: true if it had a receive in the ring (now
+    /// cancelled, its last completions stale).
+    pub fn closed(&mut self, key: usize) -> bool {
+        let Some(r) = self.receivers.get_mut(key) else {
+            return false;
+        };
+        let was_armed = r.via != Via::Epoll;
+        if was_armed {
+            r.via = Via::Epoll;
+            self.armed -= 1;
+            let data = user_data(key, r.generation);
+            self.cancel(data);
+        }
+        was_armed
+    }
+
+    /// Once per period: receives that were quiet in it go back to epoll, and
+    /// every count starts again.
+    pub fn sweep(&mut self) {
+        for key in 0..self.receivers.len() {
+            let r = &mut self.receivers[key];
+            let quiet = r.via == Via::Ring && r.reads < QUIET_READS;
+            r.reads = 0;
+            if quiet {
+                r.via = Via::Leaving;
+                let data = user_data(key, r.generation);
+                self.cancel(data);
+            }
+        }
+    }
+
+    /// Connections whose receive is in the ring now.
+    pub fn armed(&self) -> u64 {
+        self.armed
+    }
+
+    fn cancel(&mut self, data: u64) {
         self.pending.push(
-            opcode::AsyncCancel::new(user_data(key, generation))
+            opcode::AsyncCancel::new(data)
                 .build()
-                .user_data(user_data(key, generation) | 1 << 31),
+                .user_data(data | 1 << 31),
         );
     }
 

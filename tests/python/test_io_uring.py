@@ -158,3 +158,98 @@ def test_clients_closing_release_their_connections(start_server, mode):
         raise AssertionError(f"connections left open: {stats['connections']}")
 
     run(main())
+
+
+def ring_receivers(port: int) -> int:
+    stats = httpx.get(f"http://127.0.0.1:{port}/api/stats", timeout=5).json()
+    return stats["io_uring_receivers"]
+
+
+def wait_for_receivers(port: int, want, timeout: float = 8.0) -> int:
+    deadline = time.monotonic() + timeout
+    n = ring_receivers(port)
+    while not want(n) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        n = ring_receivers(port)
+    return n
+
+
+@pytest.mark.skipif(not kernel_has_io_uring(), reason="io_uring disabled in this kernel")
+def test_busy_connections_move_to_the_ring_and_quiet_ones_back(start_server):
+    """A connection starts on epoll; sending a lot moves its receive to the ring,
+    a quiet second moves it back, and no byte is lost or reordered either way,
+    even when a move falls in the middle of a frame."""
+    srv = start_server("--io-uring", "auto", "--threads", "1", "--max-message-size", "1MiB")
+    port = srv.port
+
+    async def burst(ws, tag, count):
+        msgs = [f"{tag}:{n}:" + "y" * (n % 7 * 500) for n in range(count)]
+        # One at a time, a read each (reads, not messages, make a connection busy),
+        # then pipelined: frames queue in the socket while its receive moves.
+        for m in msgs[: count // 2]:
+            await ws.send(m)
+            assert await asyncio.wait_for(ws.recv(), 10) == m
+        for m in msgs[count // 2 :]:
+            await ws.send(m)
+        for m in msgs[count // 2 :]:
+            assert await asyncio.wait_for(ws.recv(), 10) == m
+
+    async def main():
+        quiet = [await ws_connect(srv.url()).__aenter__() for _ in range(10)]
+        busy = [await ws_connect(srv.url()).__aenter__() for _ in range(20)]
+        for ws in quiet:
+            await burst(ws, "hello", 1)
+        assert await asyncio.to_thread(ring_receivers, port) == 0
+        for cycle in range(3):
+            await asyncio.gather(*(burst(ws, f"{cycle}-{i}", 60) for i, ws in enumerate(busy)))
+            n = await asyncio.to_thread(wait_for_receivers, port, lambda n: n >= 20)
+            assert n == 20, f"cycle {cycle}: {n} receive through the ring"
+            # A frame over many ring buffers.
+            big = os.urandom(300_000)
+            await busy[0].send(big)
+            assert await asyncio.wait_for(busy[0].recv(), 10) == big
+            n = await asyncio.to_thread(wait_for_receivers, port, lambda n: n == 0)
+            assert n == 0, f"cycle {cycle}: {n} still in the ring after going quiet"
+            # Back on epoll: a frame of many reads (loopback hands over 64 KiB at
+            # most), so the move to the ring falls inside it.
+            big = os.urandom(900_000)
+            await busy[1].send(big)
+            assert await asyncio.wait_for(busy[1].recv(), 10) == big
+        for ws in quiet:
+            await burst(ws, "bye", 3)
+        for ws in quiet + busy:
+            await ws.close()
+        metrics = await asyncio.to_thread(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        )
+        assert "throng_io_uring_receivers 0" in metrics
+
+    run(main(), timeout=90)
+
+
+@pytest.mark.skipif(not kernel_has_io_uring(), reason="io_uring disabled in this kernel")
+def test_a_busy_connection_closed_by_its_peer_is_released(start_server):
+    srv = start_server("--io-uring", "auto", "--threads", "1")
+
+    async def main():
+        for _ in range(3):
+            conns = [await ws_connect(srv.url()).__aenter__() for _ in range(30)]
+            for ws in conns:
+                for n in range(20):
+                    await ws.send(str(n))
+                for n in range(20):
+                    assert await asyncio.wait_for(ws.recv(), 5) == str(n)
+            for ws in conns:
+                await ws.close()
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            stats = await asyncio.to_thread(
+                lambda: httpx.get(f"http://127.0.0.1:{srv.port}/api/stats", timeout=5).json()
+            )
+            conns = stats["connections"]
+            if conns["websocket"] == 0 and stats["io_uring_receivers"] == 0:
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"left open: {conns}")
+
+    run(main(), timeout=60)
