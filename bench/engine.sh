@@ -24,17 +24,17 @@
 # peer: a bare WebSocket echo on io_uring (multishot receive into provided
 # buffers, one submit per batch; one thread), to measure what the io_uring
 # interface saves against epoll on this kernel before throng is built on it;
-# throng-uring, throng1-uring (not in the default list): throng and throng1 with
-# --io-uring auto, receiving through io_uring (an A/B of the receive path in one
-# run; results before 21:15 on 2026-11-25 name the same A/B throng-epoll and
-# throng1-epoll, when auto was the default);
+# throng-epoll, throng1-epoll (not in the default list): throng and throng1 with
+# --io-uring off, receiving through epoll alone (an A/B of the receive path in one
+# run; auto is the default again since 22:40 on 2026-11-25; between 21:15 and then
+# the A/B was throng-uring / throng1-uring with --io-uring auto);
 # throng1 (not in the default list): throng with one I/O thread (--threads 1),
 # as single-loop servers run;
 # throng-base (not in the default list): a second throng binary, $THRONG_BASE_BIN,
 # run with the same flags as throng and interleaved with it like any other server,
 # to compare two builds (say the previous commit and this one) in one run; its rows
 # in the tables are labelled throng-base, and "÷ throng-base" is the A/B ratio.
-# Usage: bench/engine.sh [--servers throng,throng1,throng-uring,throng1-uring,gorilla,tungstenite,tungstenite4k,node,uws,uring]
+# Usage: bench/engine.sh [--servers throng,throng1,throng-epoll,throng1-epoll,gorilla,tungstenite,tungstenite4k,node,uws,uring]
 #                        [--conns-idle 15000] [--rate 2000] [--echo-duration 10s]
 #                        [--echo-conns 100,1000] [--rounds 2] [--handshakes 10000]
 #                        [--results-dir DIR]
@@ -62,7 +62,7 @@ HS_CONNS=10000      # (c) connections opened as fast as possible, per round
 
 parse_options "--servers=SERVERS --conns-idle=CONNS_IDLE --rate=RATE --echo-duration=ECHO_DURATION
   --echo-conns=ECHO_CONNS --rounds=ROUNDS --handshakes=HS_CONNS --results-dir=RESULTS_DIR" "$@"
-check_names server "$SERVERS" throng throng1 throng-uring throng1-uring throng-base gorilla tungstenite tungstenite4k node uws uring
+check_names server "$SERVERS" throng throng1 throng-epoll throng1-epoll throng-base gorilla tungstenite tungstenite4k node uws uring
 check_throng_base
 need jq
 
@@ -113,8 +113,8 @@ server_cmd() { # name port -> prints nothing, sets CMD array
   case "$1" in
     throng|throng-base) CMD=("$WORK/$1" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s) ;;
     throng1) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --ping-interval 25s) ;;
-    throng-uring) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s --io-uring auto) ;;
-    throng1-uring) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --ping-interval 25s --io-uring auto) ;;
+    throng-epoll) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s --io-uring off) ;;
+    throng1-epoll) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --ping-interval 25s --io-uring off) ;;
     gorilla) CMD=("$GORILLA" -addr "127.0.0.1:$2") ;;
     tungstenite) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2") ;;
     tungstenite4k) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2" --read-buffer 4096) ;;
@@ -145,8 +145,8 @@ server_version() {
   case "$1" in
     throng|throng-base) throng_version "$1" ;;
     throng1) echo "$(throng_version throng), one I/O thread" ;;
-    throng-uring) echo "$(throng_version throng), --io-uring auto" ;;
-    throng1-uring) echo "$(throng_version throng), one I/O thread, --io-uring auto" ;;
+    throng-epoll) echo "$(throng_version throng), --io-uring off" ;;
+    throng1-epoll) echo "$(throng_version throng), one I/O thread, --io-uring off" ;;
     gorilla) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$BENCH_DIR/peers/gorilla-echo/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
     tungstenite|tungstenite4k) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
     node) echo "ws $(jq -r .version "$NODE_DIR/node_modules/ws/package.json" 2>/dev/null), node $(node --version 2>/dev/null)" ;;

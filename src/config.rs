@@ -120,7 +120,7 @@ pub mod defaults {
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
     pub const REDIS_SUBSCRIBE: &str = "channels";
-    pub const IO_URING: &str = "off";
+    pub const IO_URING: &str = "auto";
 }
 
 fn parse_io_uring(s: &str) -> Result<bool, String> {
@@ -270,9 +270,9 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
     pub workers: usize,
 
-    /// How loops receive: off (epoll and recv) or auto (io_uring multishot
-    /// receives where the kernel has them: less CPU per received message, more
-    /// kernel memory per connection)
+    /// How loops receive: auto (busy connections through io_uring multishot
+    /// receives where the kernel has them, quiet ones through epoll: less CPU per
+    /// received message) or off (epoll and recv for all)
     #[arg(long, env = "THRONG_IO_URING", value_name = "HOW", default_value = defaults::IO_URING, value_parser = parse_io_uring, action = clap::ArgAction::Set)]
     pub io_uring: bool,
 
@@ -355,13 +355,13 @@ pub struct ServeConfig {
     /// waits for Redis to confirm); `pattern`: one PSUBSCRIBE, nothing to wait for,
     /// but every node gets every message.
     pub redis_subscribe: crate::broker::Subscribe,
-    /// Receive through io_uring where the kernel allows it (`auto`; default off): each loop
-    /// keeps one multishot receive armed per connection, into a pool of buffers
-    /// it shares among them (128 KiB, doubling up to 2 MiB while receives find it
-    /// empty), and waits for both those and epoll in one `io_uring_enter`. False
-    /// (the default: at a million connections the pools and the armed receives
-    /// cost more memory than they save CPU, docs/BENCHMARKS.md §16), or a kernel
-    /// without it: epoll and `recv`.
+    /// Receive through io_uring where the kernel allows it (`auto`, the default):
+    /// each loop keeps a multishot receive armed per busy connection (8 reads in a
+    /// second; a quiet second moves it back to epoll), into a pool of buffers it
+    /// shares among them (128 KiB from the first one, doubling up to 2 MiB while
+    /// receives find it empty), and waits for both those and epoll in one
+    /// `io_uring_enter` (docs/BENCHMARKS.md §16–17). False (`off`), or a kernel
+    /// without it: epoll and `recv` for every connection.
     pub io_uring: bool,
     /// Worker processes sharing the listeners. Default 1 (this process serves);
     /// above 1 a master runs that many and restarts any that dies, each holding up
@@ -706,11 +706,11 @@ mod tests {
     }
 
     #[test]
-    fn io_uring_is_auto_or_off_and_off_by_default() {
+    fn io_uring_is_auto_or_off_and_auto_by_default() {
         assert_eq!(parse_io_uring("auto"), Ok(true));
         assert_eq!(parse_io_uring("off"), Ok(false));
         assert!(parse_io_uring("on").is_err());
-        assert!(!ServeConfig::default().io_uring);
+        assert!(ServeConfig::default().io_uring);
     }
 
     #[test]

@@ -24,10 +24,12 @@ use crate::server::LISTEN_BACKLOG;
 /// `throng serve` and `throng bench idle` holding 9,000). A loopback pair is two sockets.
 pub const KERNEL_BYTES_PER_SOCKET: u64 = 5_070;
 /// Kernel memory of the io_uring receive `serve --io-uring auto` keeps armed on
-/// each connection (not in the total: the default is off): its request (256 B in the `io_kiocb` cache) and
-/// its poll entry. Slab grew 10,267–10,342 B per loopback pair with `auto` against
-/// 9,901–9,994 B with `off`, `throng serve --threads 1` holding 9,000 idle
-/// connections from `throng bench idle` (docs/BENCHMARKS.md §16).
+/// each busy connection (one that read 8 times in a second; not in the total: idle
+/// connections read through epoll and hold none): its request (256 B in the
+/// `io_kiocb` cache) and its poll entry. Measured when every connection was armed
+/// at once: Slab grew 10,267–10,342 B per loopback pair with `auto` against
+/// 9,901–9,994 B with `off`, `throng serve --threads 1` holding 9,000 connections
+/// from `throng bench idle` (docs/BENCHMARKS.md §16).
 pub const IO_URING_BYTES_PER_CONN: u64 = 360;
 /// TCP memory (what `net.ipv4.tcp_mem` counts, in pages) of a socket while data
 /// waits in it: one small unread message took 0.97 pages per socket (same script).
@@ -327,8 +329,8 @@ pub struct Memory {
     pub sockets: u64,
     pub kernel_bytes_per_socket: u64,
     pub kernel_bytes: u64,
-    /// Kernel memory the armed receives of `--io-uring auto` would add (not in
-    /// the total: the default is `off`).
+    /// Kernel memory the armed receives of `--io-uring auto` would add if every
+    /// connection were busy (not in the total: idle ones hold none).
     pub receive_bytes_per_conn: u64,
     pub receive_bytes: u64,
     pub throng_bytes_per_conn: u64,
@@ -926,7 +928,7 @@ pub fn render(r: &Report, applying: bool) -> String {
     line(row(
         "kernel",
         r.conns,
-        "io_uring receives, only with --io-uring auto (not in the total)",
+        "io_uring receives if all were busy (idle: none; not in the total)",
         mem.receive_bytes_per_conn,
         mem.receive_bytes,
     ));

@@ -30,6 +30,7 @@ FAMILIES = {
     "throng_slow_consumer_disconnects_total": "counter",
     "throng_handshake_failures_total": "counter",
     "throng_broker_up": "gauge",
+    "throng_io_uring_receivers": "gauge",
     "throng_delivery_latency_seconds": "histogram",
     "throng_loop_turn_seconds": "histogram",
     "throng_loop_turn_slowest_seconds": "gauge",
