@@ -11,6 +11,13 @@
 //! kernel memory) nor a share of the pool, and its handshake costs what it costs
 //! with epoll (§16).
 //!
+//! A loop that took [`COALESCE_FROM`] completions in the last sweep period waits
+//! for a batch: up to [`COALESCE_WAIT_US`] for [`COALESCE_WANT`] completions before
+//! it wakes for fewer. Each sleep and wake-up costs the loop a few µs of CPU (a
+//! guest's vCPU halts), and a busy loop slept once per few messages; waiting a
+//! little for more cuts the sleeps (§17). A loop below that rate wakes for each
+//! completion, so a lone message never waits.
+//!
 //! Owns the ring, the buffers, the submissions not made yet and, per connection
 //! key, its generation and which way it reads. It knows nothing of sessions or
 //! wire formats: a completion carries the key and the generation, and the event
@@ -37,6 +44,12 @@ pub const QUIET_READS: u16 = 2;
 /// The most buffers the pool grows to when receives find it empty (2 MiB).
 const BUFS_MAX: u16 = 1024;
 const BUF_GROUP: u16 = 0;
+/// Completions in one sweep period (a second) from which the loop waits for batches.
+pub const COALESCE_FROM: u32 = 20_000;
+/// How long a coalescing loop waits for [`COALESCE_WANT`] completions before it
+/// takes what has come (at least one; with none it waits on as usual).
+pub const COALESCE_WAIT_US: u32 = 200;
+pub const COALESCE_WANT: usize = 64;
 /// Entries in the submission queue; completions get twice as many.
 const RING_ENTRIES: u32 = 4096;
 /// The epoll descriptor's poll; connection keys stay below it.
@@ -100,6 +113,11 @@ pub struct Uring {
     receivers: Vec<Receiver>,
     /// Connections whose receive is in the ring (`Ring` or `Leaving`).
     armed: u64,
+    /// The kernel can wait for a batch (`IORING_FEAT_MIN_TIMEOUT`, Linux 6.12+).
+    can_coalesce: bool,
+    /// Completions since the last sweep, and whether waits now ask for a batch.
+    completed: u32,
+    coalesce: bool,
 }
 
 // SAFETY: the raw pointer is to a private mapping owned by this value; the loop
@@ -196,6 +214,7 @@ impl Uring {
             unsafe { libc::munmap(entries, bytes) };
             return Err(e);
         }
+        let can_coalesce = ring.params().is_feature_min_timeout();
         let uring = Uring {
             ring,
             epoll_fd,
@@ -209,6 +228,9 @@ impl Uring {
             epoll_armed: false,
             receivers: Vec::new(),
             armed: 0,
+            can_coalesce,
+            completed: 0,
+            coalesce: false,
         };
         Ok(uring)
     }
@@ -358,9 +380,11 @@ impl Uring {
         was_armed
     }
 
-    /// Once per period: receives that were quiet in it go back to epoll, and
-    /// every count starts again.
+    /// Once per period: receives that were quiet in it go back to epoll, waits
+    /// ask for batches if the loop was busy, and every count starts again.
     pub fn sweep(&mut self) {
+        self.coalesce = self.can_coalesce && self.completed >= COALESCE_FROM;
+        self.completed = 0;
         for key in 0..self.receivers.len() {
             let r = &mut self.receivers[key];
             let quiet = r.via == Via::Ring && r.reads < QUIET_READS;
@@ -403,7 +427,12 @@ impl Uring {
             Some(t) if !t.is_zero() => {
                 let ts = Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
                 let args = SubmitArgs::new().timespec(&ts);
-                self.ring.submitter().submit_with_args(1, &args)
+                if self.coalesce {
+                    let args = args.min_wait_usec(COALESCE_WAIT_US);
+                    self.ring.submitter().submit_with_args(COALESCE_WANT, &args)
+                } else {
+                    self.ring.submitter().submit_with_args(1, &args)
+                }
             }
             // Deferred completion work runs only in an enter that asks for events.
             // SAFETY: no argument is passed.
@@ -427,12 +456,14 @@ impl Uring {
             Err(e) => return Err(e),
         }
         let mut epoll_ended = false;
+        let before = out.len();
         for cqe in self.ring.completion() {
             if cqe.user_data() == EPOLL && !cqueue::more(cqe.flags()) {
                 epoll_ended = true;
             }
             out.push(read(&cqe));
         }
+        self.completed = self.completed.saturating_add((out.len() - before) as u32);
         if epoll_ended {
             self.epoll_armed = false;
         }
@@ -463,5 +494,138 @@ impl Uring {
         }
         self.pending.clear();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::time::Instant;
+
+    /// A ring on a fresh epoll descriptor, or None where the kernel refuses
+    /// io_uring (the loop then reads through epoll; nothing here to test).
+    fn ring() -> Option<(Uring, RawFd)> {
+        // SAFETY: plain system call; the descriptor is closed by the test.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(epoll >= 0);
+        match Uring::new(epoll) {
+            Ok(uring) => Some((uring, epoll)),
+            Err(e) => {
+                eprintln!("io_uring unavailable here: {e}");
+                // SAFETY: ours, unused from here.
+                unsafe { libc::close(epoll) };
+                None
+            }
+        }
+    }
+
+    fn received(out: &[Completion]) -> Vec<(usize, i32, bool)> {
+        out.iter()
+            .filter_map(|c| match *c {
+                Completion::Received {
+                    key, result, more, ..
+                } => Some((key, result, more)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_connection_moves_to_the_ring_when_busy_and_back_when_quiet() {
+        let Some((mut uring, epoll)) = ring() else {
+            return;
+        };
+        let (mut peer, ours) = UnixStream::pair().unwrap();
+        uring.opened(3);
+        assert_eq!(uring.via(3), Via::Epoll);
+        let busy: Vec<bool> = (0..BUSY_READS).map(|_| uring.count_read(3)).collect();
+        assert_eq!(busy.iter().filter(|&&b| b).count(), 1, "{busy:?}");
+        assert!(busy[BUSY_READS as usize - 1]);
+        assert_eq!(uring.given, 0, "no pool before the first receive");
+
+        uring.arm(ours.as_raw_fd(), 3);
+        assert_eq!((uring.via(3), uring.armed()), (Via::Ring, 1));
+        assert_eq!(uring.given, BUFS_AT_START);
+        peer.write_all(b"hello").unwrap();
+        let mut out = Vec::new();
+        uring.wait(Some(Duration::from_secs(5)), &mut out).unwrap();
+        assert_eq!(received(&out), [(3, 5, true)]);
+        let generation = uring.receivers[3].generation;
+        assert!(uring.is_current(3, generation));
+        assert!(!uring.is_current(3, generation.wrapping_add(1)));
+        if let Some(Completion::Received {
+            buffer: Some(bid), ..
+        }) = out
+            .iter()
+            .find(|c| matches!(c, Completion::Received { .. }))
+        {
+            assert_eq!(uring.buffer(*bid, 5), b"hello");
+            uring.give_back(*bid);
+        }
+
+        // The period it became busy in is not quiet; the next one, with fewer
+        // than QUIET_READS, is: the receive is cancelled, and its last
+        // completion hands the socket back to epoll.
+        uring.sweep();
+        assert_eq!(uring.via(3), Via::Ring);
+        uring.count_read(3);
+        uring.sweep();
+        assert_eq!(uring.via(3), Via::Leaving);
+        out.clear();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !received(&out).iter().any(|&(_, _, more)| !more) && Instant::now() < deadline {
+            uring
+                .wait(Some(Duration::from_millis(100)), &mut out)
+                .unwrap();
+        }
+        let last = received(&out);
+        assert_eq!(last.last().map(|r| (r.0, r.2)), Some((3, false)), "{out:?}");
+        assert_eq!(uring.receive_ended(3), Via::Epoll);
+        assert_eq!(uring.armed(), 0);
+        assert!(!uring.is_current(3, generation), "epoll reads it now");
+
+        // A key reused by a new connection starts over, on epoll.
+        uring.opened(3);
+        assert_ne!(uring.receivers[3].generation, generation);
+        assert!(!uring.closed(3), "nothing armed to cancel");
+        // SAFETY: ours, unused from here.
+        unsafe { libc::close(epoll) };
+    }
+
+    #[test]
+    fn a_busy_loop_waits_for_a_batch_but_takes_a_lone_completion() {
+        let Some((mut uring, epoll)) = ring() else {
+            return;
+        };
+        let (mut peer, ours) = UnixStream::pair().unwrap();
+        uring.completed = COALESCE_FROM - 1;
+        uring.sweep();
+        assert!(!uring.coalesce, "below the rate: every wait wakes for one");
+        uring.completed = COALESCE_FROM;
+        uring.sweep();
+        assert_eq!(uring.coalesce, uring.can_coalesce);
+        assert_eq!(uring.completed, 0);
+        uring.opened(0);
+        uring.arm(ours.as_raw_fd(), 0);
+
+        // One byte, far fewer than a batch: the wait takes it once the batch's
+        // wait is over, not at its own 10 s timeout.
+        peer.write_all(b"x").unwrap();
+        let mut out = Vec::new();
+        let began = Instant::now();
+        uring.wait(Some(Duration::from_secs(10)), &mut out).unwrap();
+        assert_eq!(received(&out), [(0, 1, true)]);
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(uring.closed(0));
+        assert_eq!(uring.armed(), 0);
+        // SAFETY: ours, unused from here.
+        unsafe { libc::close(epoll) };
     }
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -399,4 +400,82 @@ func TestConcurrentClientsEcho(t *testing.T) {
 	if n > 0 {
 		t.Fatalf("%d of %d clients failed", n, clients)
 	}
+}
+
+// TestSustainedEchoThroughTheRing drives one loop past the rate at which it
+// receives through io_uring and waits for batches of completions (the default
+// --io-uring auto), and checks every echo comes back whole and in order while
+// it does. Bounded: 3 s or 40,000 echoes per client, whichever comes first.
+func TestSustainedEchoThroughTheRing(t *testing.T) {
+	const clients, maxPerClient = 50, 40000
+	s := startServer(t, []string{"--threads", "1"})
+	stop := time.Now().Add(3 * time.Second)
+	var total atomic.Int64
+	var ringSeen atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, clients+1)
+	done := make(chan struct{})
+	go func() {
+		// What /api/stats says while the load runs (as of the loop's last sweep).
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			resp, err := httpClient.Get(s.HTTPURL("/api/stats"))
+			if err != nil {
+				continue
+			}
+			var stats struct {
+				Receivers int64 `json:"io_uring_receivers"`
+			}
+			if json.NewDecoder(resp.Body).Decode(&stats) == nil && stats.Receivers > ringSeen.Load() {
+				ringSeen.Store(stats.Receivers)
+			}
+			resp.Body.Close()
+		}
+	}()
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func(id int) {
+			defer wg.Done()
+			c, _, err := dialer().Dial(s.URL("/echo"), nil)
+			if err != nil {
+				errs <- fmt.Errorf("client %d dial: %v", id, err)
+				return
+			}
+			defer c.Close()
+			c.SetReadDeadline(stop.Add(10 * time.Second))
+			for j := 0; j < maxPerClient && time.Now().Before(stop); j++ {
+				msg := []byte(fmt.Sprintf("%d-%d-%s", id, j, strings.Repeat("z", j%40)))
+				if err := c.WriteMessage(websocket.BinaryMessage, msg); err != nil {
+					errs <- fmt.Errorf("client %d write %d: %v", id, j, err)
+					return
+				}
+				_, got, err := c.ReadMessage()
+				if err != nil || !bytes.Equal(got, msg) {
+					errs <- fmt.Errorf("client %d echo %d: got %q (%v), want %q", id, j, got, err, msg)
+					return
+				}
+				total.Add(1)
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(done)
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d echoes in 3 s; at most %d clients seen receiving through io_uring", total.Load(), ringSeen.Load())
+	if ioUringUsable() && ringSeen.Load() == 0 {
+		t.Errorf("no client was seen receiving through io_uring under load")
+	}
+}
+
+// ioUringUsable: the kernel lets unprivileged and privileged processes make rings.
+func ioUringUsable() bool {
+	b, err := os.ReadFile("/proc/sys/kernel/io_uring_disabled")
+	return err != nil || strings.TrimSpace(string(b)) == "0"
 }
