@@ -506,7 +506,7 @@ impl EventLoop {
     fn on_received(
         &mut self,
         key: usize,
-        generation: u32,
+        generation: u16,
         result: i32,
         buffer: Option<u16>,
         more: bool,

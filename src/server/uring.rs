@@ -38,9 +38,9 @@ const BUF_SIZE: usize = 2048;
 /// doubles whenever receives find it empty.
 const BUFS_AT_START: u16 = 64;
 /// Reads in one sweep period that move a connection's receive to the ring.
-pub const BUSY_READS: u16 = 8;
+pub const BUSY_READS: u8 = 8;
 /// Fewer receives than this in a sweep period move it back to epoll.
-pub const QUIET_READS: u16 = 2;
+pub const QUIET_READS: u8 = 2;
 /// The most buffers the pool grows to when receives find it empty (2 MiB).
 const BUFS_MAX: u16 = 1024;
 const BUF_GROUP: u16 = 0;
@@ -63,7 +63,7 @@ pub enum Completion {
     /// A receive for the connection `key` of generation `generation`.
     Received {
         key: usize,
-        generation: u32,
+        generation: u16,
         /// Bytes received (in `buffer`), 0 at the peer's end, or a negative errno.
         result: i32,
         buffer: Option<u16>,
@@ -76,6 +76,7 @@ pub enum Completion {
 
 /// Which way a connection's bytes reach the loop.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Via {
     /// Epoll says the socket is readable and the loop reads it.
     #[default]
@@ -87,11 +88,13 @@ pub enum Via {
     Leaving,
 }
 
-/// One connection key's receive bookkeeping: 8 bytes per slab slot.
+/// One connection key's receive bookkeeping: 4 bytes per slab slot. A 16-bit
+/// generation is plenty: a completion is stale for a turn or two, not for
+/// 65,536 reuses of its key.
 #[derive(Debug, Clone, Copy, Default)]
 struct Receiver {
-    generation: u32,
-    reads: u16,
+    generation: u16,
+    reads: u8,
     via: Via,
 }
 
@@ -154,14 +157,14 @@ fn read(cqe: &cqueue::Entry) -> Completion {
     }
     Completion::Received {
         key: (data & 0x7fff_ffff) as usize,
-        generation: (data >> 32) as u32,
+        generation: (data >> 32) as u16,
         result: cqe.result(),
         buffer: cqueue::buffer_select(cqe.flags()),
         more: cqueue::more(cqe.flags()),
     }
 }
 
-fn user_data(key: usize, generation: u32) -> u64 {
+fn user_data(key: usize, generation: u16) -> u64 {
     ((generation as u64) << 32) | key as u64
 }
 
@@ -319,7 +322,7 @@ impl Uring {
     }
 
     /// Whether a completion is of `key`'s current connection and receive.
-    pub fn is_current(&self, key: usize, generation: u32) -> bool {
+    pub fn is_current(&self, key: usize, generation: u16) -> bool {
         self.receivers
             .get(key)
             .is_some_and(|r| r.generation == generation && r.via != Via::Epoll)
