@@ -988,7 +988,7 @@ pub fn render(r: &Report, applying: bool) -> String {
         line(format!(
             "\nI/O threads: serve runs one event loop per core (--threads {}). With throng bench on\n\
              the same cores, give serve --threads 1 (per worker): half-busy loops sleep and wake\n\
-             three times as often, ~11% more CPU per message (docs/BENCHMARKS.md, section 14).",
+             more often, 1.3x the CPU per handshake (docs/BENCHMARKS.md, sections 15 and 17).",
             m.cores
         ));
     }
