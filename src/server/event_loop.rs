@@ -203,7 +203,9 @@ impl EventLoop {
                         }
                         // A full batch may leave events behind, and the poll of
                         // the epoll descriptor fires on new ones only.
-                        self.epoll_again = events.iter().count() >= EVENTS_PER_POLL;
+                        let taken = events.iter().count();
+                        self.epoll_again = taken >= EVENTS_PER_POLL;
+                        uring.count_events(taken);
                     }
                     ready
                 }

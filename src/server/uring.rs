@@ -11,9 +11,9 @@
 //! kernel memory) nor a share of the pool, and its handshake costs what it costs
 //! with epoll (§16).
 //!
-//! A loop that took [`COALESCE_FROM`] completions in the last sweep period waits
-//! for a batch: up to [`COALESCE_WAIT_US`] for [`COALESCE_WANT`] completions before
-//! it wakes for fewer. Each sleep and wake-up costs the loop a few µs of CPU (a
+//! A loop that handled [`COALESCE_FROM`] events (completions and epoll events) in
+//! the last [`COALESCE_WINDOW`] waits for a batch: up to [`COALESCE_WAIT_US`] for
+//! [`COALESCE_WANT`] completions before it wakes for fewer. Each sleep and wake-up costs the loop a few µs of CPU (a
 //! guest's vCPU halts), and a busy loop slept once per few messages; waiting a
 //! little for more cuts the sleeps (§17). A loop below that rate wakes for each
 //! completion, so a lone message never waits.
@@ -26,7 +26,7 @@
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use io_uring::types::{BufRingEntry, SubmitArgs, Timespec};
 use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
@@ -44,8 +44,10 @@ pub const QUIET_READS: u8 = 2;
 /// The most buffers the pool grows to when receives find it empty (2 MiB).
 const BUFS_MAX: u16 = 1024;
 const BUF_GROUP: u16 = 0;
-/// Completions in one sweep period (a second) from which the loop waits for batches.
-pub const COALESCE_FROM: u32 = 20_000;
+/// Events in one [`COALESCE_WINDOW`] from which the loop waits for batches
+/// (10,000 a second): short, so a burst of handshakes gets there too.
+pub const COALESCE_FROM: u32 = 100;
+pub const COALESCE_WINDOW: Duration = Duration::from_millis(10);
 /// How long a coalescing loop waits for [`COALESCE_WANT`] completions before it
 /// takes what has come (at least one; with none it waits on as usual).
 pub const COALESCE_WAIT_US: u32 = 200;
@@ -118,8 +120,10 @@ pub struct Uring {
     armed: u64,
     /// The kernel can wait for a batch (`IORING_FEAT_MIN_TIMEOUT`, Linux 6.12+).
     can_coalesce: bool,
-    /// Completions since the last sweep, and whether waits now ask for a batch.
+    /// Events in the window that began at `window_start`, and whether waits now
+    /// ask for a batch.
     completed: u32,
+    window_start: Instant,
     coalesce: bool,
 }
 
@@ -233,6 +237,7 @@ impl Uring {
             armed: 0,
             can_coalesce,
             completed: 0,
+            window_start: Instant::now(),
             coalesce: false,
         };
         Ok(uring)
@@ -383,11 +388,9 @@ impl Uring {
         was_armed
     }
 
-    /// Once per period: receives that were quiet in it go back to epoll, waits
-    /// ask for batches if the loop was busy, and every count starts again.
+    /// Once per period: receives that were quiet in it go back to epoll, and
+    /// every count starts again.
     pub fn sweep(&mut self) {
-        self.coalesce = self.can_coalesce && self.completed >= COALESCE_FROM;
-        self.completed = 0;
         for key in 0..self.receivers.len() {
             let r = &mut self.receivers[key];
             let quiet = r.via == Via::Ring && r.reads < QUIET_READS;
@@ -397,6 +400,20 @@ impl Uring {
                 let data = user_data(key, r.generation);
                 self.cancel(data);
             }
+        }
+    }
+
+    /// Counts `n` events the loop took from epoll (completions count themselves).
+    pub fn count_events(&mut self, n: usize) {
+        self.completed = self.completed.saturating_add(n as u32);
+    }
+
+    /// At the end of each window: waits ask for batches while the loop is busy.
+    fn reconsider(&mut self, now: Instant) {
+        if now.duration_since(self.window_start) >= COALESCE_WINDOW {
+            self.coalesce = self.can_coalesce && self.completed >= COALESCE_FROM;
+            self.completed = 0;
+            self.window_start = now;
         }
     }
 
@@ -428,6 +445,7 @@ impl Uring {
         self.push_pending()?;
         let result = match timeout {
             Some(t) if !t.is_zero() => {
+                self.reconsider(Instant::now());
                 let ts = Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
                 let args = SubmitArgs::new().timespec(&ts);
                 if self.coalesce {
@@ -604,13 +622,19 @@ mod tests {
             return;
         };
         let (mut peer, ours) = UnixStream::pair().unwrap();
-        uring.completed = COALESCE_FROM - 1;
-        uring.sweep();
+        let start = uring.window_start;
+        uring.count_events(COALESCE_FROM as usize - 1);
+        uring.reconsider(start + COALESCE_WINDOW / 2);
+        assert!(!uring.coalesce, "the window is not over");
+        uring.reconsider(start + COALESCE_WINDOW);
         assert!(!uring.coalesce, "below the rate: every wait wakes for one");
-        uring.completed = COALESCE_FROM;
-        uring.sweep();
+        uring.count_events(COALESCE_FROM as usize);
+        uring.reconsider(start + COALESCE_WINDOW * 2);
         assert_eq!(uring.coalesce, uring.can_coalesce);
         assert_eq!(uring.completed, 0);
+        // The wait below reconsiders with the clock: give it a busy window.
+        uring.window_start = Instant::now();
+        uring.count_events(COALESCE_FROM as usize);
         uring.opened(0);
         uring.arm(ours.as_raw_fd(), 0);
 
