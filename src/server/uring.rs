@@ -45,8 +45,8 @@ pub const QUIET_READS: u8 = 2;
 const BUFS_MAX: u16 = 1024;
 const BUF_GROUP: u16 = 0;
 /// Events in one [`COALESCE_WINDOW`] from which the loop waits for batches
-/// (10,000 a second): short, so a burst of handshakes gets there too.
-pub const COALESCE_FROM: u32 = 100;
+/// (20,000 a second): short, so a burst of handshakes gets there too.
+pub const COALESCE_FROM: u32 = 200;
 pub const COALESCE_WINDOW: Duration = Duration::from_millis(10);
 /// How long a coalescing loop waits for [`COALESCE_WANT`] completions before it
 /// takes what has come (at least one; with none it waits on as usual).
