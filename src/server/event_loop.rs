@@ -420,18 +420,20 @@ impl EventLoop {
     /// Reads a socket epoll called readable (or one left unfinished), unless its
     /// bytes come through the ring; a connection that read itself busy moves there.
     fn on_readable(&mut self, key: usize, peer_closed: bool) {
-        let mut busy = false;
         if let Some(uring) = &self.uring
             && uring.via(key) != Via::Epoll
         {
             return;
         }
-        if !self.read_socket(key, peer_closed, &mut busy) || !busy {
+        if !self.read_socket(key, peer_closed) {
             return;
         }
         let (Some(conn), Some(uring)) = (self.conns.get_mut(key), &mut self.uring) else {
             return;
         };
+        if !uring.is_busy(key) {
+            return;
+        }
         // From here epoll only says when the socket can take more output. What
         // the socket holds now, the ring's receive takes first.
         if self
@@ -446,9 +448,8 @@ impl EventLoop {
 
     /// Reads until the socket is drained; true if it was and the connection
     /// lives. `peer_closed`: the event also reported the peer's FIN, which a short
-    /// read must not hide (no further edge comes). `busy`: set when io_uring
-    /// would take this connection's reads from now on.
-    fn read_socket(&mut self, key: usize, peer_closed: bool, busy: &mut bool) -> bool {
+    /// read must not hide (no further edge comes).
+    fn read_socket(&mut self, key: usize, peer_closed: bool) -> bool {
         for _ in 0..READS_PER_TURN {
             let Some(conn) = self.conns.get_mut(key) else {
                 return false;
@@ -468,7 +469,7 @@ impl EventLoop {
             };
             conn.last_seen = self.now;
             if let Some(uring) = &mut self.uring {
-                *busy |= uring.count_read(key);
+                uring.count_read(key);
             }
             // Closing: our goodbye is out; Lingering: we wait for EOF. Either way
             // the peer's remaining bytes are of no use.

@@ -122,7 +122,7 @@ pub struct Uring {
     can_coalesce: bool,
     /// Events in the window that began at `window_start`, and whether waits now
     /// ask for a batch.
-    completed: u32,
+    events: u32,
     window_start: Instant,
     coalesce: bool,
 }
@@ -236,7 +236,7 @@ impl Uring {
             receivers: Vec::new(),
             armed: 0,
             can_coalesce,
-            completed: 0,
+            events: 0,
             window_start: Instant::now(),
             coalesce: false,
         };
@@ -316,14 +316,18 @@ impl Uring {
         self.receivers.get(key).map_or(Via::Epoll, |r| r.via)
     }
 
-    /// Counts one read (or received completion) of `key`; true when it reads
-    /// through epoll and has become busy enough for the ring.
-    pub fn count_read(&mut self, key: usize) -> bool {
-        let Some(r) = self.receivers.get_mut(key) else {
-            return false;
-        };
-        r.reads = r.reads.saturating_add(1);
-        r.via == Via::Epoll && r.reads >= BUSY_READS
+    /// Counts one read (or received completion) of `key`.
+    pub fn count_read(&mut self, key: usize) {
+        if let Some(r) = self.receivers.get_mut(key) {
+            r.reads = r.reads.saturating_add(1);
+        }
+    }
+
+    /// Whether `key` reads through epoll and has become busy enough for the ring.
+    pub fn is_busy(&self, key: usize) -> bool {
+        self.receivers
+            .get(key)
+            .is_some_and(|r| r.via == Via::Epoll && r.reads >= BUSY_READS)
     }
 
     /// Whether a completion is of `key`'s current connection and receive.
@@ -344,12 +348,10 @@ impl Uring {
         }
         r.via = Via::Ring;
         let generation = r.generation;
-        if self.given == 0 {
-            self.grow(BUFS_AT_START);
-        } else if self.starved {
+        if self.given == 0 || self.starved {
+            // Made at the first receive, doubled when receives found it empty.
             self.starved = false;
-            let given = self.given;
-            self.grow(given);
+            self.grow(self.given.max(BUFS_AT_START));
         }
         self.pending.push(
             opcode::RecvMulti::new(types::Fd(fd), BUF_GROUP)
@@ -405,14 +407,14 @@ impl Uring {
 
     /// Counts `n` events the loop took from epoll (completions count themselves).
     pub fn count_events(&mut self, n: usize) {
-        self.completed = self.completed.saturating_add(n as u32);
+        self.events = self.events.saturating_add(n as u32);
     }
 
     /// At the end of each window: waits ask for batches while the loop is busy.
     fn reconsider(&mut self, now: Instant) {
         if now.duration_since(self.window_start) >= COALESCE_WINDOW {
-            self.coalesce = self.can_coalesce && self.completed >= COALESCE_FROM;
-            self.completed = 0;
+            self.coalesce = self.can_coalesce && self.events >= COALESCE_FROM;
+            self.events = 0;
             self.window_start = now;
         }
     }
@@ -447,13 +449,13 @@ impl Uring {
             Some(t) if !t.is_zero() => {
                 self.reconsider(Instant::now());
                 let ts = Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
-                let args = SubmitArgs::new().timespec(&ts);
-                if self.coalesce {
-                    let args = args.min_wait_usec(COALESCE_WAIT_US);
-                    self.ring.submitter().submit_with_args(COALESCE_WANT, &args)
+                let (want, min_wait) = if self.coalesce {
+                    (COALESCE_WANT, COALESCE_WAIT_US)
                 } else {
-                    self.ring.submitter().submit_with_args(1, &args)
-                }
+                    (1, 0)
+                };
+                let args = SubmitArgs::new().timespec(&ts).min_wait_usec(min_wait);
+                self.ring.submitter().submit_with_args(want, &args)
             }
             // Deferred completion work runs only in an enter that asks for events.
             // SAFETY: no argument is passed.
@@ -484,7 +486,7 @@ impl Uring {
             }
             out.push(read(&cqe));
         }
-        self.completed = self.completed.saturating_add((out.len() - before) as u32);
+        self.events = self.events.saturating_add((out.len() - before) as u32);
         if epoll_ended {
             self.epoll_armed = false;
         }
@@ -562,7 +564,12 @@ mod tests {
         let (mut peer, ours) = UnixStream::pair().unwrap();
         uring.opened(3);
         assert_eq!(uring.via(3), Via::Epoll);
-        let busy: Vec<bool> = (0..BUSY_READS).map(|_| uring.count_read(3)).collect();
+        let busy: Vec<bool> = (0..BUSY_READS)
+            .map(|_| {
+                uring.count_read(3);
+                uring.is_busy(3)
+            })
+            .collect();
         assert_eq!(busy.iter().filter(|&&b| b).count(), 1, "{busy:?}");
         assert!(busy[BUSY_READS as usize - 1]);
         assert_eq!(uring.given, 0, "no pool before the first receive");
@@ -631,7 +638,7 @@ mod tests {
         uring.count_events(COALESCE_FROM as usize);
         uring.reconsider(start + COALESCE_WINDOW * 2);
         assert_eq!(uring.coalesce, uring.can_coalesce);
-        assert_eq!(uring.completed, 0);
+        assert_eq!(uring.events, 0);
         // The wait below reconsiders with the clock: give it a busy window.
         uring.window_start = Instant::now();
         uring.count_events(COALESCE_FROM as usize);
