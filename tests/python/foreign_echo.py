@@ -2,11 +2,12 @@
 asyncio server. test_bench.py runs it as a subprocess to check that `throng bench`
 works against any RFC 6455 server.
 
-    python foreign_echo.py PORT [PING_INTERVAL_SECONDS]
+    python foreign_echo.py PORT [PING_INTERVAL_SECONDS [PING_TIMEOUT_SECONDS]]
 
 Echoes every data message back on any path (text as text, binary as binary).
 With PING_INTERVAL_SECONDS it pings every client that often and closes (1011) one
-that does not answer within the same time; without it, it never pings.
+that does not answer within PING_TIMEOUT_SECONDS (default: the interval); without
+it, it never pings.
 Prints "listening on PORT" once it accepts connections; exits on SIGTERM/SIGINT.
 """
 
@@ -28,7 +29,7 @@ async def echo(ws) -> None:
         pass
 
 
-async def main(port: int, ping_interval: float | None) -> None:
+async def main(port: int, ping_interval: float | None, ping_timeout: float | None) -> None:
     stop = asyncio.get_running_loop().create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
@@ -37,8 +38,8 @@ async def main(port: int, ping_interval: float | None) -> None:
         "127.0.0.1",
         port,
         ping_interval=ping_interval,
-        # A client that does not answer a ping within the interval is closed (1011).
-        ping_timeout=ping_interval,
+        # A client that does not answer a ping within the timeout is closed (1011).
+        ping_timeout=ping_timeout,
         compression=None,
         max_size=16 * 1024 * 1024,
     ):
@@ -49,4 +50,5 @@ async def main(port: int, ping_interval: float | None) -> None:
 if __name__ == "__main__":
     port = int(sys.argv[1])
     ping = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    asyncio.run(main(port, ping))
+    ping_timeout = float(sys.argv[3]) if len(sys.argv) > 3 else ping
+    asyncio.run(main(port, ping, ping_timeout))

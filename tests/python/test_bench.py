@@ -114,11 +114,13 @@ def assert_latency_sane(lat: dict, ctx: str) -> None:
 class ForeignEcho:
     """foreign_echo.py (the `websockets` library's server) in a subprocess, stopped by pid."""
 
-    def __init__(self, ping_interval: float | None = None):
+    def __init__(self, ping_interval: float | None = None, ping_timeout: float | None = None):
         self.port = free_port()
         args = [sys.executable, str(HERE / "foreign_echo.py"), str(self.port)]
         if ping_interval is not None:
             args.append(str(ping_interval))
+            if ping_timeout is not None:
+                args.append(str(ping_timeout))
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=bench_env()
         )
@@ -154,8 +156,8 @@ class ForeignEcho:
 def foreign_echo():
     servers: list[ForeignEcho] = []
 
-    def start(ping_interval: float | None = None) -> ForeignEcho:
-        srv = ForeignEcho(ping_interval)
+    def start(ping_interval: float | None = None, ping_timeout: float | None = None) -> ForeignEcho:
+        srv = ForeignEcho(ping_interval, ping_timeout)
         servers.append(srv)
         return srv
 
@@ -292,11 +294,12 @@ def test_echo_against_foreign_websockets_server(foreign_echo):
 
 
 def test_idle_against_foreign_server_answers_its_pings(foreign_echo):
-    # The websockets server pings every 0.5 s and closes (1011) a client whose pong
-    # is not back within 0.5 s: the bench must answer every ping.
-    srv = foreign_echo(ping_interval=0.5)
+    # The websockets server pings every 0.25 s and closes (1011) a client whose pong
+    # is not back within 2.5 s (room for a busy machine): the bench must answer every
+    # ping. A bench that did not would be closed 2.75 s in, well within the 4 s run.
+    srv = foreign_echo(ping_interval=0.25, ping_timeout=2.5)
     conns = 5
-    run = run_bench("idle", "--url", srv.url("/"), "--conns", conns, *short(duration="2s"))
+    run = run_bench("idle", "--url", srv.url("/"), "--conns", conns, *short(duration="4s"))
     ctx = run.describe()
     assert_no_panic(run)
     assert run.returncode == 0, ctx

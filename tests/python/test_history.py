@@ -27,12 +27,14 @@ def test_default_history_is_100_messages(start_server):
 
 
 def test_history_expires_after_its_ttl_and_the_epoch_stays(start_server):
-    srv = start_server("--history-ttl", "1s")
+    # Ages are whole seconds, so a message lives between ttl - 1 and ttl seconds:
+    # with 2 s the four are surely all there a moment after they were published.
+    srv = start_server("--history-ttl", "2s")
     for i in range(4):
         publish_ok(srv.port, "brief", f"m{i}")
     before = channel_info(srv.port, "brief")
     assert before["history_len"] == 4, before
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 8
     while True:
         after = channel_info(srv.port, "brief")
         if after["history_len"] == 0 or time.monotonic() > deadline:

@@ -104,6 +104,16 @@ def wait_metrics(port: int, predicate, what: str, timeout: float = 10.0) -> Metr
         time.sleep(0.02)
 
 
+def fewest_fds(pid: int, samples: int = 5) -> int:
+    """The fewest descriptors the process holds over a few samples: a readiness
+    probe's or a scrape's socket may take a moment to go."""
+    fewest = len(os.listdir(f"/proc/{pid}/fd"))
+    for _ in range(samples - 1):
+        time.sleep(0.05)
+        fewest = min(fewest, len(os.listdir(f"/proc/{pid}/fd")))
+    return fewest
+
+
 def sse_open(port: int, channel: str) -> RawConn:
     c = RawConn(port, timeout=10)
     c.send(f"GET /sse/{channel} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
@@ -159,8 +169,7 @@ def test_every_family_has_help_type_and_the_text_content_type(start_server):
 
 def test_connections_follow_each_transport(start_server):
     srv = start_server()
-    before = scrape(srv.port)
-    fds_before = before.value("process_open_fds")
+    fds_before = fewest_fds(srv.pid)
     opened = []
     try:
         opened.append(raw_connect(srv.port, "/echo"))
@@ -171,7 +180,7 @@ def test_connections_follow_each_transport(start_server):
         poll.send(b"GET /poll/lobby?timeout=30 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         want = {"websocket": 2, "sse": 1, "poll": 1}
         m = wait_metrics(srv.port, lambda m: m.connections() == want, f"connections {want}")
-        assert m.value("process_open_fds") >= fds_before + 4
+        assert m.value("process_open_fds") >= fds_before + 4, (m.value("process_open_fds"), fds_before)
         assert m.value("throng_channels") == 1, "one channel, lobby"
     finally:
         for c in opened:
@@ -203,16 +212,22 @@ def test_publishes_and_deliveries_follow_a_fan_out(start_server):
         def delivered(m):
             return m.value("throng_messages_delivered_total") - before.value("throng_messages_delivered_total")
 
-        after = wait_metrics(srv.port, lambda m: delivered(m) >= 3 * n, f"{3 * n} deliveries")
+        # Each message is timed once per loop holding subscribers (2 threads: 1 or 2
+        # loops); loops publish their counts at the end of a turn, so wait for that too.
+        def timed(m):
+            return m.value(HISTOGRAM + "_count") - before.value(HISTOGRAM + "_count")
+
+        after = wait_metrics(
+            srv.port,
+            lambda m: delivered(m) >= 3 * n and timed(m) in (n, 2 * n),
+            f"{3 * n} deliveries, each message timed once per loop ({n} or {2 * n})",
+        )
         assert delivered(after) == 3 * n, "each message once per subscriber"
         published = after.value("throng_messages_published_total") - before.value("throng_messages_published_total")
         assert published == n
         sent = after.value("throng_bytes_sent_total") - before.value("throng_bytes_sent_total")
         assert sent >= 3 * sum(len(p) for p in payloads), sent
-
-        # Each message is timed once per loop holding subscribers (2 threads: 1 or 2 loops).
-        observed = after.value(HISTOGRAM + "_count") - before.value(HISTOGRAM + "_count")
-        assert observed in (n, 2 * n), observed
+        observed = timed(after)
         assert after.value(HISTOGRAM + "_sum") > before.value(HISTOGRAM + "_sum")
         assert after.value(HISTOGRAM + "_sum") < observed * 5.0, "a loopback delivery takes well under 5 s"
         assert_histogram_consistent(after)
@@ -382,13 +397,19 @@ def test_loop_turns_are_counted_and_agree_with_api_stats(start_server):
     for i in range(20):
         publish_ok(srv.port, "turns", str(i))
     m = scrape(srv.port)
+    slowest = m.value("throng_loop_turn_slowest_seconds")
+    total = m.value("throng_loop_turn_seconds_sum")
+    if not 0 < slowest <= total:
+        # The other loop can end a turn between the scrape's reads of its sum and
+        # of its slowest: one more scrape.
+        m = scrape(srv.port)
+        slowest = m.value("throng_loop_turn_slowest_seconds")
+        total = m.value("throng_loop_turn_seconds_sum")
+    assert 0 < slowest <= total, (slowest, total)
     assert_histogram_consistent(m, "throng_loop_turn_seconds")
     turns = m.value("throng_loop_turn_seconds_count")
     # Each publish woke a loop at least once (and the scrape itself is a turn).
     assert turns >= 20, m.text
-    slowest = m.value("throng_loop_turn_slowest_seconds")
-    total = m.value("throng_loop_turn_seconds_sum")
-    assert 0 < slowest <= total, (slowest, total)
     # A loop turn that answers a publish on loopback takes far less than 10 s.
     assert m.buckets("throng_loop_turn_seconds")[-2] == (10.0, turns)
     stats = json.loads(http_request(srv.port, "GET", "/api/stats", b"").body)

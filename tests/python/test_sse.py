@@ -216,7 +216,11 @@ def test_a_reader_that_stops_reading_is_closed_at_max_queue(start_server):
     try:
         wait_subscribers(srv.port, "slow", 2)
         body = "x" * 60_000
-        for _ in range(200):
+        for i in range(200):
+            # The next only once the reading one has all before it: its queue never
+            # holds more than one event (60 KB < 64 KiB) however slow this process
+            # reads, so only the stalled reader can overflow (12 MB in all).
+            other.wait(i, timeout=10)
             publish_ok(srv.port, "slow", body)
         # The stalled reader is dropped; the one reading gets everything.
         wait_subscribers(srv.port, "slow", 1, timeout=10)

@@ -181,8 +181,12 @@ def test_serve_points_to_tune_when_max_conns_is_over_the_limit(tmp_path, max_con
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=limit_files(300),
         )
     try:
-        log = wait_for(err_path, "open-files limit 300", server)
-        time.sleep(0.2)
+        wait_for(err_path, "open-files limit 300", server)
+        # The hint, if any, is logged right after that line and before the server
+        # stops: stop it and read everything it wrote, rather than guess how long
+        # the next line takes.
+        server.terminate()
+        server.wait(timeout=10)
         log = err_path.read_text()
         assert "open-files limit 300: at most ~198" in log, log
         assert (f"`throng tune --conns {max_conns}`" in log) == hinted, log

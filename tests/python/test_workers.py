@@ -76,7 +76,9 @@ def test_workers_share_a_port_fan_out_through_redis_and_are_restarted(start_serv
 
     renewed = wait_for(replaced, timeout=10, what="the killed worker replaced")
     assert len(renewed - workers) == 1
-    assert http_request(port, "GET", "/healthz").status == 200
+    # Its pid shows before it listens and reaches Redis (503 until then).
+    wait_for(lambda: http_request(port, "GET", "/healthz").status == 200, timeout=10,
+             what="/healthz answering 200 with the new worker")
     # SIGTERM to the master drains every worker and ends the master.
     os.kill(master.pid, signal.SIGTERM)
     assert master.wait(20) == 0, master.describe()
