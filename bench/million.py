@@ -24,10 +24,19 @@ Before loading it runs `throng tune --conns N --loopback --apply`, which raises 
 /proc/sys values a million connections need (tcp_mem above all) and says what it
 cannot (the open-files limit: hence --workers and --procs).
 
-Usage (as root; redis-server from scripts/test.sh's installs):
+`--server nchan` runs the same load against Nchan instead (Debian's nginx-light and
+libnginx-mod-nchan from scripts/test.sh's installs): nginx with as many worker
+processes as throng would have workers (each holds at most 19,000 connections, as
+throng's do), from bench/peers/nchan/nginx.conf.template, pinging each WebSocket
+every --ping-interval as throng does. The bench subscribes to `/ws/{channel}` (Nchan
+sends the body as published, so the bench numbers its messages: `--seq-from
+payload`) and publishes to `/pub/{channel}`. Only Nchan of the peers can be measured
+at this size here: it spreads over processes, the others are one process each.
+
+Usage (as root; redis-server, nginx and Nchan from scripts/test.sh's installs):
   python3 bench/million.py [--conns 1000000] [--workers auto] [--procs auto]
       [--rate 25000] [--max-opening 4000] [--hold 50s] [--broadcast-every 40s] [--ping-interval 25s]
-      [--bin target/release/throng] [--out bench/results]
+      [--server throng|nchan] [--bin target/release/throng] [--out bench/results]
 Exit status: the bench's (1 if any connection failed or dropped, a message was lost
 or a publish failed), 2 for a usage or setup error.
 """
@@ -231,6 +240,32 @@ def svg_chart(samples: list[dict], timeline: list[dict], t_load: float, title: s
     return "\n".join(parts)
 
 
+NCHAN_TEMPLATE = ROOT / "bench/peers/nchan/nginx.conf.template"
+NCHAN_MODULES = [Path("/usr/lib/nginx/modules/ngx_nchan_module.so"),
+                 Path("/usr/share/nginx/modules/ngx_nchan_module.so")]
+
+
+def nchan_command(directory: Path, module: Path, port: int, workers: int, ping_interval: str) -> list[str]:
+    """Writes Nchan's nginx.conf into `directory` and returns the command that runs it
+    in the foreground (its master is the process to sample and stop). Its WebSocket
+    subscribers get a ping every `ping_interval`, as throng's do."""
+    (directory / "tmp").mkdir(exist_ok=True)
+    user = ""
+    if os.geteuid() == 0:
+        import grp
+        import pwd
+        user = f"user {pwd.getpwuid(os.getuid()).pw_name} {grp.getgrgid(os.getgid()).gr_name};"
+    conf = (NCHAN_TEMPLATE.read_text()
+            .replace("@MODULE@", str(module)).replace("@WORKERS@", str(workers))
+            .replace("@PORT@", str(port)).replace("@DIR@", str(directory)).replace("@USER@", user))
+    ping = f"nchan_websocket_ping_interval {max(1, round(duration_secs(ping_interval)))};"
+    marker = "nchan_subscriber websocket;"
+    assert conf.count(marker) == 1, "the template's WebSocket location changed"
+    conf = conf.replace(marker, f"{marker}\n            {ping}")
+    (directory / "nginx.conf").write_text(conf)
+    return ["nginx", "-p", f"{directory}/", "-c", "nginx.conf", "-e", str(directory / "error.log")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(ROOT / "target/release/throng"))
@@ -243,6 +278,8 @@ def main() -> int:
     ap.add_argument("--hold", default="50s", help="how long the load runs once every connection is open")
     ap.add_argument("--broadcast-every", default="40s", help="one broadcast when all are open, then one this often")
     ap.add_argument("--ping-interval", default="25s")
+    ap.add_argument("--server", choices=["throng", "nchan"], default="throng",
+                    help="the server under load (nchan: Nchan in nginx, the same load and bench)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again and redraw its chart")
     args = ap.parse_args()
@@ -254,12 +291,17 @@ def main() -> int:
         print(f"no throng binary at {binary}: cargo build --release", file=sys.stderr)
         return 2
     redis_bin = shutil.which("redis-server")
-    if not redis_bin:
+    if args.server == "throng" and not redis_bin:
         print("redis-server is needed (scripts/test.sh installs it)", file=sys.stderr)
+        return 2
+    nchan_module = next((m for m in NCHAN_MODULES if m.exists()), None)
+    if args.server == "nchan" and not (shutil.which("nginx") and nchan_module):
+        print("nginx and Nchan are needed (scripts/test.sh installs nginx-light and libnginx-mod-nchan)",
+              file=sys.stderr)
         return 2
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = ("nchan-" if args.server == "nchan" else "") + time.strftime("%Y%m%d-%H%M%S")
 
     tune = subprocess.run([str(binary), "tune", "--conns", str(args.conns), "--loopback", "--apply", "--json"],
                           capture_output=True, text=True)
@@ -279,15 +321,19 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory(prefix="throng-million-")
     procs_to_stop: list[subprocess.Popen] = []
     try:
-        redis = subprocess.Popen([redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no", "--dir", tmp.name],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        procs_to_stop.append(redis)
-        wait_for(lambda: connectable(redis_port), 10, "redis-server")
-        serve_cmd = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--workers", str(workers),
-                     "--threads", "1", "--broker", f"redis://127.0.0.1:{redis_port}",
-                     "--ping-interval", args.ping_interval, "--stats-interval", "0",
-                     "--history-size", "10"]
+        if args.server == "nchan":
+            assert nchan_module
+            serve_cmd = nchan_command(Path(tmp.name), nchan_module, port, workers, args.ping_interval)
+        else:
+            redis = subprocess.Popen([redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", tmp.name],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            procs_to_stop.append(redis)
+            wait_for(lambda: connectable(redis_port), 10, "redis-server")
+            serve_cmd = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--workers", str(workers),
+                         "--threads", "1", "--broker", f"redis://127.0.0.1:{redis_port}",
+                         "--ping-interval", args.ping_interval, "--stats-interval", "0",
+                         "--history-size", "10"]
         server = subprocess.Popen(serve_cmd, stdout=subprocess.DEVNULL, stderr=open(Path(tmp.name) / "serve.log", "w"),
                                   stdin=subprocess.DEVNULL)
         procs_to_stop.append(server)
@@ -301,7 +347,12 @@ def main() -> int:
         hold = duration_secs(args.hold)
         every = duration_secs(args.broadcast_every)
         report_html = out_dir / f"million-{stamp}.html"
-        bench_cmd = [str(binary), "bench", "push", "--url", f"ws://127.0.0.1:{port}/ws/{{channel}}?format=json",
+        if args.server == "nchan":
+            target = ["--url", f"ws://127.0.0.1:{port}/ws/{{channel}}", "--seq-from", "payload",
+                      "--publish-url", f"http://127.0.0.1:{port}/pub/{{channel}}"]
+        else:
+            target = ["--url", f"ws://127.0.0.1:{port}/ws/{{channel}}?format=json"]
+        bench_cmd = [str(binary), "bench", "push", *target,
                      "--conns", str(args.conns), "--procs", str(procs), "--source-ips", source_ips,
                      "--rate", str(args.rate), "--max-opening", str(args.max_opening), "--channels", "1", "--channel-prefix", "million-",
                      "--publish-rate", f"{1 / every:g}", "--publishers", "1", "--duration", f"{hold:g}s",
@@ -348,9 +399,10 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        log = Path(tmp.name) / "serve.log"
-        if log.exists():
-            shutil.copy(log, out_dir / f"million-{stamp}-serve.log")
+        for name in ("serve.log", "error.log"):  # error.log: nginx's, with --server nchan
+            log = Path(tmp.name) / name
+            if log.exists() and log.stat().st_size > 0:
+                shutil.copy(log, out_dir / f"million-{stamp}-{name}")
 
     machine = {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
                "mem_total_kib": meminfo()["MemTotal"]}

@@ -1452,6 +1452,25 @@ impl ClientLoop {
                     }
                     Mode::Push | Mode::Chat => {
                         let Ok(env) = serde_json::from_slice::<Envelope<'_>>(payload) else {
+                            // A server without envelopes (Nchan's WebSocket
+                            // subscriber) sends the published body as it is; the
+                            // payload's stamp says the rest.
+                            if mode == Mode::Push
+                                && seq_from == SeqFrom::Payload
+                                && let Ok(data) = std::str::from_utf8(payload)
+                            {
+                                if now_unix == 0 {
+                                    now_unix = unix_nanos();
+                                }
+                                observe_delivery(
+                                    tally,
+                                    &mut conn.track,
+                                    seq_from,
+                                    None,
+                                    data,
+                                    now_unix,
+                                );
+                            }
                             return Flow::Continue;
                         };
                         match env.event.as_deref() {

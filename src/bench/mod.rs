@@ -389,7 +389,8 @@ pub struct BenchArgs {
     pub transport: Transport,
 
     /// push: where each delivery's position comes from (payload: the bench numbers
-    /// its messages itself, for servers without seqs)
+    /// its messages itself, for servers without seqs; over ws a frame that is not
+    /// throng's JSON envelope then counts as the published body itself)
     #[arg(long, value_enum, value_name = "FROM", default_value = "server")]
     pub seq_from: SeqFrom,
 

@@ -1,4 +1,4 @@
-"""`throng bench push --transport sse` against a server that is not throng: Nchan
+"""`throng bench push` (over SSE and WebSocket) against a server that is not throng: Nchan
 (Debian's nginx-light + libnginx-mod-nchan, which scripts/test.sh installs), run
 from bench/peers/nchan/nginx.conf.template on a free port as its own nginx process
 and stopped by its master's pid.
@@ -65,3 +65,26 @@ def test_push_over_sse_against_nchan(nchan, reconnect):
     assert_latency_sane(r["latency"], ctx)
     if reconnect:
         assert p["reconnects"] >= 10, ctx
+
+
+def test_push_over_websocket_against_nchan(nchan):
+    """Nchan's WebSocket subscriber sends each published body as it is, no JSON
+    envelope: with `--seq-from payload` the bench counts the body itself."""
+    conns, channels = 10, 2
+    run = run_bench(
+        "push", "--url", f"ws://127.0.0.1:{nchan.port}/ws/{{channel}}",
+        "--seq-from", "payload", "--publish-url", f"http://127.0.0.1:{nchan.port}/pub/{{channel}}",
+        "--publishers", "1", "--conns", conns, "--channels", channels, "--publish-rate", 100,
+        "--grace", "1s", *short(duration="2s"),
+    )
+    ctx = run.describe() + "\n" + nchan.describe()
+    assert_no_panic(run)
+    assert run.returncode == 0, ctx
+    r = run.report()
+    assert_clean(r, conns, ctx)
+    p = r["push"]
+    assert p["publish_errors"] == 0 and p["published"] > 0, ctx
+    assert p["expected_deliveries"] == (conns // channels) * p["published"], ctx
+    assert p["delivered"] == p["expected_deliveries"], ctx
+    assert (p["lost"], p["duplicated"], p["out_of_order"]) == (0, 0, 0), ctx
+    assert_latency_sane(r["latency"], ctx)
