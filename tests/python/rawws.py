@@ -434,3 +434,15 @@ def assert_json_error(resp, status, substring=None):
     if substring is not None:
         assert substring.lower() in body["error"].lower(), f"reason should mention {substring!r}: {resp!r}"
     return body
+
+
+def settled(fetch, ok, timeout: float = 5.0, every: float = 0.02):
+    """Calls fetch() until ok(value) holds or `timeout` passes, and returns the last
+    value for the caller to assert on. For counters an event loop publishes at the
+    end of its turn, a moment after the client saw what it counts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if ok(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(every)
