@@ -377,6 +377,7 @@ fn downsample(samples: &[TimelineSample], max: usize) -> Vec<TimelineSample> {
             Some(TimelineSample {
                 received_per_sec: chunk.iter().map(|s| s.received_per_sec).sum::<f64>() / n,
                 sent_per_sec: chunk.iter().map(|s| s.sent_per_sec).sum::<f64>() / n,
+                pings_per_sec: chunk.iter().map(|s| s.pings_per_sec).sum::<f64>() / n,
                 latency_avg_us: (!lat.is_empty())
                     .then(|| lat.iter().sum::<f64>() / lat.len() as f64),
                 ..last
@@ -1396,6 +1397,7 @@ mod tests {
             open: 0,
             received_per_sec: 0.0,
             sent_per_sec: 0.0,
+            pings_per_sec: 0.0,
             latency_avg_us: None,
             failed: 0,
             dropped: 0,
@@ -1464,6 +1466,7 @@ mod tests {
                 open: i,
                 received_per_sec: 10.0,
                 sent_per_sec: (i % 2) as f64,
+                pings_per_sec: 0.0,
                 latency_avg_us: (i % 3 == 0).then_some(300.0),
                 failed: 0,
                 dropped: 0,
@@ -1498,6 +1501,7 @@ mod tests {
                 open: 100_000,
                 received_per_sec: 123_456.0 + (i % 7) as f64,
                 sent_per_sec: 123_456.0,
+                pings_per_sec: 40_000.0,
                 latency_avg_us: Some(250.0 + (i % 13) as f64),
                 failed: 0,
                 dropped: i / 1000,

@@ -781,6 +781,9 @@ pub struct TimelineSample {
     pub received_per_sec: f64,
     /// Messages sent per second over the interval (push: published).
     pub sent_per_sec: f64,
+    /// Server pings received (and answered) per second over the interval: even
+    /// when the server keeps its heartbeats spread, bunched when it does not.
+    pub pings_per_sec: f64,
     /// Average latency of the samples taken in the interval; none when there were none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_avg_us: Option<f64>,
@@ -818,6 +821,7 @@ impl Timeline {
             open: c.open_now,
             received_per_sec: c.messages_in.saturating_sub(last.messages_in) as f64 / dt,
             sent_per_sec: sent.saturating_sub(last_sent) as f64 / dt,
+            pings_per_sec: c.pings.saturating_sub(last.pings) as f64 / dt,
             latency_avg_us,
             failed: c.failed,
             dropped: c.dropped,
@@ -1004,6 +1008,26 @@ mod tests {
         agg.add_track(&SeqTrack::default()); // saw nothing: misses 5
         assert_eq!(agg.edge_loss(Some((10, 14))), 2 + 2 + 5);
         assert_eq!(agg.edge_loss(None), 0);
+    }
+
+    #[test]
+    fn timeline_turns_counter_changes_into_rates() {
+        let mut timeline = Timeline::default();
+        let mut c = Counters {
+            open_now: 10,
+            ..Counters::default()
+        };
+        timeline.record(1.0, Phase::Load, &c, 0);
+        c.messages_in = 30;
+        c.pings = 8;
+        timeline.record(3.0, Phase::Load, &c, 4);
+        let samples = timeline.into_samples(1.0);
+        let last = samples[1];
+        assert_eq!(last.t_secs, 2.0);
+        assert_eq!(last.received_per_sec, 15.0);
+        assert_eq!(last.pings_per_sec, 4.0);
+        assert_eq!(last.sent_per_sec, 2.0);
+        assert_eq!(last.open, 10);
     }
 
     #[test]
