@@ -26,7 +26,7 @@ use super::conn::{Conn, Handled, NEVER, Phase, Session};
 use super::http::Next;
 use super::shared::Shared;
 use super::subscribers::{Follow, LocalSubscribers};
-use super::timer::{Tick, TimerWheel, ticks};
+use super::timer::{Tick, TimerWheel, next_in_phase, ticks};
 use super::uring::{Completion, Uring, Via};
 use crate::hub;
 use crate::protocol::http::write_error;
@@ -902,7 +902,7 @@ impl EventLoop {
         }
         if conn.next_ping != NEVER && now >= conn.next_ping {
             conn.next_ping = if self.ping_ticks > 0 {
-                now + self.ping_ticks
+                next_in_phase(conn.next_ping, now, self.ping_ticks)
             } else {
                 NEVER
             };

@@ -22,6 +22,16 @@ pub fn ticks(d: Duration) -> Tick {
     Tick::try_from(t).unwrap_or(Tick::MAX / 2)
 }
 
+/// The first tick after `now` that is a whole number of `every` past `due`: a
+/// periodic deadline that fired late (a stalled loop) keeps its phase, so deadlines
+/// spread over the interval stay spread instead of all falling due together one
+/// interval after the stall.
+pub fn next_in_phase(due: Tick, now: Tick, every: Tick) -> Tick {
+    let every = every.max(1);
+    let late_by = now.saturating_sub(due);
+    due.saturating_add(every.saturating_mul(late_by / every + 1))
+}
+
 #[derive(Debug)]
 pub struct TimerWheel {
     start: Instant,
@@ -108,5 +118,18 @@ mod tests {
         wheel.expire(100, &mut out);
         assert_eq!(wheel.schedule(1, 3), 101);
         assert_eq!(wheel.schedule(2, 1_000_000), 100 + SLOTS as Tick - 1);
+    }
+
+    #[test]
+    fn a_late_periodic_deadline_keeps_its_phase() {
+        // On time, or a tick late: one interval after the deadline.
+        assert_eq!(next_in_phase(100, 100, 50), 150);
+        assert_eq!(next_in_phase(100, 101, 50), 150);
+        // A stall of several intervals skips the missed rounds, keeping the phase.
+        assert_eq!(next_in_phase(100, 260, 50), 300);
+        assert_eq!(next_in_phase(100, 250, 50), 300);
+        // Two deadlines a tick apart stay apart however long the stall was.
+        assert_eq!(next_in_phase(101, 260, 50), 301);
+        assert_eq!(next_in_phase(100, 100, 0), 101);
     }
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from rawws import OP_CLOSE, OP_PING, OP_TEXT, Closed, ws_connect as raw_connect
@@ -102,3 +103,58 @@ def test_data_frames_alone_keep_connection_alive(start_server):
             time.sleep(0.4)
     finally:
         c.close()
+
+
+def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
+    """A loop that stalls (a huge fan-out on a loaded box, a paused process) sends
+    every ping that came due at once when it wakes; the pings after that must go
+    back to each connection's own phase, not all fall due together one interval
+    later, or every later ping round is a storm that lands on whatever else the
+    server is doing (at a million, the next broadcast)."""
+    import select
+    import signal
+
+    interval = 2.0
+    srv = start_server("--ping-interval", "2s", "--idle-timeout", "60s", "--threads", "1")
+    conns = [raw_connect(srv.port) for _ in range(300)]
+    try:
+        for c in conns:
+            c.sock.setblocking(False)
+        by_fd = {c.sock.fileno(): c for c in conns}
+        arrivals: list[tuple[float, int]] = []
+
+        def read_for(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:
+                ready, _, _ = select.select(list(by_fd), [], [], left)
+                now = time.monotonic()
+                for fd in ready:
+                    data = by_fd[fd].sock.recv(65536)
+                    assert data, "the server closed a connection"
+                    # Each ping is a 2-byte header and a payload under 126 bytes.
+                    buf = data
+                    while len(buf) >= 2:
+                        assert buf[0] & 0x0F == OP_PING, f"unexpected frame {buf[:2]!r}"
+                        arrivals.append((now, fd))
+                        buf = buf[2 + (buf[1] & 0x7F) :]
+
+        read_for(interval + 0.5)  # every connection's first ping has come
+        os.kill(srv.pid, signal.SIGSTOP)
+        try:
+            time.sleep(interval + 0.5)  # every connection's next ping falls due
+        finally:
+            os.kill(srv.pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        arrivals.clear()
+        read_for(interval + 1.0)
+        # The overdue pings come in the first moments after the resume. The next
+        # round follows each connection's phase, spread over the interval: most
+        # connections are pinged again well before a whole interval has passed.
+        early = {fd for t, fd in arrivals if 0.4 <= t - resumed <= 1.6}
+        assert len(early) >= len(conns) // 4, (
+            f"{len(early)} of {len(conns)} connections pinged 0.4-1.6 s after the "
+            f"resume: the pings bunched one interval after it"
+        )
+    finally:
+        for c in conns:
+            c.close()
