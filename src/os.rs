@@ -1,4 +1,5 @@
-//! Operating-system limits that decide how many connections one process can hold.
+//! Operating-system limits that decide how many connections one process can hold,
+//! and the few socket options the standard library does not reach.
 //!
 //! It owns reading and raising the open-files limit and turning it into the
 //! connection ceiling the server announces. It must not change anything but this
@@ -36,6 +37,29 @@ pub fn unsent_bytes(fd: std::os::fd::RawFd) -> usize {
         usize::try_from(unsent).unwrap_or(0)
     } else {
         0
+    }
+}
+
+/// Asks the kernel to queue a listener's connection for `accept` only once its
+/// first bytes have arrived (`TCP_DEFER_ACCEPT`), or after about `seconds` if none
+/// come: every client of ours speaks first, so accepting and reading the request
+/// become one wake-up of the loop instead of two.
+pub fn defer_accept(fd: std::os::fd::RawFd, seconds: u32) -> io::Result<()> {
+    let value = libc::c_int::try_from(seconds).unwrap_or(libc::c_int::MAX);
+    // SAFETY: TCP_DEFER_ACCEPT reads one c_int of the given size; a bad fd only fails.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -99,6 +123,29 @@ pub fn thousands(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_listener_defers_accepts() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        defer_accept(listener.as_raw_fd(), 1).unwrap();
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: reads one c_int into `value`, whose size is in `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                listener.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_DEFER_ACCEPT,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        assert!(value >= 1, "TCP_DEFER_ACCEPT reads back as {value}");
+        assert!(defer_accept(-1, 1).is_err());
+    }
+
     use super::*;
 
     #[test]

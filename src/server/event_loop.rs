@@ -379,6 +379,9 @@ impl EventLoop {
         let conn = entry.insert(Conn::new(socket, addr.ip(), self.now));
         let due = self.now + self.handshake_ticks;
         set_deadline(&mut self.wheel, key, conn, due);
+        // The listener defers accepts until the request's first bytes are in
+        // (`os::defer_accept`): read them in this turn, not after another wait.
+        self.unfinished.push(key);
     }
 
     fn drop_conn(&mut self, key: usize) {

@@ -42,6 +42,9 @@ pub use shared::{Admission, Refusal};
 
 /// Pending connections the kernel may queue per listener (capped by somaxconn).
 pub const LISTEN_BACKLOG: i32 = 4096;
+/// A connection that sends nothing is accepted after about this long anyway (one
+/// SYN-ACK retransmission), and its handshake timeout starts then.
+pub const DEFER_ACCEPT_SECS: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -133,6 +136,12 @@ fn bind_listener(addr: SocketAddr) -> io::Result<mio::net::TcpListener> {
         socket.set_only_v6(true)?;
     }
     socket.bind(&addr.into())?;
+    // Not fatal: without it a connection is accepted at once, as before.
+    if let Err(e) =
+        crate::os::defer_accept(std::os::fd::AsRawFd::as_raw_fd(&socket), DEFER_ACCEPT_SECS)
+    {
+        tracing::debug!(error = %e, "TCP_DEFER_ACCEPT not set");
+    }
     socket.listen(LISTEN_BACKLOG)?;
     socket.set_nonblocking(true)?;
     Ok(mio::net::TcpListener::from_std(socket.into()))
