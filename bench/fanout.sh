@@ -27,7 +27,9 @@
 #
 # throng-epoll, throng1-epoll (not in the default list): the same with --io-uring off
 # (until 22:40 on 2026-11-25, throng-uring / throng1-uring with auto, then opt-in).
-# Usage: bench/fanout.sh [--servers throng,throng1,throng-epoll,throng1-epoll,gorilla-hub,tokio-broadcast,uws]
+# throng1-nohistory (not in the default list): throng1 with --history-size 0, no
+# message kept for recovery, as the peers keep none: what history costs a publish.
+# Usage: bench/fanout.sh [--servers throng,throng1,throng-epoll,throng1-epoll,throng1-nohistory,gorilla-hub,tokio-broadcast,uws]
 #                        [--subs 10000] [--publish-rate 10]
 #                        [--channels-b 10000] [--publish-rate-b 10000]
 #                        [--idle-conns 15000] [--duration 10s] [--rate 3000]
@@ -61,7 +63,7 @@ SOURCE_IPS=127.0.0.2-127.0.0.254
 parse_options "--servers=SERVERS --scenarios=SCENARIOS --subs=SUBS --publish-rate=PUBLISH_RATE
   --channels-b=CHANNELS_B --publish-rate-b=PUBLISH_RATE_B --idle-conns=IDLE_CONNS --duration=DURATION
   --rate=RATE --results-dir=RESULTS_DIR --no-keepalive=KEEPALIVE=false" "$@"
-check_names server "$SERVERS" throng throng1 throng-epoll throng1-epoll throng-base gorilla-hub tokio-broadcast uws
+check_names server "$SERVERS" throng throng1 throng-epoll throng1-epoll throng1-nohistory throng-base gorilla-hub tokio-broadcast uws
 check_names scenario "$SCENARIOS" A B C
 check_throng_base
 wantsc() { case ",$SCENARIOS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
@@ -87,6 +89,7 @@ server_cmd() { # name port -> sets CMD array
     throng1) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0) ;;
     throng-epoll) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --io-uring off) ;;
     throng1-epoll) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --io-uring off) ;;
+    throng1-nohistory) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --history-size 0) ;;
     gorilla-hub) CMD=("$HUB" -addr "127.0.0.1:$2") ;;
     tokio-broadcast) CMD=("$TB" --addr "127.0.0.1:$2") ;;
     uws) CMD=("$UWS_DIR/bin/uws-hub" --addr "127.0.0.1:$2") ;;
@@ -130,6 +133,7 @@ server_version() {
     throng1) echo "$(throng_version throng), one I/O thread" ;;
     throng-epoll) echo "$(throng_version throng), --io-uring off" ;;
     throng1-epoll) echo "$(throng_version throng), one I/O thread, --io-uring off" ;;
+    throng1-nohistory) echo "$(throng_version throng), one I/O thread, --history-size 0" ;;
     gorilla-hub) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$HUB_DIR/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
     tokio-broadcast) echo "axum $(awk '/^name = "axum"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock"), tokio-tungstenite $(awk '/^name = "tokio-tungstenite"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock")" ;;
     uws) "$UWS_DIR/build.sh" --version ;;

@@ -438,6 +438,27 @@ def rate(samples: list[dict], key: str, t_from: float, t_to: float) -> float | N
     return (window[-1][key] - window[0][key]) / (window[-1]["t"] - window[0]["t"])
 
 
+def pings_between_broadcasts(timeline: list[dict]) -> tuple[float, float] | None:
+    """Pings per second between the two broadcasts, from the bench's timeline: the
+    lowest 3-second mean and the highest second, from 3 s after the first
+    broadcast's last delivery (the pings it held up are sent then) to the second's
+    first. None when the timeline has no such stretch."""
+    load = [p for p in timeline if p["t_secs"] > 0 and "pings_per_sec" in p]
+    i = 0
+    while i < len(load) and load[i]["received_per_sec"] == 0:
+        i += 1
+    while i < len(load) and load[i]["received_per_sec"] > 0:
+        i += 1
+    j = i
+    while j < len(load) and load[j]["received_per_sec"] == 0:
+        j += 1
+    window = [p["pings_per_sec"] for p in load[i + 3:j]]
+    if len(window) < 3 or j == len(load):
+        return None
+    lowest = min(sum(window[k:k + 3]) / 3 for k in range(len(window) - 2))
+    return lowest, max(window)
+
+
 def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
     samples, result, base = doc["samples"], doc["bench"], doc.get("base") or doc["samples"][0]
     t_load = doc["t_all_open"]
@@ -447,6 +468,7 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
     n = result["opened"]
     load_pings = [p["pings_per_sec"] for p in result.get("timeline", [])
                   if p["t_secs"] > 0 and "pings_per_sec" in p]
+    between = pings_between_broadcasts(result.get("timeline", []))
     full = [s for s in samples if s["t"] >= t_load]
     at_full = full[0] if full else samples[-1]
     # The first broadcast leaves when every connection is open; the idle window is
@@ -489,6 +511,11 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
         # busiest second (a server whose heartbeats bunch shows it here).
         "pings_per_sec_measured": (sum(load_pings) / len(load_pings)) if load_pings else None,
         "pings_per_sec_peak_second": max(load_pings) if load_pings else None,
+        # Between the broadcasts (from 3 s after the first has reached everyone to
+        # the second): the quietest 3 s and the busiest second. A gap then a storm
+        # is pings bunched by the first broadcast's stall.
+        "pings_per_sec_between_min_3s": between[0] if between else None,
+        "pings_per_sec_between_max": between[1] if between else None,
         "broadcasts": broadcasts,
         "deliveries": deliveries,
         "expected_deliveries": result["push"]["expected_deliveries"],
@@ -528,7 +555,9 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
         ("pings held", f"{fmt(summary['pings_per_sec_held'], '/s')} ({n:,} every {doc['settings']['ping_interval']}); "
                        f"{result['pings']:,} received and answered over the run; measured over the load: "
                        f"{fmt(summary['pings_per_sec_measured'], '/s')} mean, "
-                       f"{fmt(summary['pings_per_sec_peak_second'], '/s')} in the busiest second"),
+                       f"{fmt(summary['pings_per_sec_peak_second'], '/s')} in the busiest second; between the "
+                       f"broadcasts {fmt(summary['pings_per_sec_between_min_3s'], '/s')} in the quietest 3 s, "
+                       f"{fmt(summary['pings_per_sec_between_max'], '/s')} in the busiest second"),
         ("broadcasts; deliveries / expected; lost; duplicated",
          f"{broadcasts}; {deliveries:,} / {summary['expected_deliveries']:,}; "
          f"{summary['lost']}; {summary['duplicated']}"),
