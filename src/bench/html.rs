@@ -691,7 +691,9 @@ svg .marker-label{fill:var(--ink);font-size:11px;font-weight:600}
 .open{color:var(--violet);stroke:var(--violet);fill:var(--violet)}
 .lost{color:var(--red);stroke:var(--red);fill:var(--red)}
 .lat{color:var(--amber);stroke:var(--amber);fill:var(--amber)}
-svg .line.recv,svg .line.sent,svg .line.open,svg .line.lost,svg .line.lat{fill:none}
+.ping{color:var(--faint);stroke:var(--faint);fill:var(--faint)}
+svg .line.ping{stroke-dasharray:2 4;stroke-width:1.6}
+svg .line.recv,svg .line.sent,svg .line.open,svg .line.lost,svg .line.lat,svg .line.ping{fill:none}
 .good{color:#0d7a4e}.badtext{color:#b42323}
 .empty{color:var(--muted);margin:6px 0 10px}
 .rule{color:var(--faint);font-size:12px;margin:8px 0 0}
@@ -1028,31 +1030,41 @@ fn timeline_sections(out: &mut String, r: &Report) -> fmt::Result {
     };
     writeln!(
         out,
-        "<section class=\"card\" id=\"throughput\"><h2>Messages per second</h2><p class=\"hint\">Data messages received by the connections, and {sent_name} {}, in each second{averaged}{band}.</p>",
+        "<section class=\"card\" id=\"throughput\"><h2>Messages per second</h2><p class=\"hint\">Data messages received by the connections, and {sent_name} {}, in each second{averaged}{band}; dotted, the server's pings the connections answered, when it sent any.</p>",
         if r.push.is_some() {
             "by the publisher"
         } else {
             "by them"
         },
     )?;
+    let mut series = vec![
+        Series {
+            name: "received",
+            class: "recv",
+            points: over_interval(&|s| Some(s.received_per_sec)),
+        },
+        Series {
+            name: sent_name,
+            class: "sent",
+            points: over_interval(&|s| Some(s.sent_per_sec)),
+        },
+    ];
+    // The server's pings, when it sent any: spread evenly they are a flat line,
+    // bunched (a server that lets a stall synchronise them) a comb.
+    if samples.iter().any(|s| s.pings_per_sec > 0.0) {
+        series.push(Series {
+            name: "server pings",
+            class: "ping",
+            points: over_interval(&|s| Some(s.pings_per_sec)),
+        });
+    }
     line_chart(
         out,
         &LineChart {
             id: "throughput",
             label: "messages per second over time",
             height: 260.0,
-            series: vec![
-                Series {
-                    name: "received",
-                    class: "recv",
-                    points: over_interval(&|s| Some(s.received_per_sec)),
-                },
-                Series {
-                    name: sent_name,
-                    class: "sent",
-                    points: over_interval(&|s| Some(s.sent_per_sec)),
-                },
-            ],
+            series,
             x_min,
             x_max,
             integer_y: false,
@@ -1466,7 +1478,7 @@ mod tests {
                 open: i,
                 received_per_sec: 10.0,
                 sent_per_sec: (i % 2) as f64,
-                pings_per_sec: 0.0,
+                pings_per_sec: 40.0,
                 latency_avg_us: (i % 3 == 0).then_some(300.0),
                 failed: 0,
                 dropped: 0,
@@ -1477,6 +1489,7 @@ mod tests {
         assert_eq!(d.last().unwrap().t_secs, 1500.0);
         assert_eq!(d.last().unwrap().open, 1499);
         assert!(d.iter().all(|x| x.received_per_sec == 10.0));
+        assert!(d.iter().all(|x| x.pings_per_sec == 40.0));
         assert!(d.iter().all(|x| x.latency_avg_us == Some(300.0)));
         assert_eq!(downsample(&s[..10], 600).len(), 10);
     }
@@ -1527,6 +1540,7 @@ mod tests {
             assert!(n <= MAX_POINTS, "{n} points");
         }
         assert!(html.matches("class=\"bar\"").count() > 10);
+        assert!(html.contains("server pings"), "the pings' series is drawn");
     }
 
     #[test]
