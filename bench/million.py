@@ -438,12 +438,18 @@ def rate(samples: list[dict], key: str, t_from: float, t_to: float) -> float | N
     return (window[-1][key] - window[0][key]) / (window[-1]["t"] - window[0]["t"])
 
 
+def load_seconds(timeline: list[dict]) -> list[dict]:
+    """The bench's timeline seconds once every connection is open, from benches that
+    count pings per second."""
+    return [p for p in timeline if p["t_secs"] > 0 and "pings_per_sec" in p]
+
+
 def pings_between_broadcasts(timeline: list[dict]) -> tuple[float, float] | None:
     """Pings per second between the two broadcasts, from the bench's timeline: the
     lowest 3-second mean and the highest second, from 3 s after the first
     broadcast's last delivery (the pings it held up are sent then) to the second's
     first. None when the timeline has no such stretch."""
-    load = [p for p in timeline if p["t_secs"] > 0 and "pings_per_sec" in p]
+    load = load_seconds(timeline)
     i = 0
     while i < len(load) and load[i]["received_per_sec"] == 0:
         i += 1
@@ -466,8 +472,7 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
     hold = duration_secs(doc["settings"]["hold"])
     ping_every = duration_secs(doc["settings"]["ping_interval"])
     n = result["opened"]
-    load_pings = [p["pings_per_sec"] for p in result.get("timeline", [])
-                  if p["t_secs"] > 0 and "pings_per_sec" in p]
+    load_pings = [p["pings_per_sec"] for p in load_seconds(result.get("timeline", []))]
     between = pings_between_broadcasts(result.get("timeline", []))
     full = [s for s in samples if s["t"] >= t_load]
     at_full = full[0] if full else samples[-1]

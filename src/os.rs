@@ -46,12 +46,24 @@ pub fn unsent_bytes(fd: std::os::fd::RawFd) -> usize {
 /// become one wake-up of the loop instead of two.
 pub fn defer_accept(fd: std::os::fd::RawFd, seconds: u32) -> io::Result<()> {
     let value = libc::c_int::try_from(seconds).unwrap_or(libc::c_int::MAX);
-    // SAFETY: TCP_DEFER_ACCEPT reads one c_int of the given size; a bad fd only fails.
+    set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, value)
+}
+
+/// Sets a socket option whose value is one `c_int`, for the options `socket2`
+/// does not name.
+pub fn set_int_option(
+    fd: std::os::fd::RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: the option reads one c_int of the given size; a bad fd or an option
+    // the kernel does not know only fails.
     let rc = unsafe {
         libc::setsockopt(
             fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
+            level,
+            name,
             (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )

@@ -331,17 +331,13 @@ fn start_connect(target: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSt
         if ip.is_ipv4() {
             // Let connect() pick the port per destination, so many destinations
             // share one source address's port space (IP_BIND_ADDRESS_NO_PORT).
-            let one: libc::c_int = 1;
-            // SAFETY: the fd is a valid socket we own; the option value is a c_int.
-            unsafe {
-                libc::setsockopt(
-                    std::os::fd::AsRawFd::as_raw_fd(&socket),
-                    libc::IPPROTO_IP,
-                    libc::IP_BIND_ADDRESS_NO_PORT,
-                    (&one as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
+            // Best effort: without it bind() picks a port, as before.
+            let _ = crate::os::set_int_option(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::IPPROTO_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                1,
+            );
         }
         socket.bind(&SocketAddr::new(ip, 0).into())?;
     }
