@@ -23,7 +23,8 @@ use crate::config::ServeConfig;
 use crate::hub::{Audience, Body, Hub};
 use crate::protocol::DataKind;
 use crate::rules;
-use crate::stats::{ServerStats, Snapshot};
+use crate::stats::{OPEN_KINDS, ServerStats, Snapshot};
+use crate::transport::Kind;
 
 /// What the feed reads: this node's parts, lent by the server.
 #[derive(Clone, Copy)]
@@ -48,9 +49,8 @@ const BUSIEST: usize = 10;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Sample {
     time_ms: u64,
-    websocket: u64,
-    sse: u64,
-    poll: u64,
+    /// Open connections by transport (`transport::Kind`).
+    open: [u64; OPEN_KINDS],
     published: u64,
     delivered: u64,
     messages_in: u64,
@@ -63,9 +63,7 @@ impl Sample {
     fn of(snap: &Snapshot, time_ms: u64) -> Self {
         Sample {
             time_ms,
-            websocket: snap.websockets(),
-            sse: snap.sse,
-            poll: snap.poll,
+            open: snap.open,
             published: snap.published,
             delivered: snap.delivered,
             messages_in: snap.messages_in,
@@ -76,7 +74,7 @@ impl Sample {
     }
 
     fn connections(&self) -> Value {
-        json!({"websocket": self.websocket, "sse": self.sse, "poll": self.poll})
+        Kind::json(&self.open)
     }
 
     fn totals(&self) -> Value {

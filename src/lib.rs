@@ -10,17 +10,20 @@
 //!   responses, as pure functions and a per-connection decoder (no I/O).
 //! - [`server`]: listeners, one mio event loop per I/O thread, per-connection
 //!   state, HTTP connections, routes, per-loop subscribers, admission, shutdown.
-//! - [`transport`]: the transport seam: WebSocket, SSE and long-poll; formats,
+//! - [`transport`]: the transport seam: WebSocket, SSE and long-poll, one file
+//!   each behind one trait and one registration table; their endpoints, formats,
 //!   what a connection holds while idle, heartbeat, close.
 //! - [`rules`]: channel names, namespaces (chat rooms, push-only channels), client
 //!   names, and what a client's message means, as pure decisions.
 //! - [`broker`]: a channel's life: `seq`, subscribe/unsubscribe, presence, history
-//!   (in this process, or shared by every node through Redis); [`hub`]: the local,
+//!   (in this process, or shared by every node through Redis); [`history`]: a
+//!   channel's kept messages; [`hub`]: the local,
 //!   transport-neutral hand-off
 //!   of each message to the event loops with subscribers.
 //! - [`outbound`]: the one write path (writev, a queue of shared chunks only while
 //!   the socket is behind), used by the server and the load generator.
-//! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file.
+//! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file;
+//!   [`auth`]: who may subscribe (JWT tokens, allowed origins).
 //! - [`stats`]: per-loop counters and the seeds' stats block; [`metrics`]: the
 //!   same counters (and a few process figures) as Prometheus text for `/metrics`.
 //! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1

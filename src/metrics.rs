@@ -217,11 +217,7 @@ pub fn render(scrape: &Scrape) -> String {
         "Open client connections by transport (WebSocket, SSE stream, waiting long-poll).",
         Kind::Gauge,
     );
-    for (transport, n) in [
-        ("websocket", s.websockets()),
-        ("sse", s.sse),
-        ("poll", s.poll),
-    ] {
+    for (transport, n) in crate::transport::Kind::named(&s.open) {
         e.sample(
             "throng_connections",
             &[("transport", transport)],
@@ -417,8 +413,7 @@ mod tests {
         latency.observe(Duration::from_secs(10));
         let mut snapshot = Snapshot {
             sockets: 10,
-            sse: 3,
-            poll: 2,
+            open: [5, 3, 2, 0],
             ring_receivers: 6,
             published: 4,
             delivered: 12,

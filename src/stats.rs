@@ -134,16 +134,18 @@ impl Latencies {
     }
 }
 
+/// Slots for per-transport counts: at least as many as there are transports
+/// (`transport::Kind` checks), so adding one does not touch the counters.
+pub const OPEN_KINDS: usize = 4;
+
 /// One event loop's counters.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub struct LoopCounters {
     /// Open connections owned by this loop (WebSocket and event streams).
     pub sockets: AtomicU64,
-    /// Of those, Server-Sent Event streams.
-    pub sse: AtomicU64,
-    /// Of those, waiting long-polls.
-    pub poll: AtomicU64,
+    /// Of those, how many each transport holds, indexed by `transport::Kind`.
+    pub open: [AtomicU64; OPEN_KINDS],
     /// Of those, connections receiving through io_uring now (busy ones; as of the
     /// loop's last sweep).
     pub ring_receivers: AtomicU64,
@@ -278,8 +280,8 @@ impl<W: Write> Write for Counted<'_, W> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub sockets: u64,
-    pub sse: u64,
-    pub poll: u64,
+    /// Open connections by transport, indexed by `transport::Kind`.
+    pub open: [u64; OPEN_KINDS],
     pub ring_receivers: u64,
     pub frames_in: u64,
     pub messages_in: u64,
@@ -296,14 +298,6 @@ pub struct Snapshot {
     pub turns: [u64; TURN_BUCKETS],
     pub turn_sum_ns: u64,
     pub slowest_turn_ns: u64,
-}
-
-impl Snapshot {
-    /// Open WebSockets: every counted connection that is not an event stream or a
-    /// long-poll. (Loads of one snapshot are not one instant: never below 0.)
-    pub fn websockets(&self) -> u64 {
-        self.sockets.saturating_sub(self.sse + self.poll)
-    }
 }
 
 /// Every loop's counters, shared with whoever reports them.
@@ -332,8 +326,9 @@ impl ServerStats {
         let mut s = Snapshot::default();
         for l in &self.loops {
             s.sockets += load(&l.sockets);
-            s.sse += load(&l.sse);
-            s.poll += load(&l.poll);
+            for (sum, open) in s.open.iter_mut().zip(&l.open) {
+                *sum += load(open);
+            }
             s.ring_receivers += load(&l.ring_receivers);
             s.frames_in += load(&l.frames_in);
             s.messages_in += load(&l.messages_in);
@@ -503,23 +498,6 @@ mod tests {
         assert_eq!(w.write_vectored(&bufs).unwrap(), 4);
         assert_eq!(sent, 12);
         assert_eq!(inner.vectored_calls, 1, "vectored writes stay vectored");
-    }
-
-    #[test]
-    fn websockets_are_the_counted_connections_that_are_not_streams_or_polls() {
-        let s = Snapshot {
-            sockets: 10,
-            sse: 3,
-            poll: 2,
-            ..Snapshot::default()
-        };
-        assert_eq!(s.websockets(), 5);
-        let torn = Snapshot {
-            sockets: 1,
-            sse: 2,
-            ..Snapshot::default()
-        };
-        assert_eq!(torn.websockets(), 0);
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Per-connection data: what one socket costs while it sits idle.
 //!
 //! A [`Conn`] is kept small on purpose (it lives in the loop's slab, one per
-//! socket): its transport state is one [`Session`] variant holding only what that
-//! transport needs between reads, and its outbound side is empty until the socket
-//! falls behind. Registering a transport adds its variant here. Behaviour lives in
-//! the event loop, `http` and the transports; this module owns the data layout.
+//! socket): its [`Mode`] is plain HTTP or its transport's [`Session`] (holding
+//! only what that transport needs between reads), and its outbound side is empty
+//! until the socket falls behind. Behaviour lives in the event loop, `http` and
+//! the transports; this module owns the data layout and names no transport.
 
 use std::net::IpAddr;
 
@@ -13,13 +13,9 @@ use mio::net::TcpStream;
 use super::http::{self, Next};
 use super::shared::Shared;
 use super::timer::Tick;
-use crate::broker::{Replay, Resume};
 use crate::outbound::Outbound;
 use crate::stats::{Counted, TurnCounts};
-use crate::transport::poll::{self, PollState};
-use crate::transport::sse::{self, SseState};
-use crate::transport::websocket::{self, WsState};
-use crate::transport::{After, CloseReason, Ctx, Handover, Subscription};
+use crate::transport::{After, CloseReason, Ctx, Session, Subscription};
 
 /// A tick value meaning "no deadline" / "no wheel entry".
 pub const NEVER: Tick = Tick::MAX;
@@ -36,20 +32,18 @@ pub enum Phase {
     Lingering,
 }
 
-/// A connection's transport state: one variant per transport.
+/// What a connection speaks: plain HTTP until a route hands it over, then its
+/// transport's session.
 #[derive(Debug)]
-pub enum Session {
+pub enum Mode {
     /// Plain HTTP (before an upgrade, or kept alive between API requests): the bytes
     /// of a request that has not fully arrived.
     Http(Vec<u8>),
-    WebSocket(WsState),
-    Sse(SseState),
-    /// Boxed: a waiting poll keeps what to answer on timeout, and the record of
-    /// every idle WebSocket stays at 80 bytes.
-    Poll(Box<PollState>),
+    /// Handed over to a transport.
+    Open(Session),
 }
 
-/// What a session's handler made of its input.
+/// What a connection's handler made of its input.
 #[derive(Debug)]
 pub enum Handled {
     /// An HTTP connection's requests were served.
@@ -58,20 +52,8 @@ pub enum Handled {
     Transport(After),
 }
 
-impl Session {
-    /// The session a handed-over connection continues in.
-    pub fn opened(handover: &Handover, sub: Option<Subscription>) -> Session {
-        match handover {
-            Handover::WebSocket { .. } => Session::WebSocket(WsState::new(sub)),
-            Handover::Sse => Session::Sse(SseState { sub }),
-            Handover::Poll { .. } => Session::Poll(Box::new(PollState {
-                sub,
-                ..PollState::default()
-            })),
-        }
-    }
-
-    /// Hands what the client sent to this session's handler; answers go to `out`.
+impl Mode {
+    /// Hands what the client sent to this connection's handler; answers go to `out`.
     pub fn on_input(
         &mut self,
         input: &mut [u8],
@@ -82,10 +64,10 @@ impl Session {
         chosen_name: Option<&str>,
     ) -> Handled {
         match self {
-            Session::Http(pending) => {
+            Mode::Http(pending) => {
                 Handled::Http(http::serve(pending, input, shared, peer, out, counts))
             }
-            Session::WebSocket(ws) => {
+            Mode::Open(session) => {
                 let mut ctx = Ctx {
                     out,
                     broker: &*shared.broker,
@@ -93,133 +75,76 @@ impl Session {
                     counts,
                     chosen_name,
                 };
-                Handled::Transport(websocket::feed(ws, input, &mut ctx))
+                Handled::Transport(session.transport_mut().on_input(input, &mut ctx))
             }
-            // Receive-only: whatever the client sends after its request is ignored.
-            Session::Sse(_) | Session::Poll(_) => Handled::Transport(After::Nothing),
         }
     }
 
-    /// Appends a new subscriber's greeting (a chat welcome), if its transport has one.
-    pub fn write_welcome(&self, out: &mut Vec<u8>, count: u64, chosen_name: Option<&str>) {
+    /// The transport's session, once handed over.
+    pub fn session(&self) -> Option<&Session> {
         match self {
-            Session::Http(_) => {}
-            Session::WebSocket(ws) => {
-                if let Some(sub) = &ws.sub {
-                    websocket::write_welcome(out, sub, count, chosen_name);
-                }
-            }
-            Session::Sse(_) | Session::Poll(_) => {}
+            Mode::Http(_) => None,
+            Mode::Open(session) => Some(session),
         }
     }
 
-    /// Appends what a returning subscriber missed (and, where its transport can
-    /// say so, the epoch and any gap), ahead of every live message.
-    /// A long-poll may be answered right here, and then asks to close.
-    pub fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
+    pub fn session_mut(&mut self) -> Option<&mut Session> {
         match self {
-            Session::Http(_) => {}
-            Session::WebSocket(ws) => {
-                if let Some(sub) = &ws.sub {
-                    websocket::write_replay(out, sub, replay, resume);
-                }
-            }
-            Session::Sse(sse) => {
-                if let Some(sub) = &sse.sub {
-                    sse::write_replay(out, sub, replay, resume);
-                }
-            }
-            Session::Poll(state) => return poll::write_replay(out, state, replay, resume),
+            Mode::Http(_) => None,
+            Mode::Open(session) => Some(session),
         }
-        After::Nothing
     }
 
     /// Counted as an open connection (admission, SOCKETS), to be released.
     pub fn is_counted(&self) -> bool {
-        !matches!(self, Session::Http(_))
+        matches!(self, Mode::Open(_))
     }
 
-    /// Whether the client is expected to send something now and then (a pong at
-    /// least), so silence past `--idle-timeout` means it is gone. An event stream's
-    /// client sends nothing; a dead one shows when a heartbeat cannot be written.
+    /// Whether silence past `--idle-timeout` means the client is gone.
     pub fn expects_input(&self) -> bool {
-        matches!(self, Session::WebSocket(_))
+        self.session()
+            .is_some_and(|s| s.transport().expects_input())
     }
 
     pub fn subscription(&self) -> Option<&Subscription> {
-        match self {
-            Session::Http(_) => None,
-            Session::WebSocket(ws) => ws.sub.as_ref(),
-            Session::Sse(sse) => sse.sub.as_ref(),
-            Session::Poll(state) => state.sub.as_ref(),
-        }
+        self.session()?.subscription()
     }
 
     pub fn subscription_mut(&mut self) -> Option<&mut Subscription> {
-        match self {
-            Session::Http(_) => None,
-            Session::WebSocket(ws) => ws.sub.as_mut(),
-            Session::Sse(sse) => sse.sub.as_mut(),
-            Session::Poll(state) => state.sub.as_mut(),
-        }
+        self.session_mut()?.subscription_mut()
     }
 
     pub fn take_subscription(&mut self) -> Option<Subscription> {
-        match self {
-            Session::Http(_) => None,
-            Session::WebSocket(ws) => ws.sub.take(),
-            Session::Sse(sse) => sse.sub.take(),
-            Session::Poll(state) => state.sub.take(),
-        }
+        self.session_mut()?.take_subscription()
     }
 
-    /// Appends a keep-alive for the client, if the transport has one; a long-poll's
-    /// is its empty answer, after which it closes.
+    /// Appends a keep-alive for the client, if the transport has one.
     pub fn write_heartbeat(&self, out: &mut Vec<u8>) -> After {
         match self {
-            Session::Http(_) => {}
-            Session::WebSocket(_) => websocket::write_heartbeat(out),
-            Session::Sse(_) => sse::write_heartbeat(out),
-            Session::Poll(state) => {
-                poll::write_timeout(out, state);
-                return After::Close;
-            }
+            Mode::Http(_) => After::Nothing,
+            Mode::Open(session) => session.transport().write_heartbeat(out),
         }
-        After::Nothing
     }
 
-    /// Appends the transport's goodbye for `reason`, and stops reading: after it,
-    /// input is of no use.
+    /// Appends the transport's goodbye for `reason`; input is of no use after it.
     pub fn write_close(&mut self, out: &mut Vec<u8>, reason: CloseReason) {
         match self {
-            Session::Http(pending) => *pending = Vec::new(),
-            Session::WebSocket(ws) => {
-                websocket::write_close(out, reason);
-                ws.stop_reading();
-            }
-            // The stream just ends and a browser reconnects by itself; an expired
-            // token is said first, since coming back with it would be refused.
-            Session::Sse(_) => {
-                if reason == CloseReason::TokenExpired {
-                    sse::write_expired(out);
-                }
-            }
-            // A waiting poll still gets its (empty) answer.
-            Session::Poll(state) => {
-                if state.sub.is_some() {
-                    poll::write_timeout(out, state);
-                }
-            }
+            Mode::Http(pending) => *pending = Vec::new(),
+            Mode::Open(session) => session.transport_mut().write_close(out, reason),
         }
     }
 
     /// Drops any half-received input.
     pub fn stop_reading(&mut self) {
         match self {
-            Session::Http(pending) => *pending = Vec::new(),
-            Session::WebSocket(ws) => ws.stop_reading(),
-            Session::Sse(_) | Session::Poll(_) => {}
+            Mode::Http(pending) => *pending = Vec::new(),
+            Mode::Open(session) => session.transport_mut().stop_reading(),
         }
+    }
+
+    /// A plain HTTP connection with part of a request received.
+    pub fn has_partial_request(&self) -> bool {
+        matches!(self, Mode::Http(pending) if !pending.is_empty())
     }
 }
 
@@ -235,7 +160,7 @@ pub struct Conn {
     /// The tick its live timer-wheel entry is filed under (NEVER: none).
     pub timer_slot: Tick,
     pub out: Outbound,
-    pub session: Session,
+    pub mode: Mode,
 }
 
 impl Conn {
@@ -249,7 +174,7 @@ impl Conn {
             deadline: NEVER,
             timer_slot: NEVER,
             out: Outbound::default(),
-            session: Session::Http(Vec::new()),
+            mode: Mode::Http(Vec::new()),
         }
     }
 

@@ -1,15 +1,22 @@
-//! The transport seam: how a connection receives channel messages and is kept alive
-//! and closed, one file per transport (WebSocket today; SSE and long-poll later).
+//! The transport seam: how a connection is opened from a request, receives channel
+//! messages, is kept alive and closed, one file per transport (WebSocket, SSE,
+//! long-poll).
 //!
-//! A transport contributes its [`Format`]s (each an encoding of a hub message, made
-//! once per message and shared by every subscriber that uses it), its per-connection
-//! state (kept in the server's connection record; only what an idle connection needs),
-//! and how it heartbeats and closes. Registering a transport means adding its
-//! formats to [`Format`] and its state to the server's session enum; the hub and the
-//! event loop's core stay untouched. This module must not own sockets or decide
-//! routes: the server hands a transport bytes and a place to put its answers.
+//! A transport contributes, in its own file: its endpoints (the request paths it
+//! opens from and the parameters it reads, [`request`]), its [`Format`]s (each an
+//! encoding of a hub message, made once per message and shared by every subscriber
+//! that uses it), its per-connection state (only what an idle connection needs)
+//! and that state's [`Transport`] behaviour: input, welcome and replay, heartbeat,
+//! goodbye. Registering it is one line of the `transports!` table below, which
+//! makes its [`Kind`] (what per-transport counts are indexed by), its [`Session`]
+//! variant and its place among the server's [`ENDPOINTS`]; a new format also
+//! takes its place in [`Format`]. The hub and the event loop never name a
+//! transport. This module must not own sockets, keep time or write HTTP answers
+//! other than a transport's own: the server hands a transport bytes and a place to
+//! put its answers.
 
 pub mod poll;
+pub mod request;
 pub mod sse;
 pub mod websocket;
 
@@ -17,11 +24,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::broker::{Broker, Resume};
+use crate::broker::{Broker, Replay, Resume};
 use crate::config::ServeConfig;
 use crate::hub::{Channel, Message};
 use crate::rules::ChannelRules;
+use crate::stats::OPEN_KINDS;
 use crate::stats::TurnCounts;
+
+pub use request::{Endpoint, Gate, Refused};
 
 /// How a subscriber receives messages: one encoding of a [`Message`] each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +52,9 @@ const _: () = assert!(Format::COUNT <= crate::hub::ENCODINGS);
 impl Format {
     /// How many formats exist: the encodings a message can cache.
     pub const COUNT: usize = 4;
+    /// Every format.
+    pub const ALL: [Format; Format::COUNT] =
+        [Format::WsRaw, Format::WsJson, Format::Sse, Format::Poll];
 
     /// Whether subscribers in this format see channel events (welcome/join/leave).
     pub fn listens(self) -> bool {
@@ -136,6 +149,18 @@ impl Handover {
         }
     }
 
+    /// The session the handed-over connection continues in.
+    pub fn session(&self, sub: Option<Subscription>) -> Session {
+        match self {
+            Handover::WebSocket { .. } => Session::WebSocket(websocket::WsState::new(sub)),
+            Handover::Sse => Session::Sse(sse::SseState { sub }),
+            Handover::Poll { .. } => Session::Poll(Box::new(poll::PollState {
+                sub,
+                ..poll::PollState::default()
+            })),
+        }
+    }
+
     /// How long the connection may wait before it must be answered (a long-poll);
     /// its heartbeat is then that answer.
     pub fn answer_within(&self) -> Option<std::time::Duration> {
@@ -195,4 +220,158 @@ pub struct Ctx<'a> {
     pub counts: &'a mut TurnCounts,
     /// The name this chat client chose (`name=`), if it did.
     pub chosen_name: Option<&'a str>,
+}
+
+/// What a handed-over connection's transport does with it. Each transport's state
+/// implements it in the transport's file; the server calls it through
+/// [`Session`] and never names a transport.
+pub trait Transport {
+    /// The subscription this connection holds, if any.
+    fn subscription(&self) -> Option<&Subscription>;
+    /// Where it is kept (to take it, or change it in place).
+    fn subscription_slot(&mut self) -> &mut Option<Subscription>;
+
+    /// Handles what the client sent; answers go to `ctx.out`. Receive-only
+    /// transports ignore whatever the client sends after its request.
+    fn on_input(&mut self, _input: &mut [u8], _ctx: &mut Ctx<'_>) -> After {
+        After::Nothing
+    }
+
+    /// Appends a new subscriber's greeting (a chat welcome), if the transport has one.
+    fn write_welcome(&self, _out: &mut Vec<u8>, _count: u64, _chosen_name: Option<&str>) {}
+
+    /// Appends what a returning subscriber missed (and, where the transport can say
+    /// so, the epoch and any gap), ahead of every live message. `Close`: that was
+    /// the whole answer (a long-poll's).
+    fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After;
+
+    /// Whether the client is expected to send something now and then (a pong at
+    /// least), so silence past `--idle-timeout` means it is gone. An event stream's
+    /// client sends nothing; a dead one shows when a heartbeat cannot be written.
+    fn expects_input(&self) -> bool {
+        false
+    }
+
+    /// Appends a keep-alive for the client; `Close`: it was the last answer (a
+    /// long-poll's empty one).
+    fn write_heartbeat(&self, out: &mut Vec<u8>) -> After;
+
+    /// Appends the transport's goodbye for `reason`, and stops reading: after it,
+    /// input is of no use.
+    fn write_close(&mut self, out: &mut Vec<u8>, reason: CloseReason);
+
+    /// The broker refused the subscription. The head written at `head_at` has not
+    /// left yet: by default it becomes a 503 that says "come back" to EventSource,
+    /// proxies and clients alike (an empty 200 or a bare EOF would not).
+    fn write_unavailable(&mut self, out: &mut Vec<u8>, head_at: usize) {
+        out.truncate(head_at);
+        crate::protocol::http::write_error(
+            out,
+            503,
+            "broker unavailable, retry later",
+            &[("Retry-After", "1")],
+        );
+    }
+
+    /// Drops any half-received input.
+    fn stop_reading(&mut self) {}
+}
+
+/// Registers the transports: one line each, `Kind: State = "name", module`. Makes
+/// [`Kind`], [`Session`] (one variant per transport, dispatching to its
+/// [`Transport`] impl) and [`ENDPOINTS`] (the module's `ENDPOINTS`, in order).
+macro_rules! transports {
+    ($($kind:ident: $state:ty = $name:literal, $module:ident;)+) => {
+        /// Which transport a connection speaks; per-transport counts are indexed by it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Kind {
+            $($kind,)+
+        }
+
+        impl Kind {
+            /// Every transport, in registration order.
+            pub const ALL: &'static [Kind] = &[$(Kind::$kind,)+];
+
+            /// Its name in metrics, `/api/stats` and the dashboard.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => $name,)+
+                }
+            }
+        }
+
+        /// A handed-over connection's transport state: one variant per transport,
+        /// holding only what that transport needs between reads.
+        #[derive(Debug)]
+        pub enum Session {
+            $($kind($state),)+
+        }
+
+        impl Session {
+            pub fn kind(&self) -> Kind {
+                match self {
+                    $(Session::$kind(_) => Kind::$kind,)+
+                }
+            }
+
+            /// Its transport's behaviour.
+            pub fn transport(&self) -> &dyn Transport {
+                match self {
+                    $(Session::$kind(state) => state,)+
+                }
+            }
+
+            pub fn transport_mut(&mut self) -> &mut dyn Transport {
+                match self {
+                    $(Session::$kind(state) => state,)+
+                }
+            }
+        }
+
+        /// Every transport's endpoints, in the order routes try them.
+        pub const ENDPOINTS: &[&[Endpoint]] = &[$($module::ENDPOINTS,)+];
+    };
+}
+
+transports! {
+    WebSocket: websocket::WsState = "websocket", websocket;
+    Sse: sse::SseState = "sse", sse;
+    Poll: Box<poll::PollState> = "poll", poll;
+}
+
+// Every transport needs its slot among the per-transport counters.
+const _: () = assert!(Kind::ALL.len() <= OPEN_KINDS);
+
+impl Kind {
+    /// Its slot in per-transport counters.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Per-transport counts (a `Snapshot`'s `open`) by name, in registration order.
+    pub fn named(counts: &[u64; OPEN_KINDS]) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        Kind::ALL.iter().map(|k| (k.name(), counts[k.index()]))
+    }
+
+    /// The same as a JSON object (`{"websocket":N,"sse":N,"poll":N}`).
+    pub fn json(counts: &[u64; OPEN_KINDS]) -> serde_json::Value {
+        Kind::named(counts)
+            .map(|(name, n)| (name.to_string(), serde_json::Value::from(n)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+}
+
+impl Session {
+    pub fn subscription(&self) -> Option<&Subscription> {
+        self.transport().subscription()
+    }
+
+    pub fn subscription_mut(&mut self) -> Option<&mut Subscription> {
+        self.transport_mut().subscription_slot().as_mut()
+    }
+
+    pub fn take_subscription(&mut self) -> Option<Subscription> {
+        self.transport_mut().subscription_slot().take()
+    }
 }

@@ -12,10 +12,16 @@
 
 use bytes::Bytes;
 
-use super::{After, Subscription, json_data};
+use super::request::{
+    Endpoint, Gate, Path, Refused, admit_get, query_param, resume_param, truncate,
+};
+use super::{
+    After, CloseReason, Format, Handover, Opening, Subscribe, Subscription, Transport, json_data,
+};
 use crate::broker::{Gap, Replay, Resume};
 use crate::hub::{Body, Message};
 use crate::protocol::DataKind;
+use crate::protocol::http::Request;
 
 /// A waiting poll: its subscription, and what to answer if nothing comes.
 #[derive(Debug, Default)]
@@ -25,6 +31,81 @@ pub struct PollState {
     /// comes), and the epoch it belongs to.
     pub since: u64,
     pub epoch: u64,
+}
+
+/// `GET /poll/{channel}`.
+pub const ENDPOINTS: &[Endpoint] = &[Endpoint {
+    path: Path::Prefix("/poll/"),
+    open,
+}];
+
+/// Longest a long-poll may wait, in seconds.
+const MAX_POLL_TIMEOUT: u64 = 60;
+/// How long a long-poll waits when it does not say.
+const DEFAULT_POLL_TIMEOUT: u64 = 30;
+
+/// `GET /poll/{channel}?since=SEQ[&epoch=E]&timeout=S`: answered at once if anything
+/// is newer than SEQ (0 when absent: everything history holds), else within S
+/// seconds (default 30, at most 60).
+fn open(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Refused> {
+    let grant = admit_get(req, channel, gate)?;
+    let timeout = match query_param(req, "timeout") {
+        None => DEFAULT_POLL_TIMEOUT,
+        Some(v) => match v.parse::<u64>() {
+            Ok(s) if s <= MAX_POLL_TIMEOUT => s,
+            _ => {
+                return Err(Refused::bad(format!(
+                    "timeout must be whole seconds from 0 to {MAX_POLL_TIMEOUT}, not '{}'",
+                    truncate(v, 40)
+                )));
+            }
+        },
+    };
+    let resume = resume_param(req).map_err(Refused::bad)?.unwrap_or(Resume {
+        since: 0,
+        epoch: None,
+    });
+    Ok(Opening {
+        handover: Handover::Poll {
+            timeout: std::time::Duration::from_secs(timeout),
+        },
+        subscribe: Some(Subscribe {
+            channel: channel.to_string(),
+            format: Format::Poll,
+            resume: Some(resume),
+            name: None,
+            expires: grant.map(|g| g.expires),
+        }),
+    })
+}
+
+/// Boxed in its session: a waiting poll keeps what to answer on timeout, and the
+/// record of every idle WebSocket stays small.
+impl Transport for Box<PollState> {
+    fn subscription(&self) -> Option<&Subscription> {
+        self.sub.as_ref()
+    }
+
+    fn subscription_slot(&mut self) -> &mut Option<Subscription> {
+        &mut self.sub
+    }
+
+    fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
+        write_replay(out, self, replay, resume)
+    }
+
+    /// Its heartbeat is its empty answer, after which it closes.
+    fn write_heartbeat(&self, out: &mut Vec<u8>) -> After {
+        write_timeout(out, self);
+        After::Close
+    }
+
+    /// A waiting poll still gets its (empty) answer.
+    fn write_close(&mut self, out: &mut Vec<u8>, _reason: CloseReason) {
+        if self.sub.is_some() {
+            write_timeout(out, self);
+        }
+    }
 }
 
 /// One message of an answer, as a borrowed view of a live or a kept message.

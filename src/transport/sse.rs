@@ -14,10 +14,12 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 
-use super::Subscription;
+use super::request::{Endpoint, Gate, Path, Refused, admit_get, resume_param};
+use super::{After, CloseReason, Format, Handover, Opening, Subscribe, Subscription, Transport};
 use crate::broker::{Replay, Resume};
 use crate::hub::{Body, Message};
 use crate::protocol::DataKind;
+use crate::protocol::http::Request;
 
 /// How long a browser waits before reconnecting, in milliseconds (`retry:`).
 const RETRY_MS: u32 = 2000;
@@ -26,6 +28,70 @@ const RETRY_MS: u32 = 2000;
 #[derive(Debug, Default)]
 pub struct SseState {
     pub sub: Option<Subscription>,
+}
+
+/// `GET /sse/{channel}`.
+pub const ENDPOINTS: &[Endpoint] = &[Endpoint {
+    path: Path::Prefix("/sse/"),
+    open,
+}];
+
+/// An event stream of the channel. A browser coming back sends `Last-Event-ID`,
+/// which wins over a `since=` still in its URL.
+fn open(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Refused> {
+    let grant = admit_get(req, channel, gate)?;
+    let last_event_id = req
+        .header("last-event-id")
+        .map(|v| std::str::from_utf8(v).ok().and_then(parse_event_id));
+    let resume = match last_event_id {
+        Some(Some(resume)) => Some(resume),
+        Some(None) => {
+            return Err(Refused::bad(
+                "Last-Event-ID must be SEQ or SEQ:EPOCH (16 hex digits), as the server sent it",
+            ));
+        }
+        None => resume_param(req).map_err(Refused::bad)?,
+    };
+    Ok(Opening {
+        handover: Handover::Sse,
+        subscribe: Some(Subscribe {
+            channel: channel.to_string(),
+            format: Format::Sse,
+            resume,
+            name: None,
+            expires: grant.map(|g| g.expires),
+        }),
+    })
+}
+
+impl Transport for SseState {
+    fn subscription(&self) -> Option<&Subscription> {
+        self.sub.as_ref()
+    }
+
+    fn subscription_slot(&mut self) -> &mut Option<Subscription> {
+        &mut self.sub
+    }
+
+    fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
+        if let Some(sub) = &self.sub {
+            write_replay(out, sub, replay, resume);
+        }
+        After::Nothing
+    }
+
+    fn write_heartbeat(&self, out: &mut Vec<u8>) -> After {
+        write_heartbeat(out);
+        After::Nothing
+    }
+
+    /// The stream just ends and a browser reconnects by itself; an expired token
+    /// is said first, since coming back with it would be refused.
+    fn write_close(&mut self, out: &mut Vec<u8>, reason: CloseReason) {
+        if reason == CloseReason::TokenExpired {
+            write_expired(out);
+        }
+    }
 }
 
 /// The response head that opens the stream, and the reconnect delay. No length:

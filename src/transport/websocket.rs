@@ -8,13 +8,19 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::{After, CloseReason, Ctx, Format, Subscription, json_data};
+use super::request::{Endpoint, Gate, Path, Refused, query_param, resume_param, truncate};
+use super::{
+    After, CloseReason, Ctx, Format, Handover, Opening, Subscribe, Subscription, Transport,
+    json_data,
+};
 use crate::broker::{Outgoing, Replay, Resume};
 use crate::hub::{Body, Message};
+use crate::protocol::handshake;
+use crate::protocol::http::Request;
 use crate::protocol::{
     DataKind, Decoder, Event, Flow, close_code, encode_close, encode_frame, encode_header, opcode,
 };
-use crate::rules::{self, Action, Role};
+use crate::rules::{self, Action, Role, validate_channel_name, validate_client_name};
 
 /// An open WebSocket: a decoder only while a frame or message is half received,
 /// and the channel it subscribes to, if any.
@@ -32,6 +38,135 @@ impl WsState {
     /// Drops the decoder: after our close frame the peer's bytes are of no use.
     pub fn stop_reading(&mut self) {
         self.decoder = None;
+    }
+}
+
+/// Echo (`/`, `/echo`) and channel subscriptions (`/ws/{channel}`).
+pub const ENDPOINTS: &[Endpoint] = &[
+    Endpoint {
+        path: Path::Exact("/"),
+        open: open_echo,
+    },
+    Endpoint {
+        path: Path::Exact("/echo"),
+        open: open_echo,
+    },
+    Endpoint {
+        path: Path::Prefix("/ws/"),
+        open: open_channel,
+    },
+];
+
+/// An echo WebSocket: a page from an allowed origin, a valid upgrade.
+fn open_echo(req: &Request<'_>, _: &str, gate: &dyn Gate) -> Result<Opening, Refused> {
+    gate.check_origin(req).map_err(Refused::Auth)?;
+    upgrade(req, None)
+}
+
+/// `/ws/{channel}?format=raw|json&since=&epoch=&name=`: a channel subscription.
+/// A plain GET of it is no handshake to count, and gets 426 whoever asks.
+fn open_channel(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Refused> {
+    let counted = req.wants_upgrade();
+    let bad = |reason: String| Refused::Bad { reason, counted };
+    validate_channel_name(channel).map_err(|e| bad(e.to_string()))?;
+    let grant = match counted.then(|| gate.admit(req, channel)) {
+        None | Some(Ok(None)) => None,
+        Some(Ok(grant)) => grant,
+        Some(Err(e)) => return Err(Refused::Auth(e)),
+    };
+    let format = match query_param(req, "format") {
+        None | Some("raw") => Format::WsRaw,
+        Some("json") => Format::WsJson,
+        Some(other) => {
+            let reason = format!("format must be raw or json, not '{}'", truncate(other, 40));
+            return Err(bad(reason));
+        }
+    };
+    let resume = resume_param(req).map_err(bad)?;
+    let name = match (query_param(req, "name"), &grant) {
+        (Some(_), Some(_)) => {
+            let reason =
+                "name= is not taken with --token-secret: a member's name is its token's sub";
+            return Err(bad(reason.into()));
+        }
+        (None, grant) => grant.as_ref().and_then(|g| g.name.clone()),
+        (Some(name), None) => {
+            validate_client_name(name).map_err(|e| bad(e.to_string()))?;
+            Some(name.into())
+        }
+    };
+    let subscribe = Subscribe {
+        channel: channel.to_string(),
+        format,
+        resume,
+        name,
+        expires: grant.map(|g| g.expires),
+    };
+    upgrade(req, Some(subscribe))
+}
+
+/// The upgrade itself: echo (`subscribe` is `None`) or a channel subscription.
+fn upgrade(req: &Request<'_>, subscribe: Option<Subscribe>) -> Result<Opening, Refused> {
+    if !req.wants_upgrade() {
+        if req.method != "GET" {
+            return Err(Refused::Method { counted: false });
+        }
+        return Err(Refused::NotUpgrade);
+    }
+    let accept = handshake::validate_upgrade(req).map_err(Refused::Handshake)?;
+    Ok(Opening {
+        handover: Handover::WebSocket { accept },
+        subscribe,
+    })
+}
+
+impl Transport for WsState {
+    fn subscription(&self) -> Option<&Subscription> {
+        self.sub.as_ref()
+    }
+
+    fn subscription_slot(&mut self) -> &mut Option<Subscription> {
+        &mut self.sub
+    }
+
+    fn on_input(&mut self, input: &mut [u8], ctx: &mut Ctx<'_>) -> After {
+        feed(self, input, ctx)
+    }
+
+    fn write_welcome(&self, out: &mut Vec<u8>, count: u64, chosen_name: Option<&str>) {
+        if let Some(sub) = &self.sub {
+            write_welcome(out, sub, count, chosen_name);
+        }
+    }
+
+    fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
+        if let Some(sub) = &self.sub {
+            write_replay(out, sub, replay, resume);
+        }
+        After::Nothing
+    }
+
+    fn expects_input(&self) -> bool {
+        true
+    }
+
+    fn write_heartbeat(&self, out: &mut Vec<u8>) -> After {
+        write_heartbeat(out);
+        After::Nothing
+    }
+
+    fn write_close(&mut self, out: &mut Vec<u8>, reason: CloseReason) {
+        write_close(out, reason);
+        self.stop_reading();
+    }
+
+    /// The 101 is out: the refusal is a close frame.
+    fn write_unavailable(&mut self, out: &mut Vec<u8>, _head_at: usize) {
+        Transport::write_close(self, out, CloseReason::Unavailable);
+    }
+
+    fn stop_reading(&mut self) {
+        WsState::stop_reading(self);
     }
 }
 

@@ -1,0 +1,457 @@
+//! One I/O thread: an event loop that owns its listeners' accepted sockets, their
+//! [`Conn`] records in a slab, and a timer wheel. It waits through its
+//! [`Uring`](super::uring::Uring) (io_uring receives, and epoll polled through the
+//! ring) or, without one, in epoll (via mio) alone.
+//!
+//! The loop only polls, dispatches and keeps time. It hands each connection's
+//! received bytes (copied into one buffer shared by all its connections) to the
+//! connection's handler — `http` before a handover, the transport after — and
+//! writes what they answered with one syscall per read batch (corking). It
+//! delivers its inbox through [`LocalSubscribers`]. Its parts, each in its file:
+//! accepting ([`accept`]), handing a connection over to its transport
+//! ([`open`]), io_uring completions ([`ring`]), timers ([`timers`]) and the
+//! drain ([`drain`]). It must not block, hold a lock across a write, keep a buffer
+//! for a connection that has nothing pending, decide what a request or message
+//! means, or name a transport.
+
+mod accept;
+mod drain;
+mod open;
+mod ring;
+mod timers;
+
+use std::io::{self, Read};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use super::conn::{Conn, Handled, Mode, Phase};
+use super::http::Next;
+use super::shared::Shared;
+use super::subscribers::{Follow, LocalSubscribers};
+use super::timer::ticks;
+use crate::hub;
+use crate::stats::{LoopCounters, TurnCounts};
+use crate::transport::{After, CloseReason};
+use accept::Acceptor;
+use drain::Drain;
+use ring::Ring;
+use timers::{CLOSE_TIMEOUT, Clock, LINGER_TIMEOUT, set_deadline};
+
+/// Bytes read per `read` call, shared by every connection of the loop.
+const READ_BUF: usize = 128 * 1024;
+/// Reads of one connection per wake-up before others get a turn.
+const READS_PER_TURN: usize = 32;
+/// A turn at least this long is logged (at most four lines a second per loop).
+const SLOW_TURN: Duration = Duration::from_millis(250);
+
+pub const WAKER: Token = Token(usize::MAX);
+const LISTENER_BASE: usize = usize::MAX / 2;
+/// Events taken from epoll in one poll.
+const EVENTS_PER_POLL: usize = 1024;
+
+/// Buffers the loop reuses for every connection, turn after turn.
+struct Buffers {
+    /// What the last read brought, for the connection being served.
+    read: Vec<u8>,
+    /// Answers to the connection being served, written out in one go.
+    out: Vec<u8>,
+    /// Subscribers a fan-out could not write to, dealt with after it.
+    failed: Vec<Follow>,
+}
+
+/// The loop's counters: shared with whoever reports them, and this turn's.
+struct Tally {
+    shared: Arc<LoopCounters>,
+    turn: TurnCounts,
+}
+
+pub struct EventLoop {
+    poll: Poll,
+    accept: Acceptor,
+    conns: Slab<Conn>,
+    clock: Clock,
+    buf: Buffers,
+    /// Connections that still had input when their read turn ended.
+    unfinished: Vec<usize>,
+    shared: Arc<Shared>,
+    tally: Tally,
+    /// This loop's position among the server's loops (its hub inbox).
+    index: usize,
+    subscribers: LocalSubscribers,
+    ring: Ring,
+    drain: Drain,
+}
+
+impl EventLoop {
+    pub fn new(
+        poll: Poll,
+        mut listeners: Vec<TcpListener>,
+        shared: Arc<Shared>,
+        index: usize,
+    ) -> io::Result<Self> {
+        for (i, listener) in listeners.iter_mut().enumerate() {
+            poll.registry()
+                .register(listener, Token(LISTENER_BASE + i), Interest::READABLE)?;
+        }
+        Ok(EventLoop {
+            poll,
+            accept: Acceptor::new(listeners),
+            conns: Slab::new(),
+            clock: Clock::new(&shared.config),
+            buf: Buffers {
+                read: vec![0; READ_BUF],
+                out: Vec::with_capacity(READ_BUF),
+                failed: Vec::new(),
+            },
+            unfinished: Vec::new(),
+            tally: Tally {
+                shared: shared.stats.loop_counters(index),
+                turn: TurnCounts::default(),
+            },
+            shared,
+            index,
+            subscribers: LocalSubscribers::new(index),
+            ring: Ring::default(),
+            drain: Drain::default(),
+        })
+    }
+
+    /// Runs until shutdown has been requested and every connection is gone (or the
+    /// drain timeout has passed).
+    pub fn run(mut self) -> io::Result<()> {
+        hub::enter_loop(self.index);
+        self.ring.start(&self.poll, &self.shared.config, self.index);
+        let mut events = Events::with_capacity(EVENTS_PER_POLL);
+        loop {
+            let Some(polled) = self.wait(&mut events, self.next_wait())? else {
+                continue;
+            };
+            let woke = Instant::now();
+            self.clock.now = self.clock.wheel.now();
+            self.on_completions();
+            if polled {
+                self.dispatch(&events);
+            }
+            for key in std::mem::take(&mut self.unfinished) {
+                self.on_readable(key, false);
+            }
+            // Publishes made during this turn (HTTP or chat) to our own inbox were
+            // not signalled through the waker, and a large fan-out goes on a slice
+            // a turn: deliver now.
+            if self.has_deliveries() {
+                self.drain_inbox();
+            }
+            self.keep_time();
+            self.end_turn(woke, &events);
+            if self.drain_step() {
+                break;
+            }
+        }
+        let remaining: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in remaining {
+            self.drop_conn(key);
+        }
+        self.tally.turn.publish(&self.tally.shared);
+        Ok(())
+    }
+
+    fn has_deliveries(&self) -> bool {
+        self.subscribers.has_pending() || self.shared.hub.inbox(self.index).has_work()
+    }
+
+    /// How long the next wait may block: until the next tick when there is
+    /// nothing to do, not at all when there is.
+    fn next_wait(&self) -> Duration {
+        if self.unfinished.is_empty() && !self.has_deliveries() {
+            self.clock
+                .wheel
+                .until_next_tick()
+                .max(Duration::from_millis(1))
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Hands each epoll event to its listener, connection or the inbox.
+    fn dispatch(&mut self, events: &Events) {
+        for event in events.iter() {
+            match event.token() {
+                WAKER => self.drain_inbox(),
+                Token(t) if t >= LISTENER_BASE => {
+                    if self.accept.is_open() && !self.drain.started() {
+                        self.accept_from(t - LISTENER_BASE);
+                    }
+                }
+                Token(key) => {
+                    if event.is_writable() {
+                        self.on_writable(key);
+                    }
+                    // A receive in the ring reports the peer's end and errors;
+                    // reading here too could reorder the bytes.
+                    let closed = event.is_read_closed() || event.is_error();
+                    if event.is_readable() || closed {
+                        self.on_readable(key, closed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Publishes the turn's counters, and says so when the turn was slow.
+    fn end_turn(&mut self, woke: Instant, events: &Events) {
+        self.tally.turn.publish(&self.tally.shared);
+        let took = woke.elapsed();
+        self.tally.shared.record_turn(took);
+        if took >= SLOW_TURN {
+            // Every connection of this loop waited this long: say so, with
+            // what the turn had to do.
+            tracing::warn!(
+                event_loop = self.index,
+                took_ms = took.as_millis() as u64,
+                events = events.iter().count(),
+                connections = self.conns.len(),
+                "slow event loop turn"
+            );
+        }
+    }
+
+    fn drop_conn(&mut self, key: usize) {
+        self.subscribers
+            .leave(&*self.shared.broker, key, &mut self.conns);
+        let Some(mut conn) = self.conns.try_remove(key) else {
+            return;
+        };
+        self.ring.forget(&self.poll, key, &mut conn);
+        if let Mode::Open(session) = &conn.mode {
+            let counters = &self.tally.shared;
+            counters.sockets.fetch_sub(1, Ordering::Relaxed);
+            counters.open[session.kind().index()].fetch_sub(1, Ordering::Relaxed);
+            self.shared.admission.release(conn.peer);
+        }
+        // Dropping the socket closes it, which also removes it from epoll.
+    }
+
+    fn on_writable(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        match conn.flush(&mut self.tally.turn.bytes_sent) {
+            Ok(true) if conn.phase == Phase::Closing => self.finish_close(key),
+            Ok(_) => {}
+            Err(_) => self.drop_conn(key),
+        }
+    }
+
+    /// Reads a socket epoll called readable (or one left unfinished), unless its
+    /// bytes come through the ring; a connection that read itself busy moves there.
+    fn on_readable(&mut self, key: usize, peer_closed: bool) {
+        if self.ring.receives(key) {
+            return;
+        }
+        if self.read_socket(key, peer_closed) {
+            self.move_to_ring_if_busy(key);
+        }
+    }
+
+    /// Reads until the socket is drained; true if it was and the connection
+    /// lives. `peer_closed`: the event also reported the peer's FIN, which a short
+    /// read must not hide (no further edge comes).
+    fn read_socket(&mut self, key: usize, peer_closed: bool) -> bool {
+        for _ in 0..READS_PER_TURN {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return false;
+            };
+            let n = match conn.socket.read(&mut self.buf.read) {
+                Ok(0) => {
+                    self.on_peer_done(key);
+                    return false;
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.drop_conn(key);
+                    return false;
+                }
+            };
+            conn.last_seen = self.clock.now;
+            self.ring.count_read(key);
+            // Closing: our goodbye is out; Lingering: we wait for EOF. Either way
+            // the peer's remaining bytes are of no use.
+            if conn.phase == Phase::Active {
+                self.on_input(key, n);
+            }
+            if n < self.buf.read.len() && !peer_closed {
+                // A short read drained the socket; new data raises a new edge, so
+                // the extra read that would only say EAGAIN is skipped.
+                return self.conns.contains(key);
+            }
+        }
+        // The socket may still hold input: come back after others had their turn.
+        self.unfinished.push(key);
+        false
+    }
+
+    /// The peer is done sending. An answer still on its way to it (a last
+    /// response, our close frame, a kept-alive request's answer) is finished
+    /// first: a half-closed client still reads.
+    fn on_peer_done(&mut self, key: usize) {
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        if !conn.out.is_empty() && conn.phase == Phase::Closing {
+            return;
+        }
+        if !conn.out.is_empty() && !conn.mode.is_counted() {
+            self.buf.out.clear();
+            self.send_out(key, After::Close);
+            return;
+        }
+        self.drop_conn(key);
+    }
+
+    /// Hands `buf.read[..n]` to the connection's handler.
+    fn on_input(&mut self, key: usize, n: usize) {
+        self.buf.out.clear();
+        self.feed(key, None, n);
+    }
+
+    /// Hands the connection's handler its input — `held` bytes (what came behind
+    /// a request that opened a transport) or, without them, `buf.read[..n]` — and
+    /// acts on what it answered.
+    fn feed(&mut self, key: usize, held: Option<&mut [u8]>, n: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let input = match held {
+            Some(held) => held,
+            None => &mut self.buf.read[..n],
+        };
+        let handled = conn.mode.on_input(
+            input,
+            conn.peer,
+            &self.shared,
+            &mut self.buf.out,
+            &mut self.tally.turn,
+            self.subscribers.chosen_name(key),
+        );
+        self.after_input(key, handled);
+    }
+
+    fn after_input(&mut self, key: usize, handled: Handled) {
+        match handled {
+            Handled::Http(Next::KeepOpen { answered }) => {
+                if answered && let Some(conn) = self.conns.get_mut(key) {
+                    let due = self.clock.now + self.clock.handshake_ticks;
+                    set_deadline(&mut self.clock.wheel, key, conn, due);
+                }
+                self.send_out(key, After::Nothing);
+            }
+            Handled::Http(Next::Close) => self.send_out(key, After::Close),
+            Handled::Http(Next::Open { opening, leftover }) => {
+                self.open_session(key, opening, leftover)
+            }
+            Handled::Transport(after) => self.send_out(key, after),
+        }
+    }
+
+    /// Writes every delivery waiting in this loop's inbox to its subscribers.
+    fn drain_inbox(&mut self) {
+        let inbox = self.shared.hub.inbox(self.index);
+        self.subscribers.deliver(
+            inbox,
+            &mut self.conns,
+            self.shared.config.max_queue,
+            &mut self.tally.turn,
+            &mut self.buf.failed,
+        );
+        for failed in std::mem::take(&mut self.buf.failed) {
+            match failed {
+                Follow::Dead(key) => self.drop_conn(key),
+                Follow::Slow(key) => self.close_with(key, CloseReason::SlowConsumer),
+                Follow::Answered(key) => {
+                    self.buf.out.clear();
+                    self.send_out(key, After::Close);
+                }
+            }
+        }
+    }
+
+    /// Sends what the handler left in `buf.out`, then acts on what it asked for.
+    fn send_out(&mut self, key: usize, after: After) {
+        let max_queue = self.shared.config.max_queue;
+        let Some(conn) = self.conns.get_mut(key) else {
+            self.buf.out.clear();
+            return;
+        };
+        if !self.buf.out.is_empty() {
+            let sent = conn.send(&self.buf.out, &mut self.tally.turn.bytes_sent);
+            self.buf.out.clear();
+            if sent.is_err() {
+                self.drop_conn(key);
+                return;
+            }
+        }
+        if after == After::Close {
+            conn.phase = Phase::Closing;
+            conn.mode.stop_reading();
+            // No delivery may follow our goodbye.
+            self.subscribers
+                .leave(&*self.shared.broker, key, &mut self.conns);
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            let due = self.clock.now + ticks(CLOSE_TIMEOUT);
+            set_deadline(&mut self.clock.wheel, key, conn, due);
+            if conn.out.is_empty() {
+                self.finish_close(key);
+            }
+            return;
+        }
+        if conn.out.counted_bytes() > max_queue {
+            if conn.mode.is_counted() {
+                self.close_with(key, CloseReason::SlowConsumer);
+            } else {
+                // A kept-alive HTTP client that sends requests but reads no answers.
+                self.drop_conn(key);
+            }
+        }
+    }
+
+    /// Starts a server-initiated close; a slow consumer first loses what is not on
+    /// the wire yet.
+    fn close_with(&mut self, key: usize, reason: CloseReason) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if conn.phase != Phase::Active {
+            return;
+        }
+        if reason == CloseReason::SlowConsumer {
+            conn.out.truncate_unstarted();
+            self.tally.turn.slow_consumers += 1;
+        }
+        self.buf.out.clear();
+        conn.mode.write_close(&mut self.buf.out, reason);
+        self.send_out(key, After::Close);
+    }
+
+    /// Everything is flushed: send FIN and wait briefly for the peer's.
+    fn finish_close(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if conn.socket.shutdown(std::net::Shutdown::Write).is_err() {
+            self.drop_conn(key);
+            return;
+        }
+        conn.phase = Phase::Lingering;
+        let due = self.clock.now + ticks(LINGER_TIMEOUT);
+        set_deadline(&mut self.clock.wheel, key, conn, due);
+    }
+}

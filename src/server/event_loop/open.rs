@@ -1,0 +1,128 @@
+//! Handing a connection over to its transport: admission, the transport's answer
+//! (a 101, an event stream's head), the subscription with its greeting and what a
+//! returning subscriber missed, the first heartbeat's time; then what the client
+//! sent right behind its request. What each step writes is the transport's; this
+//! file only orders them and names no transport.
+
+use std::sync::atomic::Ordering;
+
+use super::EventLoop;
+use super::timers::{next_due, set_deadline};
+use crate::protocol::http::write_error;
+use crate::server::conn::Mode;
+use crate::server::timer::{Tick, ticks};
+use crate::stats::{HandshakeFailure, LoopCounters};
+use crate::transport::{After, Opening, Subscribe};
+
+impl EventLoop {
+    /// Opens `opening` on connection `key`. `buf.out` may already hold answers to
+    /// pipelined requests.
+    pub(super) fn open_session(&mut self, key: usize, opening: Opening, mut leftover: Vec<u8>) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if let Err(refusal) = self.shared.admission.try_admit(conn.peer) {
+            self.tally.turn.handshake_failed(if refusal.status == 429 {
+                HandshakeFailure::MaxConnsPerIp
+            } else {
+                HandshakeFailure::MaxConns
+            });
+            write_error(&mut self.buf.out, refusal.status, &refusal.reason, &[]);
+            self.send_out(key, After::Close);
+            return;
+        }
+        let session = opening.handover.session(None);
+        let counters = &self.tally.shared;
+        counters.sockets.fetch_add(1, Ordering::Relaxed);
+        LoopCounters::add(&counters.open[session.kind().index()], 1);
+        conn.mode = Mode::Open(session);
+        let head_at = self.buf.out.len();
+        opening.handover.write_head(&mut self.buf.out);
+        if let Some(subscribe) = opening.subscribe
+            && !self.subscribe(key, subscribe, head_at)
+        {
+            return;
+        }
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.last_seen = self.clock.now;
+        self.clock.ping_seq = self.clock.ping_seq.wrapping_add(1);
+        if let Some(wait) = opening.handover.answer_within() {
+            conn.next_ping = self.clock.now + ticks(wait).max(1);
+        } else if self.clock.ping_ticks > 0 {
+            // Golden-ratio spacing spreads first pings evenly over the interval even
+            // when thousands of clients connect in the same instant.
+            let spread = (u64::from(self.clock.ping_seq.wrapping_mul(0x9E37_79B9))
+                * u64::from(self.clock.ping_ticks))
+                >> 32;
+            conn.next_ping = self.clock.now + 1 + spread as Tick;
+        }
+        let due = next_due(conn, self.clock.idle_ticks);
+        set_deadline(&mut self.clock.wheel, key, conn, due);
+        if leftover.is_empty() {
+            self.send_out(key, After::Nothing);
+            return;
+        }
+        self.feed(key, Some(&mut leftover), 0);
+    }
+
+    /// Joins the channel `subscribe` asks for, with the transport's greeting and
+    /// replay; false when that already answered or ended the connection (a
+    /// long-poll answered from history, a broker refusal, a dead socket).
+    fn subscribe(&mut self, key: usize, subscribe: Subscribe, head_at: usize) -> bool {
+        let client = self.shared.next_client_id();
+        let joined = self.subscribers.join(
+            &*self.shared.broker,
+            &self.shared.config.namespaces,
+            key,
+            &subscribe,
+            client,
+        );
+        let Some(conn) = self.conns.get_mut(key) else {
+            return false;
+        };
+        let Some(session) = conn.mode.session_mut() else {
+            return false;
+        };
+        let (sub, count, replay) = match joined {
+            Ok(joined) => joined,
+            Err(e) => {
+                let channel = subscribe.channel;
+                tracing::warn!(error = %e, channel, "subscribe failed");
+                self.tally
+                    .turn
+                    .handshake_failed(HandshakeFailure::BrokerUnavailable);
+                session
+                    .transport_mut()
+                    .write_unavailable(&mut self.buf.out, head_at);
+                self.send_out(key, After::Close);
+                return false;
+            }
+        };
+        let transport = session.transport_mut();
+        *transport.subscription_slot() = Some(sub);
+        transport.write_welcome(&mut self.buf.out, count, subscribe.name.as_deref());
+        let (Some(replay), Some(resume)) = (replay, subscribe.resume) else {
+            return true;
+        };
+        let start = self.buf.out.len();
+        if transport.write_replay(&mut self.buf.out, replay, resume) == After::Close {
+            // Answered from history at once (a long-poll).
+            self.send_out(key, After::Close);
+            return false;
+        }
+        // The replay goes out now, ahead of anything live. It is at most
+        // --history-size messages, and a socket that cannot take it at once is
+        // not a slow consumer for that: only what comes on top of it counts
+        // against --max-queue.
+        let catch_up = self.buf.out.len() - start;
+        let sent = conn.send_catch_up(&self.buf.out, catch_up, &mut self.tally.turn.bytes_sent);
+        self.buf.out.clear();
+        if sent.is_err() {
+            self.drop_conn(key);
+            return false;
+        }
+        true
+    }
+}

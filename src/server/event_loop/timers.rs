@@ -1,0 +1,193 @@
+//! The loop's time: the clock and its wheel, every connection's deadline
+//! (handshake, ping, idle, close, linger, a long-poll's answer), token expiry, and
+//! the periodic turns (the ring's receive sweep, the broker's housekeeping). It
+//! must not write a transport's bytes itself: a heartbeat or goodbye is the
+//! transport's, through the connection's mode.
+
+use std::time::Duration;
+
+use super::EventLoop;
+use crate::config::ServeConfig;
+use crate::server::conn::{Conn, NEVER, Phase};
+use crate::server::timer::{Tick, TimerWheel, next_in_phase, ticks};
+use crate::stats::HandshakeFailure;
+use crate::transport::CloseReason;
+
+/// How long a closing connection may take to flush and say goodbye.
+pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long to wait for the peer's FIN after ours.
+pub(super) const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often loop 0 gives the broker its housekeeping turn.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
+/// How often a loop with io_uring weighs which connections are busy enough to
+/// receive through the ring.
+const RECEIVE_SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The loop's clock, its wheel and the periods it keeps.
+pub(super) struct Clock {
+    pub(super) wheel: TimerWheel,
+    /// The tick of the current turn.
+    pub(super) now: Tick,
+    pub(super) ping_ticks: Tick,
+    pub(super) idle_ticks: Tick,
+    pub(super) handshake_ticks: Tick,
+    /// Counts opened connections, to spread their first pings.
+    pub(super) ping_seq: u32,
+    /// What the wheel gave back this turn (kept for its allocation).
+    expired: Vec<(u32, Tick)>,
+    next_maintain: Tick,
+    next_receive_sweep: Tick,
+}
+
+impl Clock {
+    pub(super) fn new(config: &ServeConfig) -> Self {
+        Clock {
+            wheel: TimerWheel::new(),
+            now: 0,
+            ping_ticks: ticks(config.ping_interval),
+            idle_ticks: ticks(config.idle_timeout),
+            handshake_ticks: ticks(config.handshake_timeout).max(1),
+            ping_seq: 0,
+            expired: Vec::new(),
+            next_maintain: ticks(MAINTAIN_EVERY),
+            next_receive_sweep: ticks(RECEIVE_SWEEP_EVERY),
+        }
+    }
+}
+
+impl EventLoop {
+    /// The turn's timekeeping, after its I/O.
+    pub(super) fn keep_time(&mut self) {
+        // Pings and timeouts wait while a fan-out is part done, as they did when
+        // a fan-out was one turn: the slices make room for requests and
+        // handshakes, and a ping can wait a second where a broadcast cannot.
+        if !self.subscribers.has_pending() {
+            self.run_timers();
+        }
+        self.expire_tokens();
+        self.resume_accepting();
+        let now = self.clock.now;
+        if now >= self.clock.next_receive_sweep {
+            self.clock.next_receive_sweep = now + ticks(RECEIVE_SWEEP_EVERY);
+            self.ring.sweep(&self.tally.shared);
+        }
+        if self.index == 0 && now >= self.clock.next_maintain {
+            self.clock.next_maintain = now + ticks(MAINTAIN_EVERY);
+            self.shared.broker.maintain();
+        }
+    }
+
+    fn run_timers(&mut self) {
+        let now = self.clock.now;
+        let mut expired = std::mem::take(&mut self.clock.expired);
+        self.clock.wheel.expire(now, &mut expired);
+        for &(key, tick) in &expired {
+            let key = key as usize;
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if conn.timer_slot != tick {
+                continue; // superseded by an earlier entry
+            }
+            conn.timer_slot = NEVER;
+            if conn.deadline == NEVER {
+                continue;
+            }
+            if conn.deadline > now {
+                let due = conn.deadline;
+                set_deadline(&mut self.clock.wheel, key, conn, due);
+                continue;
+            }
+            // An HTTP request, a close or a linger that ran out of time ends here;
+            // an open connection is due a ping or has been idle too long.
+            let open = conn.phase == Phase::Active && conn.mode.is_counted();
+            if open {
+                self.on_open_timer(key);
+            } else {
+                // A request begun and not finished in time (a kept-alive connection
+                // idle between requests has nothing pending).
+                if conn.phase == Phase::Active && conn.mode.has_partial_request() {
+                    self.tally.turn.handshake_failed(HandshakeFailure::Timeout);
+                }
+                self.drop_conn(key);
+            }
+        }
+        expired.clear();
+        self.clock.expired = expired;
+    }
+
+    /// Closes the subscriptions whose token has expired (`--token-secret`).
+    fn expire_tokens(&mut self) {
+        if !self.subscribers.has_expiring() {
+            return;
+        }
+        let mut expired = Vec::new();
+        self.subscribers
+            .take_expired(crate::auth::now_secs(), &self.conns, &mut expired);
+        for key in expired {
+            self.close_with(key, CloseReason::TokenExpired);
+        }
+    }
+
+    /// An open connection's deadline: it has been idle too long, or is due its
+    /// heartbeat (a long-poll's is its answer).
+    fn on_open_timer(&mut self, key: usize) {
+        let now = self.clock.now;
+        let (ping_ticks, idle_ticks) = (self.clock.ping_ticks, self.clock.idle_ticks);
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if idle_ticks > 0
+            && conn.mode.expects_input()
+            && now.saturating_sub(conn.last_seen) >= idle_ticks
+        {
+            self.close_with(key, CloseReason::IdleTimeout);
+            return;
+        }
+        if conn.next_ping != NEVER && now >= conn.next_ping {
+            conn.next_ping = if ping_ticks > 0 {
+                next_in_phase(conn.next_ping, now, ping_ticks)
+            } else {
+                NEVER
+            };
+            let due = next_due(conn, idle_ticks);
+            set_deadline(&mut self.clock.wheel, key, conn, due);
+            // A replay the reader took nothing of for a whole interval counts
+            // against --max-queue from now on (send_out checks it). Only a
+            // connection with a replay waiting asks the kernel anything.
+            if conn.out.has_catch_up() {
+                let kernel_unsent =
+                    crate::os::unsent_bytes(std::os::fd::AsRawFd::as_raw_fd(&conn.socket));
+                conn.out.expire_stalled_catch_up(kernel_unsent);
+            }
+            self.buf.out.clear();
+            let after = conn.mode.write_heartbeat(&mut self.buf.out);
+            self.send_out(key, after);
+            return;
+        }
+        let due = next_due(conn, idle_ticks);
+        set_deadline(&mut self.clock.wheel, key, conn, due);
+    }
+}
+
+/// When an open connection must next be looked at: its next ping or its idle limit.
+pub(super) fn next_due(conn: &Conn, idle_ticks: Tick) -> Tick {
+    let idle = if idle_ticks > 0 && conn.mode.expects_input() {
+        conn.last_seen.saturating_add(idle_ticks)
+    } else {
+        NEVER
+    };
+    conn.next_ping.min(idle)
+}
+
+/// Sets a connection's deadline, filing a wheel entry only if none would come
+/// round in time (later deadlines are found lazily when the old entry fires).
+pub(super) fn set_deadline(wheel: &mut TimerWheel, key: usize, conn: &mut Conn, due: Tick) {
+    conn.deadline = due;
+    if due == NEVER {
+        return;
+    }
+    if conn.timer_slot == NEVER || due < conn.timer_slot {
+        conn.timer_slot = wheel.schedule(key as u32, due);
+    }
+}

@@ -1,0 +1,230 @@
+//! The HTTP API: `POST /api/publish/{channel}` (with its access rule),
+//! `GET /api/channels/{channel}`, `GET /api/stats` and `GET /metrics`. It must not
+//! open transports or touch connections: it reads the request and the shared
+//! state, and writes one whole answer.
+
+use super::{Outcome, RouteContext, ok, ok_json};
+use crate::broker::Outgoing;
+use crate::metrics;
+use crate::protocol::DataKind;
+use crate::protocol::http::{self, Request};
+use crate::rules::{is_reserved, validate_channel_name};
+use crate::stats::{TURN_OVER_1S, TURN_OVER_100MS, TurnCounts};
+
+/// Compares secrets in time that does not depend on where they differ.
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Checks the publish API's access rule; writes the refusal if there is one.
+fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bool {
+    match &ctx.shared.config.api_key {
+        Some(key) => {
+            let given = req
+                .header("authorization")
+                .and_then(|v| v.strip_prefix(b"Bearer "))
+                .map(<[u8]>::trim_ascii);
+            match given {
+                Some(given) if constant_time_eq(given, key.as_bytes()) => true,
+                _ => {
+                    http::write_error(
+                        out,
+                        401,
+                        "missing or wrong API key: send Authorization: Bearer KEY",
+                        &[("WWW-Authenticate", "Bearer")],
+                    );
+                    false
+                }
+            }
+        }
+        None if ctx.peer.is_loopback() => true,
+        None => {
+            http::write_error(
+                out,
+                403,
+                "publishing without --api-key is allowed from loopback peers only",
+                &[],
+            );
+            false
+        }
+    }
+}
+
+pub(super) fn publish(
+    req: &Request<'_>,
+    channel: &str,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
+    if req.method != "POST" {
+        http::write_error(
+            out,
+            405,
+            "method not allowed: use POST",
+            &[("Allow", "POST")],
+        );
+        return Outcome::Responded;
+    }
+    if !authorized(req, ctx, out) {
+        return Outcome::Responded;
+    }
+    if let Err(e) = validate_channel_name(channel) {
+        http::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    if is_reserved(channel) {
+        let reason = "the throng: namespace is the server's own (the dashboard's feed): nobody publishes to it";
+        http::write_error(out, 403, reason, &[]);
+        return Outcome::Responded;
+    }
+    if req.header("transfer-encoding").is_some() {
+        http::write_error(out, 411, "send the body with Content-Length", &[]);
+        return Outcome::Responded;
+    }
+    let length = match req.header("content-length") {
+        None => 0,
+        Some(v) => match std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+        {
+            Some(n) => n,
+            None => {
+                http::write_error(out, 400, "Content-Length is not a number", &[]);
+                return Outcome::Responded;
+            }
+        },
+    };
+    let max = ctx.shared.config.max_message_size;
+    if length > max {
+        let reason = format!("message is {length} bytes; --max-message-size is {max}");
+        http::write_error(out, 413, &reason, &[]);
+        return Outcome::Responded;
+    }
+    if ctx.body.len() < length {
+        return Outcome::NeedBody;
+    }
+    let body = &ctx.body[..length];
+    let is_text = req
+        .header("content-type")
+        .is_some_and(|v| v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"text/"));
+    let kind = if is_text {
+        if std::str::from_utf8(body).is_err() {
+            http::write_error(out, 400, "text/* body is not valid UTF-8", &[]);
+            return Outcome::Responded;
+        }
+        DataKind::Text
+    } else {
+        DataKind::Binary
+    };
+    let message = Outgoing {
+        payload: body,
+        kind,
+        from: None,
+    };
+    match ctx.shared.broker.publish(channel, message) {
+        Ok(seq) => {
+            counts.published += 1;
+            // `{"seq":N}` without a JSON value: this answer is on every publish's path.
+            const OPEN: &[u8] = b"{\"seq\":";
+            let mut number = itoa::Buffer::new();
+            let digits = number.format(seq).as_bytes();
+            // 7 + at most 20 digits + 1.
+            let mut body = [0u8; 28];
+            let len = OPEN.len() + digits.len() + 1;
+            body[..OPEN.len()].copy_from_slice(OPEN);
+            body[OPEN.len()..len - 1].copy_from_slice(digits);
+            body[len - 1] = b'}';
+            ok(req, ctx, out, "application/json", &body[..len], length)
+        }
+        Err(e) => {
+            http::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);
+            Outcome::Responded
+        }
+    }
+}
+
+pub(super) fn channel_info(
+    req: &Request<'_>,
+    channel: &str,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+) -> Outcome {
+    if let Err(e) = validate_channel_name(channel) {
+        http::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    if !ctx.shared.broker.healthy() {
+        // Without the broker the channel's place is unknown; zeros would mislead
+        // a client that resumes from them (throng.js's `since: "now"`).
+        http::write_error(
+            out,
+            503,
+            "broker unavailable, retry later",
+            &[("Retry-After", "1")],
+        );
+        return Outcome::Responded;
+    }
+    let info = ctx.shared.broker.channel_info(channel);
+    let value = serde_json::json!({
+        "channel": channel,
+        "subscribers": info.subscribers,
+        "last_seq": info.last_seq,
+        "history_len": info.history_len,
+        "epoch": info.epoch.map(|e| format!("{e:016x}")),
+    });
+    ok_json(req, ctx, out, &value, 0)
+}
+
+pub(super) fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
+    let snap = ctx.shared.stats.snapshot();
+    let uptime = ctx.shared.stats.started.elapsed().as_secs_f64();
+    ok_json(
+        req,
+        ctx,
+        out,
+        &serde_json::json!({
+            "connections": crate::transport::Kind::json(&snap.open),
+            // Busy connections whose bytes come through io_uring (--io-uring).
+            "io_uring_receivers": snap.ring_receivers,
+            "channels": ctx.shared.broker.channel_count(),
+            "frames_in": snap.frames_in,
+            "messages_in": snap.messages_in,
+            "messages_out": snap.messages_out,
+            "accepted": snap.accepted,
+            // How long this process's event loops take per turn: a slow turn is a
+            // late answer for every connection of its loop.
+            "loop_turns": {
+                "count": snap.turns.iter().sum::<u64>(),
+                "over_100ms": snap.turns[TURN_OVER_100MS..].iter().sum::<u64>(),
+                "over_1s": snap.turns[TURN_OVER_1S..].iter().sum::<u64>(),
+                "slowest_ms": snap.slowest_turn_ns as f64 / 1e6,
+            },
+            "uptime_seconds": uptime,
+            "broker": ctx.shared.broker.describe(),
+            "broker_healthy": ctx.shared.broker.healthy(),
+            // Which process answered (with --workers, each counts its own).
+            "pid": std::process::id(),
+        }),
+        0,
+    )
+}
+
+/// `GET /metrics`: every loop's counters summed, the broker's channel count and
+/// health, and the process figures, in the Prometheus text format. Nothing here
+/// looks at a connection.
+pub(super) fn prometheus(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
+    let shared = ctx.shared;
+    let scrape = metrics::Scrape {
+        snapshot: shared.stats.snapshot(),
+        channels: shared.broker.channel_count() as u64,
+        broker_up: shared.broker.healthy(),
+        uptime: shared.stats.started.elapsed(),
+        process: metrics::Process::read(),
+    };
+    let body = metrics::render(&scrape);
+    ok(req, ctx, out, metrics::CONTENT_TYPE, body.as_bytes(), 0)
+}

@@ -1,0 +1,194 @@
+//! What each request path does: the transports' endpoints (WebSocket, SSE,
+//! long-poll: [`subscribe`] opens them through the transport table), the HTTP API
+//! ([`api`]: publish, channel info, stats, Prometheus metrics), health, the browser
+//! pages, and the JSON errors for everything else.
+//!
+//! It owns the URL space and the API's access rules. It must not do socket I/O or
+//! hold connection state: it reads a parsed request (and its body, once complete)
+//! and either writes a whole response into `out` or says which transport to open;
+//! the event loop applies admission limits and does the writing.
+
+mod api;
+mod subscribe;
+
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+
+use super::shared::Shared;
+use crate::protocol::http::{self, Request};
+use crate::stats::TurnCounts;
+use crate::transport::Opening;
+use crate::transport::request::truncate;
+use crate::web;
+
+/// What the router decided.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A complete response is in `out`; close after sending it.
+    Responded,
+    /// Hand the connection to a transport (a WebSocket upgrade, an event stream, a
+    /// long-poll).
+    Open(Opening),
+    /// The request announced a body that has not fully arrived: read more.
+    NeedBody,
+    /// A complete response is in `out` and the connection stays open (HTTP/1.1
+    /// keep-alive); the request took the first `consumed` bytes of the input.
+    KeepAlive { consumed: usize },
+}
+
+/// What the router needs to know about the request's connection and the server.
+#[derive(Clone, Copy)]
+pub struct RouteContext<'a> {
+    pub shared: &'a Shared,
+    pub peer: IpAddr,
+    /// Bytes received after the request head (the body, possibly incomplete).
+    pub body: &'a [u8],
+    /// Length of the request head, so a kept-alive connection knows where the next
+    /// request starts.
+    pub head_len: usize,
+}
+
+impl RouteContext<'_> {
+    /// Whether a successful answer may keep the connection open: HTTP/1.1 without
+    /// `Connection: close`, and the server not draining.
+    fn keep_alive(&self, req: &Request<'_>) -> bool {
+        req.minor_version >= 1
+            && !req.header_has_token("connection", "close")
+            && !self.shared.shutdown.load(Ordering::Relaxed)
+    }
+}
+
+/// Routes one request; a refused transport request is counted in `counts`.
+pub fn route(
+    req: &Request<'_>,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
+    let path = req.path();
+    if path == "/" && !req.wants_upgrade() {
+        return page(req, path, ctx, out);
+    }
+    let endpoint = subscribe::endpoint(path);
+    if endpoint.is_some() && ctx.shared.shutdown.load(Ordering::Relaxed) {
+        // A draining server takes no new subscriber: 503 says "come back" (to
+        // another node, through a proxy) to browsers, throng.js and the bench.
+        http::write_error(
+            out,
+            503,
+            "draining: the server is shutting down",
+            &[("Retry-After", "1")],
+        );
+        return Outcome::Responded;
+    }
+    if let Some((endpoint, rest)) = endpoint {
+        return subscribe::open(req, endpoint, rest, ctx.shared, out, counts);
+    }
+    if web::is_page(path) {
+        return page(req, path, ctx, out);
+    }
+    if let Some(channel) = path.strip_prefix("/api/publish/") {
+        return api::publish(req, channel, ctx, out, counts);
+    }
+    if let Some(channel) = path.strip_prefix("/api/channels/") {
+        if only_get(req, out) {
+            return api::channel_info(req, channel, ctx, out);
+        }
+        return Outcome::Responded;
+    }
+    match path {
+        "/api/stats" => {
+            if only_get(req, out) {
+                return api::stats(req, ctx, out);
+            }
+        }
+        "/api/stats/history" => {
+            if only_get(req, out) {
+                return ok_json(req, ctx, out, &ctx.shared.feed.history_json(), 0);
+            }
+        }
+        "/metrics" => {
+            if only_get(req, out) {
+                return api::prometheus(req, ctx, out);
+            }
+        }
+        "/healthz" => {
+            if only_get(req, out) {
+                if ctx.shared.shutdown.load(Ordering::Relaxed) {
+                    http::write_error(out, 503, "draining: the server is shutting down", &[]);
+                } else if !ctx.shared.broker.healthy() {
+                    http::write_error(out, 503, "broker unreachable", &[]);
+                } else {
+                    return ok(req, ctx, out, "text/plain", b"ok", 0);
+                }
+            }
+        }
+        _ => {
+            let reason = format!("no route for {}", truncate(path, 200));
+            http::write_error(out, 404, &reason, &[]);
+        }
+    }
+    Outcome::Responded
+}
+
+/// `GET` of one of the browser pages (the dashboard, the chat room, throng.js).
+fn page(req: &Request<'_>, path: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
+    if !only_get(req, out) {
+        return Outcome::Responded;
+    }
+    match web::serve(path) {
+        Some(Ok(served)) => ok(req, ctx, out, served.content_type, &served.body, 0),
+        Some(Err(reason)) => {
+            http::write_error(out, 500, &reason, &[]);
+            Outcome::Responded
+        }
+        None => {
+            http::write_error(out, 404, "no such page", &[]);
+            Outcome::Responded
+        }
+    }
+}
+
+/// Answers 405 unless the method is GET; true when the caller should answer.
+pub(super) fn only_get(req: &Request<'_>, out: &mut Vec<u8>) -> bool {
+    if req.method == "GET" {
+        return true;
+    }
+    http::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
+    false
+}
+
+/// Writes a 200 answer, keeping the connection open when the client may send more.
+/// `body_len`: bytes of request body the request used.
+pub(super) fn ok(
+    req: &Request<'_>,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    content_type: &str,
+    body: &[u8],
+    body_len: usize,
+) -> Outcome {
+    let keep_alive = ctx.keep_alive(req);
+    http::write_response_conn(out, 200, content_type, &[], body, keep_alive);
+    if keep_alive {
+        Outcome::KeepAlive {
+            consumed: ctx.head_len + body_len,
+        }
+    } else {
+        Outcome::Responded
+    }
+}
+
+pub(super) fn ok_json(
+    req: &Request<'_>,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    value: &serde_json::Value,
+    body_len: usize,
+) -> Outcome {
+    let text = value.to_string();
+    ok(req, ctx, out, "application/json", text.as_bytes(), body_len)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,353 @@
+//! A loop's subscribers over real sockets: fan-out slices, long-poll answers,
+//! returning subscribers, token expiry and slow consumers.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use super::*;
+use crate::broker::{MemoryBroker, Outgoing, Resume};
+use crate::history::Limits;
+use crate::hub::Hub;
+use crate::protocol::DataKind;
+use crate::server::conn::Mode;
+use crate::transport::Handover;
+
+/// A WebSocket subscriber's session.
+fn websocket(sub: Subscription) -> Mode {
+    Mode::Open(Handover::WebSocket { accept: [b'a'; 28] }.session(Some(sub)))
+}
+
+fn text(payload: &str) -> Outgoing<'_> {
+    Outgoing {
+        payload: payload.as_bytes(),
+        kind: DataKind::Text,
+        from: None,
+    }
+}
+
+/// What the client end of a subscriber's socket has received so far.
+fn received(client: &mut TcpStream) -> Vec<u8> {
+    client
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut all = Vec::new();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = client.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        all.extend_from_slice(&buf[..n]);
+    }
+    all
+}
+
+/// A one-loop hub and a memory broker keeping `history_size` messages.
+fn broker(history_size: usize) -> (mio::Poll, Arc<Hub>, MemoryBroker) {
+    let poll = mio::Poll::new().unwrap();
+    let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+    let hub = Arc::new(Hub::new(vec![waker]));
+    let limits = Limits {
+        size: history_size,
+        ttl: Duration::from_secs(300),
+    };
+    let broker = MemoryBroker::new(Arc::clone(&hub), limits, Default::default());
+    (poll, hub, broker)
+}
+
+/// A real loopback connection: the server end in `conns`, the client end returned.
+fn connect(listener: &TcpListener, conns: &mut Slab<Conn>) -> (usize, TcpStream) {
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    server.set_nonblocking(true).unwrap();
+    let socket = mio::net::TcpStream::from_std(server);
+    (
+        conns.insert(Conn::new(socket, [127, 0, 0, 1].into(), 0)),
+        client,
+    )
+}
+
+/// Reads exactly `want.len()` bytes (waiting up to a second for them), then
+/// checks nothing more is there.
+fn assert_got(client: &mut TcpStream, want: &[u8], who: &str) {
+    client
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut got = vec![0u8; want.len()];
+    client
+        .read_exact(&mut got)
+        .unwrap_or_else(|e| panic!("{who}: {e}"));
+    assert_eq!(got, want, "{who}");
+    client.set_nonblocking(true).unwrap();
+    let mut more = [0u8; 64];
+    assert!(
+        matches!(client.read(&mut more), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "{who}: more than {want:?}"
+    );
+    client.set_nonblocking(false).unwrap();
+}
+
+fn ws_subscribe(
+    subscribers: &mut LocalSubscribers,
+    broker: &MemoryBroker,
+    conns: &mut Slab<Conn>,
+    key: usize,
+    channel: &str,
+    resume: Option<Resume>,
+) -> Option<Replay> {
+    let subscribe = Subscribe {
+        channel: channel.into(),
+        format: Format::WsRaw,
+        resume,
+        name: None,
+        expires: None,
+    };
+    let (sub, _, replay) = subscribers
+        .join(broker, &Namespaces::default(), key, &subscribe, key as u32)
+        .unwrap();
+    conns[key].mode = websocket(sub);
+    replay
+}
+
+#[test]
+fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
+    let (_poll, hub, broker) = broker(10);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    let n = FAN_OUT_SLICE + FAN_OUT_SLICE / 2;
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let (key, client) = connect(&listener, &mut conns);
+        ws_subscribe(&mut subscribers, &broker, &mut conns, key, "big", None);
+        clients.push((key, client));
+    }
+    broker.publish("big", text("m1")).unwrap();
+    broker.publish("big", text("m2")).unwrap();
+    let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    // One turn's share written (both messages in one write each), the rest left.
+    assert!(subscribers.has_pending());
+    assert_eq!(counts.delivered, 2 * FAN_OUT_SLICE as u64);
+    assert_eq!(
+        counts.latency.count(),
+        0,
+        "not every subscriber has them yet"
+    );
+
+    // Between turns: one not yet written to leaves (the last one takes its
+    // place in the channel's list), a newcomer joins, and one comes back with
+    // history (which gives it m1 and m2).
+    let (gone, _) = clients.remove(FAN_OUT_SLICE + 3);
+    subscribers.leave(&broker, gone, &mut conns);
+    conns.remove(gone);
+    let (newcomer, newcomer_client) = connect(&listener, &mut conns);
+    assert_eq!(
+        newcomer, gone,
+        "the slab hands the newcomer the key that left"
+    );
+    ws_subscribe(&mut subscribers, &broker, &mut conns, newcomer, "big", None);
+    let (back, back_client) = connect(&listener, &mut conns);
+    let replay = ws_subscribe(
+        &mut subscribers,
+        &broker,
+        &mut conns,
+        back,
+        "big",
+        Some(Resume {
+            since: 0,
+            epoch: None,
+        }),
+    );
+    let seqs: Vec<u64> = replay.unwrap().messages.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, vec![1, 2]);
+    // Published after they joined: everyone gets it, once the fan-out is done.
+    broker.publish("big", text("m3")).unwrap();
+    while subscribers.has_pending() || hub.inbox(0).has_work() {
+        subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+    for (key, client) in &mut clients {
+        assert_got(
+            client,
+            b"\x81\x02m1\x81\x02m2\x81\x02m3",
+            &format!("subscriber {key}"),
+        );
+    }
+    // The newcomer joined while m1 and m2 were being fanned out (under the key
+    // of the one that left): it starts at the next message, as a subscriber
+    // does; the one that came back got m1 and m2 from history only.
+    let mut newcomer_client = newcomer_client;
+    let mut back_client = back_client;
+    assert_got(&mut back_client, b"\x81\x02m3", "returning subscriber");
+    assert_got(&mut newcomer_client, b"\x81\x02m3", "newcomer");
+    assert_eq!(counts.delivered, 2 * (n as u64 - 1) + (n as u64 - 1) + 2);
+    assert_eq!(counts.latency.count(), 3);
+}
+
+#[test]
+fn a_long_poll_gets_one_answer_however_many_messages_wait() {
+    let (_poll, hub, broker) = broker(0);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let (key, mut client) = connect(&listener, &mut conns);
+    let mut subscribers = LocalSubscribers::new(0);
+    let subscribe = Subscribe {
+        channel: "p".into(),
+        format: Format::ALL.into_iter().find(|f| f.one_shot()).unwrap(),
+        resume: None,
+        name: None,
+        expires: None,
+    };
+    let (sub, _, _) = subscribers
+        .join(&broker, &Namespaces::default(), key, &subscribe, 1)
+        .unwrap();
+    let poll = Handover::Poll {
+        timeout: std::time::Duration::from_secs(30),
+    };
+    conns[key].mode = Mode::Open(poll.session(Some(sub)));
+    // More than one fan-out group's worth, all in one inbox batch.
+    for i in 0..(MAX_FRAMES_PER_WRITE + 10) {
+        broker.publish("p", text(&format!("m{i}"))).unwrap();
+    }
+    let mut counts = TurnCounts::default();
+    let mut follow = Vec::new();
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut follow);
+    assert_eq!(follow, vec![Follow::Answered(key)]);
+    let answer = String::from_utf8(received(&mut client)).unwrap();
+    assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 1, "{answer}");
+    assert!(
+        answer.contains(r#"{"messages":[{"seq":1,"data":"m0"}],"next":1,"#),
+        "{answer}"
+    );
+}
+
+#[test]
+fn a_returning_subscriber_gets_no_live_copy_of_what_history_gave_it() {
+    let (_poll, hub, broker) = broker(10);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    let mut clients = Vec::new();
+    for resume in [
+        None,
+        Some(Resume {
+            since: 0,
+            epoch: None,
+        }),
+    ] {
+        let (key, client) = connect(&listener, &mut conns);
+        let replay = ws_subscribe(&mut subscribers, &broker, &mut conns, key, "c", resume);
+        clients.push(client);
+        if resume.is_none() {
+            // Published while only the first subscriber counts: it waits in the
+            // inbox when the second one comes back and history hands it over.
+            broker.publish("c", text("one")).unwrap();
+        } else {
+            let seqs: Vec<u64> = replay.unwrap().messages.iter().map(|m| m.seq).collect();
+            assert_eq!(seqs, vec![1]);
+        }
+    }
+    let mut counts = TurnCounts::default();
+    let mut failed = Vec::new();
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    broker.publish("c", text("two")).unwrap();
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    assert!(failed.is_empty());
+    assert_eq!(received(&mut clients[0]), b"\x81\x03one\x81\x03two");
+    assert_eq!(received(&mut clients[1]), b"\x81\x03two");
+}
+
+#[test]
+fn tokens_expire_in_order_and_ended_subscriptions_are_forgotten() {
+    let (_poll, _hub, broker) = broker(0);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    let mut keys = Vec::new();
+    let mut clients = Vec::new();
+    for expires in [Some(30), None, Some(10), Some(20)] {
+        let (key, client) = connect(&listener, &mut conns);
+        let subscribe = Subscribe {
+            channel: "t".into(),
+            format: Format::WsRaw,
+            resume: None,
+            name: None,
+            expires,
+        };
+        let (sub, _, _) = subscribers
+            .join(&broker, &Namespaces::default(), key, &subscribe, key as u32)
+            .unwrap();
+        conns[key].mode = websocket(sub);
+        keys.push(key);
+        clients.push(client);
+    }
+    // The one expiring at 20 leaves first: it is not reported.
+    subscribers.leave(&broker, keys[3], &mut conns);
+    let mut expired = Vec::new();
+    subscribers.take_expired(9, &conns, &mut expired);
+    assert!(expired.is_empty());
+    subscribers.take_expired(25, &conns, &mut expired);
+    assert_eq!(expired, vec![keys[2]]);
+    expired.clear();
+    subscribers.take_expired(u64::MAX, &conns, &mut expired);
+    assert_eq!(expired, vec![keys[0]]);
+    assert!(!subscribers.has_expiring());
+}
+
+#[test]
+fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
+    let (_poll, hub, broker) = broker(10);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    // The client never reads.
+    let (key, _client) = connect(&listener, &mut conns);
+    let subscribe = Subscribe {
+        channel: "big".into(),
+        format: Format::WsRaw,
+        resume: Some(Resume {
+            since: 0,
+            epoch: None,
+        }),
+        name: None,
+        expires: None,
+    };
+    let (sub, _, _) = subscribers
+        .join(&broker, &Namespaces::default(), key, &subscribe, 1)
+        .unwrap();
+    let conn = &mut conns[key];
+    conn.mode = websocket(sub);
+    // A catch-up far larger than the queue limit and than the socket's buffers.
+    let max_queue = 4096;
+    let replay = vec![b'r'; 16 << 20];
+    conn.send_catch_up(&replay, replay.len(), &mut 0).unwrap();
+    assert!(conn.out.queued_bytes() > max_queue);
+    let (mut counts, mut follow) = (TurnCounts::default(), Vec::new());
+    broker.publish("big", text(&"a".repeat(3000))).unwrap();
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        max_queue,
+        &mut counts,
+        &mut follow,
+    );
+    assert_eq!(
+        follow,
+        vec![],
+        "live bytes within --max-queue on top of a replay"
+    );
+    broker.publish("big", text(&"b".repeat(3000))).unwrap();
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        max_queue,
+        &mut counts,
+        &mut follow,
+    );
+    assert_eq!(
+        follow,
+        vec![Follow::Slow(key)],
+        "live bytes past --max-queue"
+    );
+}
