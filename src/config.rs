@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::{ArgMatches, Args, Command, FromArgMatches};
 
+use crate::proxy::Network;
 use crate::rules::{NamespaceRules, Namespaces};
 
 /// Where to listen: one address, or one address per port of a range.
@@ -238,6 +239,17 @@ pub struct ServeArgs {
     )]
     pub allowed_origin: Vec<String>,
 
+    /// A reverse proxy (address or network, repeatable) whose X-Forwarded-For is
+    /// believed: the client's address from it is what the publish rule, per-IP limits
+    /// and logs use. Default: none, the header is ignored
+    #[arg(
+        long,
+        env = "THRONG_TRUSTED_PROXY",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
+    pub trusted_proxy: Vec<Network>,
+
     /// Text prepended to every echoed text message
     #[arg(
         long,
@@ -332,6 +344,9 @@ pub struct ServeConfig {
     pub token_secret: Option<String>,
     /// Origins whose browser pages may connect. Default: empty, any origin.
     pub allowed_origins: Vec<String>,
+    /// Peers whose `X-Forwarded-For` names the client (`--trusted-proxy`).
+    /// Default: none, every client is its socket's peer.
+    pub trusted_proxies: Vec<Network>,
     /// Prepended to every echoed text message. Default: empty.
     pub echo_prefix: String,
     /// On SIGTERM/SIGINT, how long clients get to receive their 1001 and go before
@@ -397,6 +412,7 @@ impl Default for ServeConfig {
             api_key: None,
             token_secret: None,
             allowed_origins: Vec::new(),
+            trusted_proxies: Vec::new(),
             echo_prefix: defaults::ECHO_PREFIX.to_string(),
             drain_timeout: builtin(parse_duration, defaults::DRAIN_TIMEOUT),
             stats_interval: builtin(parse_duration, defaults::STATS_INTERVAL),
@@ -498,6 +514,7 @@ impl ServeArgs {
                 .map(|o| o.trim_end_matches('/').to_string())
                 .filter(|o| !o.is_empty())
                 .collect(),
+            trusted_proxies: self.trusted_proxy,
             echo_prefix: self.echo_prefix,
             drain_timeout: self.drain_timeout,
             stats_interval: self.stats_interval,

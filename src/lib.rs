@@ -23,7 +23,8 @@
 //! - [`outbound`]: the one write path (writev, a queue of shared chunks only while
 //!   the socket is behind), used by the server and the load generator.
 //! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file;
-//!   [`auth`]: who may subscribe (JWT tokens, allowed origins).
+//!   [`auth`]: who may subscribe (JWT tokens, allowed origins); [`proxy`]: the
+//!   client's address behind a `--trusted-proxy`.
 //! - [`stats`]: per-loop counters and the seeds' stats block; [`metrics`]: the
 //!   same counters (and a few process figures) as Prometheus text for `/metrics`.
 //! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1
@@ -47,6 +48,7 @@ pub mod metrics;
 pub mod os;
 pub mod outbound;
 pub mod protocol;
+pub mod proxy;
 pub mod rules;
 pub mod server;
 pub mod stats;

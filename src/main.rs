@@ -227,6 +227,17 @@ fn serve(config: ServeConfig) -> Result<()> {
         }
         None => tracing::info!("subscriptions: no --token-secret set, anyone may subscribe"),
     }
+    if !config.trusted_proxies.is_empty() {
+        let proxies: Vec<String> = config
+            .trusted_proxies
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        tracing::info!(
+            "X-Forwarded-For believed from: {} (the client it names is who publishes and counts per IP)",
+            proxies.join(", ")
+        );
+    }
     if !config.allowed_origins.is_empty() {
         tracing::info!(
             "browser pages allowed from: {}",

@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use super::routes::{self, Outcome, RouteContext};
 use super::shared::Shared;
 use crate::protocol::http::{ParseError, parse_request, write_error};
+use crate::proxy;
 use crate::stats::{HandshakeFailure, TurnCounts};
 use crate::transport::Opening;
 
@@ -25,8 +26,13 @@ pub enum Next {
     /// The last answer is in the output; close after sending it.
     Close,
     /// Hand the connection to a transport; `leftover` are the bytes the client sent
-    /// after its request.
-    Open { opening: Opening, leftover: Vec<u8> },
+    /// after its request, `client` its address (behind a trusted proxy, the one
+    /// the proxy forwards for).
+    Open {
+        opening: Opening,
+        leftover: Vec<u8>,
+        client: IpAddr,
+    },
 }
 
 /// Serves every whole request in `pending` followed by `input`, appending the
@@ -69,9 +75,10 @@ pub fn serve(
                 return Next::Close;
             }
         };
+        let client = proxy::client_address(peer, &request, &shared.config.trusted_proxies);
         let ctx = RouteContext {
             shared,
-            peer,
+            peer: client,
             body: &rest[head_len..],
             head_len,
         };
@@ -92,6 +99,7 @@ pub fn serve(
                 return Next::Open {
                     opening,
                     leftover: rest[head_len..].to_vec(),
+                    client,
                 };
             }
         }

@@ -353,9 +353,11 @@ impl EventLoop {
                 self.send_out(key, After::Nothing);
             }
             Handled::Http(Next::Close) => self.send_out(key, After::Close),
-            Handled::Http(Next::Open { opening, leftover }) => {
-                self.open_session(key, opening, leftover)
-            }
+            Handled::Http(Next::Open {
+                opening,
+                leftover,
+                client,
+            }) => self.open_session(key, opening, leftover, client),
             Handled::Transport(after) => self.send_out(key, after),
         }
     }

@@ -4,6 +4,7 @@
 //! sent right behind its request. What each step writes is the transport's; this
 //! file only orders them and names no transport.
 
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 
 use super::EventLoop;
@@ -15,12 +16,20 @@ use crate::stats::{HandshakeFailure, LoopCounters};
 use crate::transport::{After, Opening, Subscribe};
 
 impl EventLoop {
-    /// Opens `opening` on connection `key`. `buf.out` may already hold answers to
-    /// pipelined requests.
-    pub(super) fn open_session(&mut self, key: usize, opening: Opening, mut leftover: Vec<u8>) {
+    /// Opens `opening` on connection `key` for `client` (its peer, or whom a
+    /// trusted proxy forwards for: per-IP admission counts that address). `buf.out`
+    /// may already hold answers to pipelined requests.
+    pub(super) fn open_session(
+        &mut self,
+        key: usize,
+        opening: Opening,
+        mut leftover: Vec<u8>,
+        client: IpAddr,
+    ) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        conn.peer = client;
         if let Err(refusal) = self.shared.admission.try_admit(conn.peer) {
             self.tally.turn.handshake_failed(if refusal.status == 429 {
                 HandshakeFailure::MaxConnsPerIp
