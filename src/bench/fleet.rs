@@ -4,7 +4,7 @@
 //! (or command word) per line.
 //!
 //! It owns threads, child processes and that line protocol. It must not decide
-//! the run's timeline or format reports: the driver in `mod.rs` moves phases
+//! the run's timeline or format reports: the driver (`driver.rs`) moves phases
 //! through the [`Fleet`] trait and reads counters and results from it.
 
 use std::io::{BufRead, BufReader, Write};

@@ -1,0 +1,123 @@
+//! Unit tests of `throng bench`'s flags, their validation, children's arguments
+//! and the status line.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::driver::status_line;
+use super::report::Counters;
+use super::setup::split_conns;
+use super::*;
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+    Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
+}
+
+#[test]
+fn status_lines_show_the_interval_average_latency() {
+    let last = Counters {
+        latency_samples: 10,
+        latency_us_sum: 10_000,
+        ..Counters::default()
+    };
+    let now = Counters {
+        messages_in: 30,
+        latency_samples: 30,
+        latency_us_sum: 70_000,
+        ..Counters::default()
+    };
+    let line = status_line(&now, &last, (12, 2), 1.0, 5.0);
+    assert!(line.contains("latency avg 3.000 ms"), "{line}");
+    assert!(line.contains("sent 12 (10/s)"), "{line}");
+    assert!(!status_line(&last, &last, (0, 0), 1.0, 5.0).contains("latency"));
+}
+
+#[test]
+fn defaults_and_flags() {
+    let a = parse(&["echo"]).unwrap();
+    assert_eq!(a.mode, Mode::Echo);
+    assert_eq!(a.conns, 100);
+    assert_eq!(a.size(), 32);
+    assert_eq!(a.duration, Duration::from_secs(10));
+    let a = parse(&[
+        "chat",
+        "--url",
+        "ws://h:9/x",
+        "--ports",
+        "9000-9003",
+        "--size",
+        "2KiB",
+        "--source-ips",
+        "127.0.0.2-127.0.0.4,10.0.0.1",
+        "--senders",
+        "0.5",
+    ])
+    .unwrap();
+    assert_eq!(a.size(), 2048);
+    assert_eq!(a.ports, Some(PortRange(9000, 9003)));
+    assert_eq!(a.source_ips.as_ref().map(|s| s.0.len()), Some(4));
+    assert_eq!(parse(&["chat"]).unwrap().size(), 1024);
+}
+
+#[test]
+fn bad_flags_are_errors_not_panics() {
+    assert!(parse(&["flood"]).is_err());
+    assert!(parse(&["echo", "--ports", "9-3"]).is_err());
+    assert!(parse(&["echo", "--ports", "x"]).is_err());
+    assert!(parse(&["echo", "--duration", "ten"]).is_err());
+    assert!(parse(&["echo", "--source-ips", "127.0.0.9-127.0.0.1"]).is_err());
+    assert!(parse(&["echo", "--source-ips", "nope"]).is_err());
+    let bad =
+        |args: &[&str]| matches!(parse(args).unwrap().validate(), Err(BenchError::BadArgs(_)));
+    assert!(bad(&["echo", "--conns", "0"]));
+    assert!(bad(&["echo", "--url", "http://x"]));
+    assert!(bad(&["echo", "--url", "wss://x"]));
+    assert!(bad(&["echo", "--rate=-1"]));
+    assert!(bad(&["echo", "--conns", "2", "--procs", "3"]));
+    assert!(bad(&["chat", "--senders", "1.5"]));
+    assert!(bad(&["push", "--publish-rate", "0"]));
+    assert!(bad(&["echo", "--conns", "100000000"]));
+    assert!(parse(&["echo"]).unwrap().validate().is_ok());
+}
+
+#[test]
+fn urls() {
+    let u = WsUrl::parse("ws://127.0.0.1:9000/echo?x=1").unwrap();
+    assert_eq!(
+        (u.host.as_str(), u.port, u.path.as_str()),
+        ("127.0.0.1", 9000, "/echo?x=1")
+    );
+    let u = WsUrl::parse("ws://example.com").unwrap();
+    assert_eq!(
+        (u.port, u.path.as_str(), u.authority.as_str()),
+        (80, "/", "example.com")
+    );
+    let u = WsUrl::parse("ws://h:1?q").unwrap();
+    assert_eq!(u.path, "/?q");
+    assert!(WsUrl::parse("ws://h:99999/").is_err());
+}
+
+#[test]
+fn procs_split_connections_and_children_get_their_share() {
+    assert_eq!(split_conns(10, 3), vec![(0, 4), (4, 3), (7, 3)]);
+    let a = parse(&["push", "--conns", "10", "--procs", "2", "--rate", "100"]).unwrap();
+    let args = a.child_args(1, 5, 5, None);
+    let child = parse(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    assert_eq!(child.child_index, Some(1));
+    assert_eq!(child.conn_offset, 5);
+    assert_eq!(child.conns, 5);
+    assert_eq!(child.rate, 50.0);
+    assert_eq!(child.size(), 64);
+    assert!(child.json);
+    let u = WsUrl::parse(&child.url).unwrap();
+    let plan = child.plan(&u).unwrap();
+    assert_eq!(plan.rate, 50.0);
+    assert_eq!(plan.path, "/ws/{channel}?format=json");
+}
