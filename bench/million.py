@@ -281,7 +281,7 @@ def main() -> int:
     ap.add_argument("--server", choices=["throng", "nchan"], default="throng",
                     help="the server under load (nchan: Nchan in nginx, the same load and bench)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
-    ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again and redraw its chart")
+    ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again (into FILE.derived.json, the run's file untouched) and redraw its chart")
     args = ap.parse_args()
     if args.summarize:
         return resummarize(Path(args.summarize))
@@ -588,13 +588,14 @@ def print_rows(name: str, rows: list[tuple[str, str]]) -> None:
 
 
 def resummarize(path: Path) -> int:
-    """Prints the summary of a saved run again (and redraws its chart)."""
-    doc = json.loads(path.read_text())
-    summary, rows = summarize(doc)
-    doc["summary"] = summary
-    path.write_text(json.dumps(doc, indent=1))
-    path.with_suffix(".svg").write_text(chart(doc))
+    """Prints the summary of a saved run again and redraws its chart. The run's own
+    file is never rewritten: the recomputed summary goes to STAMP.derived.json
+    (bench/derive_million.py)."""
+    import derive_million
+    target, rows = derive_million.derive(path)
+    path.with_suffix(".svg").write_text(chart(json.loads(path.read_text())))
     print_rows(path.stem, rows)
+    print(f"wrote {target}")
     return 0
 
 
