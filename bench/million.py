@@ -17,6 +17,11 @@ sockets in use, TCP memory pages). It writes, in --out:
   million-STAMP.csv    the samples
   million-STAMP.svg    a chart: connections, server RSS and kernel slab over the run
   million-STAMP.html   the bench's own HTML report (latency, timeline, failures)
+  million-STAMP-serve.log  the server's log (and -error.log: nginx's, with --server nchan)
+
+Only the JSON (and a Markdown write-up, if any) is kept in git: the rest is
+git-ignored. The CSV and SVG are drawn from the JSON again by `--summarize FILE.json`;
+the HTML report and the logs exist only where the run ran.
 
 and prints the summary as a Markdown table (docs/SCALE.md).
 
@@ -281,7 +286,7 @@ def main() -> int:
     ap.add_argument("--server", choices=["throng", "nchan"], default="throng",
                     help="the server under load (nchan: Nchan in nginx, the same load and bench)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
-    ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again and redraw its chart")
+    ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again (into FILE.derived.json, the run's file untouched) and write its CSV and chart again")
     args = ap.parse_args()
     if args.summarize:
         return resummarize(Path(args.summarize))
@@ -413,14 +418,21 @@ def main() -> int:
     summary, rows = summarize(doc)
     doc["summary"] = summary
     (out_dir / f"million-{stamp}.json").write_text(json.dumps(doc, indent=1))
-    with open(out_dir / f"million-{stamp}.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(doc["samples"][0].keys()))
-        wr.writeheader()
-        wr.writerows(doc["samples"])
-    (out_dir / f"million-{stamp}.svg").write_text(chart(doc))
+    write_copies(doc, out_dir / f"million-{stamp}.json")
     print_rows(f"million-{stamp}", rows)
     # The bench's own verdict: failed or dropped connections, lost messages, failed publishes.
     return 0 if bench_status == 0 else 1
+
+
+def write_copies(doc: dict, path: Path) -> None:
+    """The run's samples as CSV and its chart as SVG, beside its JSON. Both are drawn
+    from the JSON alone (so they are git-ignored, not kept): `--summarize FILE.json`
+    writes them again."""
+    with open(path.with_suffix(".csv"), "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(doc["samples"][0].keys()))
+        wr.writeheader()
+        wr.writerows(doc["samples"])
+    path.with_suffix(".svg").write_text(chart(doc))
 
 
 def chart(doc: dict) -> str:
@@ -588,13 +600,14 @@ def print_rows(name: str, rows: list[tuple[str, str]]) -> None:
 
 
 def resummarize(path: Path) -> int:
-    """Prints the summary of a saved run again (and redraws its chart)."""
-    doc = json.loads(path.read_text())
-    summary, rows = summarize(doc)
-    doc["summary"] = summary
-    path.write_text(json.dumps(doc, indent=1))
-    path.with_suffix(".svg").write_text(chart(doc))
+    """Prints the summary of a saved run again and writes its CSV and chart again. The
+    run's own file is never rewritten: the recomputed summary goes to
+    STAMP.derived.json (bench/derive_million.py)."""
+    import derive_million
+    target, rows = derive_million.derive(path)
+    write_copies(json.loads(path.read_text()), path)
     print_rows(path.stem, rows)
+    print(f"wrote {target}")
     return 0
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs the cargo-fuzz (libFuzzer) targets in fuzz/ for a short while each, over
-# their kept corpora (fuzz/corpus/TARGET), and fails on the first crash or broken
-# invariant. Installs the nightly toolchain and cargo-fuzz when they are missing.
+# Runs the cargo-fuzz (libFuzzer) targets in fuzz/ for a short while each and fails
+# on the first crash or broken invariant. Each target fuzzes a working corpus,
+# $FUZZ_CORPUS_DIR/TARGET (default target/fuzz-corpus/TARGET, git-ignored), which
+# starts as a copy of the seeds kept in git (fuzz/corpus/TARGET, a few dozen small
+# inputs each) and keeps every input a run finds, so it grows where it runs. Installs the nightly toolchain and cargo-fuzz when they are missing.
 # See docs/RELIABILITY.md for what each target checks and for the long runs.
 #
 # Usage: scripts/fuzz.sh [--seconds N] [TARGET...]
@@ -9,7 +11,7 @@
 #   TARGET        frame_decoder, http_request, names_and_queries, jwt (default: all)
 #
 # Builds in $CARGO_TARGET_DIR (default target/fuzz). New inputs found during the
-# run go to a temporary directory, not into fuzz/corpus; a crashing input is kept
+# run go to the working corpus, never into fuzz/corpus; a crashing input is kept
 # in fuzz/artifacts/TARGET/ (not committed) and its path printed.
 set -euo pipefail
 
@@ -76,6 +78,7 @@ fi
 echo "$(rustup run nightly rustc --version), $(cargo fuzz --version)"
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target/fuzz}
+CORPUS_DIR=${FUZZ_CORPUS_DIR:-$ROOT/target/fuzz-corpus}
 
 step "build fuzz targets (${TARGETS[*]})"
 for t in "${TARGETS[@]}"; do
@@ -87,11 +90,14 @@ trap 'rm -rf "$WORK"' EXIT
 failed=()
 for t in "${TARGETS[@]}"; do
     step "fuzz $t for ${SECONDS_EACH}s"
-    mkdir -p "$WORK/$t" "fuzz/corpus/$t" "fuzz/artifacts/$t"
+    mkdir -p "$CORPUS_DIR/$t" "fuzz/artifacts/$t"
+    # The seeds join the working corpus (one already grown keeps what it found).
+    [[ -d fuzz/corpus/$t ]] && cp -Rn "fuzz/corpus/$t/." "$CORPUS_DIR/$t/"
+    echo "corpus $CORPUS_DIR/$t: $(find "$CORPUS_DIR/$t" -type f | wc -l) inputs"
     args=(-max_total_time="$SECONDS_EACH" -timeout=10 -print_final_stats=1)
     [[ -f fuzz/dict/$t.dict ]] && args+=(-dict="$ROOT/fuzz/dict/$t.dict")
-    # The first corpus directory receives new inputs; the kept one is only read.
-    if cargo +nightly fuzz run --fuzz-dir "$ROOT/fuzz" -O "$t" "$WORK/$t" "fuzz/corpus/$t" -- \
+    # libFuzzer adds the new inputs it finds to the (first) corpus directory given.
+    if cargo +nightly fuzz run --fuzz-dir "$ROOT/fuzz" -O "$t" "$CORPUS_DIR/$t" -- \
         "${args[@]}" >"$WORK/$t.log" 2>&1; then
         grep -E '^(Done |stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb))' \
             "$WORK/$t.log" || tail -n 5 "$WORK/$t.log"

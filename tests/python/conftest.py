@@ -55,6 +55,26 @@ def free_port_range(n: int, attempts: int = 200) -> int:
     raise RuntimeError(f"could not find {n} consecutive free ports")
 
 
+def can_bind(addr: str) -> bool:
+    """Whether a socket can be bound to this local address (e.g. 127.0.0.2 as a
+    client's source address; some sandboxes only have 127.0.0.1)."""
+    try:
+        with socket.socket() as s:
+            s.bind((addr, 0))
+        return True
+    except OSError:
+        return False
+
+
+def vm_rss_kb(pid: int) -> int:
+    """A process's resident set size in KiB, from /proc/PID/status."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
+
+
 def tcp_connectable(port: int, host: str = "127.0.0.1") -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):

@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from conftest import can_bind, vm_rss_kb
 from rawws import (
     OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT, Closed, RawConn, encode_frame,
     http_request, parse_close, publish_ok, upgrade_request, wait_subscribers,
@@ -31,16 +32,7 @@ from rawws import ws_connect as raw_connect
 SOURCES = [f"127.0.0.{i}" for i in range(2, 255)]
 
 
-def _can_bind(addr: str) -> bool:
-    try:
-        with socket.socket() as s:
-            s.bind((addr, 0))
-        return True
-    except OSError:
-        return False
-
-
-needs_sources = pytest.mark.skipif(not _can_bind("127.0.0.2"), reason="127.0.0.2 not usable as a source address")
+needs_sources = pytest.mark.skipif(not can_bind("127.0.0.2"), reason="127.0.0.2 not usable as a source address")
 
 
 def source_socket(i: int, timeout: float = 5.0) -> socket.socket:
@@ -52,14 +44,6 @@ def source_socket(i: int, timeout: float = 5.0) -> socket.socket:
 
 
 # ---------------------------------------------------------------- looking at the server
-
-
-def vm_rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
 
 
 def fd_count(pid: int) -> int:

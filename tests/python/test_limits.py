@@ -12,6 +12,7 @@ import warnings
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from conftest import can_bind
 from rawws import OP_BINARY, OP_CONT, OP_TEXT, Closed, encode_frame, http_exchange, ws_connect as raw_connect
 from wsutil import expect_closed, received_close_code, run, ws_connect
 
@@ -182,16 +183,7 @@ def test_max_conns_per_ip_rejects_third_with_429(start_server):
     run(main())
 
 
-def _can_bind(addr):
-    try:
-        with socket.socket() as s:
-            s.bind((addr, 0))
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _can_bind("127.0.0.2"), reason="127.0.0.2 not usable as a source address")
+@pytest.mark.skipif(not can_bind("127.0.0.2"), reason="127.0.0.2 not usable as a source address")
 def test_max_conns_per_ip_counts_each_ip_separately(start_server):
     srv = start_server("--max-conns-per-ip", "1")
 

@@ -5,23 +5,12 @@ and GET /api/stats."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
+from conftest import can_bind
 from rawws import assert_json_error, channel_info, http_exchange, http_request, publish, publish_ok, settled, wait_subscribers
 from wsutil import expect_silence, run, ws_connect
-
-
-
-
-def _can_bind(addr):
-    try:
-        with socket.socket() as s:
-            s.bind((addr, 0))
-        return True
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------- API key
@@ -69,7 +58,7 @@ def test_no_api_key_loopback_allowed(start_server):
     assert publish_ok(srv.port, "open", "with header", api_key="whatever") == 2
 
 
-@pytest.mark.skipif(not _can_bind("127.0.0.2"), reason="127.0.0.2 not usable as a source address")
+@pytest.mark.skipif(not can_bind("127.0.0.2"), reason="127.0.0.2 not usable as a source address")
 def test_no_api_key_any_127_address_is_loopback(start_server):
     srv = start_server()
     resp = http_request(

@@ -15,34 +15,33 @@ from wsutil import expect_closed, received_close_code, run, ws_connect
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_closes_all_clients_with_1001_and_exits_0(start_server, sig):
-    srv = start_server("--drain-timeout", "5s")
+    # A drain timeout far beyond the wait below: an exit within the wait can only be
+    # the server seeing every client gone, not the timeout running out.
+    srv = start_server("--drain-timeout", "120s")
 
     async def main():
         clients = [await ws_connect(srv.url()) for _ in range(6)]
         for i, ws in enumerate(clients):
             await ws.send(f"hello {i}")
             assert await ws.recv() == f"hello {i}"
-        t0 = time.monotonic()
         srv.signal(sig)
-        excs = await asyncio.gather(*(expect_closed(ws, timeout=8) for ws in clients))
+        excs = await asyncio.gather(*(expect_closed(ws, timeout=30) for ws in clients))
         codes = [received_close_code(e) for e in excs]
         assert codes == [1001] * len(clients), f"close codes seen by clients: {codes}"
-        rc = await asyncio.get_running_loop().run_in_executor(None, srv.wait, 10)
-        elapsed = time.monotonic() - t0
-        assert rc is not None, "server did not exit within 10s of the signal (drain timeout 5s)"
+        rc = await asyncio.get_running_loop().run_in_executor(None, srv.wait, 60)
+        assert rc is not None, "server still running 60s after the signal, every client gone (drain timeout 120s)"
         assert rc == 0, f"exit code {rc}"
-        assert elapsed < 8, f"exit took {elapsed:.1f}s with --drain-timeout 5s"
 
     run(main())
 
 
 def test_shutdown_with_no_clients_exits_0_quickly(start_server):
-    srv = start_server("--drain-timeout", "5s")
-    t0 = time.monotonic()
+    # Exiting within the wait, far shorter than the drain timeout, is what shows the
+    # idle server did not wait for it (however slow the machine, short of a minute).
+    srv = start_server("--drain-timeout", "120s")
     srv.signal(signal.SIGTERM)
-    rc = srv.wait(8)
-    assert rc == 0, f"exit code {rc} (None = still running after 8s)"
-    assert time.monotonic() - t0 < 4, "idle server should not wait for the drain timeout"
+    rc = srv.wait(60)
+    assert rc == 0, f"exit code {rc} (None = still running 60s after SIGTERM: waiting for the 120s drain timeout?)"
 
 
 def test_unresponsive_client_does_not_block_exit_past_drain_timeout(start_server):
@@ -53,13 +52,12 @@ def test_unresponsive_client_does_not_block_exit_past_drain_timeout(start_server
     try:
         c.send_frame(OP_TEXT, b"x")  # make it a real, active connection; never read again
         time.sleep(0.2)
-        t0 = time.monotonic()
         srv.signal(signal.SIGTERM)
-        rc = srv.wait(10)
-        elapsed = time.monotonic() - t0
-        assert rc is not None, "server still running 10s after SIGTERM with --drain-timeout 2s"
+        # The client never answers the close, so only the drain timeout can end the
+        # drain: an exit at all shows it does (the deadline is generous, not a timing).
+        rc = srv.wait(60)
+        assert rc is not None, "server still running 60s after SIGTERM with --drain-timeout 2s"
         assert rc == 0, f"exit code {rc}"
-        assert elapsed < 6, f"exit took {elapsed:.1f}s with --drain-timeout 2s"
     finally:
         c.close()
 
@@ -189,13 +187,13 @@ def test_a_new_subscriber_during_the_drain_gets_503(start_server, path):
 
 def test_an_idle_kept_alive_connection_is_closed_after_the_grace(start_server):
     """An idle pooled connection does not hold the drain up to --drain-timeout."""
-    srv = start_server("--drain-timeout", "20s")
+    # A drain timeout far beyond the waits below: the server closing the connection
+    # and exiting within them is the grace at work, not the timeout.
+    srv = start_server("--drain-timeout", "120s")
     sock = kept_alive(srv.port)
     try:
-        t0 = time.monotonic()
         srv.signal(signal.SIGTERM)
-        assert read_http_answer(sock, timeout=10) == b""
-        assert srv.wait(10) == 0
-        assert time.monotonic() - t0 < 10, "the idle connection held the drain"
+        assert read_http_answer(sock, timeout=60) == b"", "the idle connection was not closed"
+        assert srv.wait(60) == 0, "the idle connection held the drain (timeout 120s)"
     finally:
         sock.close()

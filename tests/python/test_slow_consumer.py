@@ -13,6 +13,7 @@ import socket
 import time
 import warnings
 
+from conftest import vm_rss_kb
 from rawws import (
     OP_CLOSE, OP_PING, OP_TEXT, Closed, channel_info, http_request, parse_close, publish_ok, wait_subscribers,
 )
@@ -26,14 +27,6 @@ RSS_LIMIT_KB = 100 * 1024
 # of the two reading subscribers, so they stay far below --max-queue whatever the
 # speed of this Python process: only the stalled subscriber may overflow.
 WINDOW = 10
-
-
-def vm_rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
 
 
 def payload(i: int) -> str:

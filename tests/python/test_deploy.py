@@ -1,0 +1,165 @@
+"""The files in deploy/ work as written.
+
+- deploy/Dockerfile: its build stage compiles from exactly what its COPY lines bring
+  in. No container runtime is needed: the COPY instructions of the build stage are
+  read, exactly those paths are copied into an empty folder laid out as the
+  stage's filesystem, and `cargo check --release --locked` runs there (the stage runs
+  `cargo build --release --locked`; a check expands every include_str! and resolves
+  every dependency from Cargo.lock, which is what a missing file would break). Its
+  target directory is target/deploy-check, kept between runs so a rerun is
+  incremental.
+- deploy/throng.service: every unit named in After= is also in Wants= or Requires=
+  (After= alone only orders; it does not start the unit).
+- deploy/nginx.conf: every proxied location passes the client's address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DEPLOY = REPO / "deploy"
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """A Dockerfile's instructions as (KEYWORD, arguments), continuations joined."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        keyword, _, args = line.partition(" ")
+        out.append((keyword.upper(), args.strip()))
+    return out
+
+
+def build_stage(path: Path) -> tuple[str, list[tuple[str, str]]]:
+    """The stage the final image copies its binary from: (name, instructions)."""
+    stages: list[tuple[str, list[tuple[str, str]]]] = []
+    for keyword, args in instructions(path):
+        if keyword == "FROM":
+            words = args.split()
+            name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else str(len(stages))
+            stages.append((name, []))
+        elif stages:
+            stages[-1][1].append((keyword, args))
+    froms = {m.group(1) for _, body in stages for kw, a in body if kw == "COPY"
+             for m in [re.search(r"--from=(\S+)", a)] if m}
+    built = [s for s in stages if s[0] in froms]
+    assert len(built) == 1, f"expected one stage the image copies from, found {[s[0] for s in built]}"
+    return built[0]
+
+
+def copy_args(args: str) -> tuple[list[str], str]:
+    """A COPY's sources and destination (shell or JSON form, flags dropped)."""
+    words = json.loads(args) if args.startswith("[") else shlex.split(args)
+    while words and words[0].startswith("--"):
+        assert not words[0].startswith("--from"), "a COPY --from in the build stage"
+        words = words[1:]
+    assert len(words) >= 2, f"COPY {args}"
+    return words[:-1], words[-1]
+
+
+def stage_into(stage: list[tuple[str, str]], root: Path) -> Path:
+    """Lays out the build stage's COPYs under root (root = the stage's '/'), from the
+    repository as the build context. Returns the directory RUN commands run in."""
+    workdir = PurePosixPath("/")
+    for keyword, args in stage:
+        if keyword == "WORKDIR":
+            workdir = workdir / args
+        elif keyword == "COPY":
+            sources, dest = copy_args(args)
+            target = workdir / dest
+            for src in sources:
+                origin = REPO / src
+                assert origin.exists(), f"COPY {src}: not in the build context"
+                into = root / target.relative_to("/")
+                if origin.is_dir():
+                    # COPY dir dest: the directory's contents go into dest.
+                    shutil.copytree(origin, into, dirs_exist_ok=True)
+                else:
+                    if dest.endswith("/") or len(sources) > 1:
+                        into = into / origin.name
+                    into.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(origin, into)
+    return root / workdir.relative_to("/")
+
+
+def test_the_dockerfile_build_stage_has_every_file_the_build_reads():
+    name, stage = build_stage(DEPLOY / "Dockerfile")
+    runs = [a for kw, a in stage if kw == "RUN"]
+    assert any("cargo build --release --locked" in r for r in runs), runs
+    # Every file the source embeds must come in with a COPY (checked directly too,
+    # so a missing one is named even before the compiler says so).
+    embedded = set()
+    for rs in (REPO / "src").rglob("*.rs"):
+        for m in re.finditer(r'include_(?:str|bytes)!\(\s*"([^"]+)"\s*\)', rs.read_text()):
+            embedded.add(os.path.normpath(rs.parent / m.group(1)))
+    assert embedded, "no include_str!/include_bytes! found in src/"
+
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo/bin/cargo")
+    if not Path(cargo).exists():
+        pytest.skip("cargo is not installed")
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="throng-docker-") as tmp:
+        root = Path(tmp)
+        workdir = stage_into(stage, root)
+        for path in sorted(embedded):
+            rel = Path(path).relative_to(REPO)
+            assert (workdir / rel).is_file(), f"{rel} is embedded by src/ but not copied by deploy/Dockerfile"
+        env = dict(os.environ, CARGO_TARGET_DIR=str(REPO / "target" / "deploy-check"))
+        env.pop("RUSTFLAGS", None)
+        proc = subprocess.run([cargo, "check", "--release", "--locked"], cwd=workdir, env=env,
+                              capture_output=True, text=True, timeout=3600)
+        assert proc.returncode == 0, f"cargo check in the build stage's files failed:\n{proc.stderr[-4000:]}"
+
+
+def unit_sections(path: Path) -> dict[str, dict[str, list[str]]]:
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key.strip(), []).extend(value.split())
+    return sections
+
+
+@pytest.mark.parametrize("unit", sorted(p.name for p in DEPLOY.glob("*.service")))
+def test_every_unit_the_service_starts_after_is_also_wanted(unit):
+    sections = unit_sections(DEPLOY / unit)
+    u = sections.get("Unit", {})
+    after = set(u.get("After", []))
+    pulled = set(u.get("Wants", [])) | set(u.get("Requires", []))
+    assert after, f"{unit} names no After="
+    missing = sorted(after - pulled)
+    assert not missing, f"{unit}: After= names {missing} without Wants=/Requires=: ordering alone does not start them"
+
+
+def test_every_proxied_nginx_location_passes_the_clients_address():
+    text = (DEPLOY / "nginx.conf").read_text()
+    text = re.sub(r"#[^\n]*", "", text)
+    locations = re.findall(r"location\s+(\S+)\s*\{([^}]*)\}", text)
+    proxied = [(where, body) for where, body in locations if "proxy_pass" in body]
+    assert proxied, "no proxied location in deploy/nginx.conf"
+    for where, body in proxied:
+        assert re.search(r"proxy_set_header\s+X-Forwarded-For\s+\$proxy_add_x_forwarded_for\s*;", body), \
+            f"location {where}: no X-Forwarded-For"
