@@ -286,7 +286,7 @@ def main() -> int:
     ap.add_argument("--server", choices=["throng", "nchan"], default="throng",
                     help="the server under load (nchan: Nchan in nginx, the same load and bench)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
-    ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again (into FILE.derived.json, the run's file untouched) and write its CSV and chart again")
+    ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again (the run's file untouched; bench/derive_million.py keeps it) and write its CSV and chart again")
     args = ap.parse_args()
     if args.summarize:
         return resummarize(Path(args.summarize))
@@ -600,14 +600,14 @@ def print_rows(name: str, rows: list[tuple[str, str]]) -> None:
 
 
 def resummarize(path: Path) -> int:
-    """Prints the summary of a saved run again and writes its CSV and chart again. The
-    run's own file is never rewritten: the recomputed summary goes to
-    STAMP.derived.json (bench/derive_million.py)."""
-    import derive_million
-    target, rows = derive_million.derive(path)
-    write_copies(json.loads(path.read_text()), path)
+    """Prints the summary of a saved run again, as this script computes it today,
+    and writes its CSV and chart again. The run's own file is never rewritten;
+    bench/derive_million.py keeps such a summary in STAMP.derived.json."""
+    doc = json.loads(path.read_text())
+    _, rows = summarize(doc)
+    write_copies(doc, path)
     print_rows(path.stem, rows)
-    print(f"wrote {target}")
+    print(f"to keep this summary beside the run: python3 bench/derive_million.py {path}")
     return 0
 
 

@@ -6,19 +6,9 @@
 //! change any limit for good: open-files limits belong to each process, and files
 //! under `/etc` are printed by `render`, never written.
 
-use serde::Serialize;
-
-use super::plan::{Item, Report, Verdict};
+use super::plan::{Item, Outcome, Report, Verdict};
 use super::system::{Machine, NOFILE_HARD, System, join, proc_path};
 use crate::os::{FileLimit, thousands};
-
-/// What `--apply` did about one setting that was too low.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Outcome {
-    pub name: &'static str,
-    pub applied: bool,
-    pub detail: String,
-}
 
 /// Writes each sysctl that is too low, reads it back, and says what it could not do.
 /// Open-files limits are not changed: they belong to each process.

@@ -29,7 +29,8 @@ mod tests;
 
 use std::io;
 
-pub use apply::{Outcome, apply};
+pub use apply::apply;
+pub use plan::Outcome;
 pub use plan::{
     Fixes, IO_URING_BYTES_PER_CONN, Item, KERNEL_BYTES_PER_SOCKET, Memory, Plan, Ports, Report,
     TCP_PAGES_PER_BUSY_SOCKET, Transport, Verdict, Want, check,

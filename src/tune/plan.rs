@@ -9,7 +9,6 @@
 
 use serde::{Serialize, Serializer};
 
-use super::apply::Outcome;
 use super::system::{Machine, NOFILE_HARD, NOFILE_SOFT, PORT_RANGE, SYN_BACKLOG, TCP_MEM};
 use crate::os::{self, FileLimit};
 use crate::server::LISTEN_BACKLOG;
@@ -201,6 +200,14 @@ pub struct Fixes {
     pub systemd: Option<String>,
     /// In a root shell, before starting `serve` or `bench` from it.
     pub shell: Option<String>,
+}
+
+/// What `--apply` did about one setting that was too low.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    pub name: &'static str,
+    pub applied: bool,
+    pub detail: String,
 }
 
 /// Everything `throng tune` says.
