@@ -11,7 +11,8 @@
 //! - `publish`: push mode's HTTP publisher;
 //! - [`report`]: counters, seq tracking, histogram merging, the timeline, the
 //!   printed report;
-//! - [`html`]: the report as one self-contained HTML page (`--report FILE.html`).
+//! - [`html`] (in `report/`): the report as one self-contained HTML page
+//!   (`--report FILE.html`).
 //!
 //! It must not touch the server's code or state; it talks to servers only over
 //! the network, so it works against throng and any other WebSocket server.
@@ -19,9 +20,10 @@
 pub mod client;
 mod comet;
 mod fleet;
-pub mod html;
 mod publish;
 pub mod report;
+
+pub use report::html;
 
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 use std::path::{Path, PathBuf};

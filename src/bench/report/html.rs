@@ -12,7 +12,7 @@
 
 use std::fmt::{self, Display, Write as _};
 
-use super::report::{Machine, Phase, Report, TimelineSample};
+use super::{Machine, Phase, Report, TimelineSample};
 use crate::os::thousands;
 
 /// Everything one page shows.
