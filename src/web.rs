@@ -6,6 +6,9 @@
 //! from `DIR` on every request instead, to edit a page and reload it without a
 //! rebuild. This module only maps a path to a file; it must not know about
 //! connections, routing or the data the pages show (they fetch it themselves).
+//!
+//! `web/report.html` and `web/report.css` are not served: they are the skeleton
+//! and stylesheet of `throng bench --report` (`bench::report::html`).
 
 use std::borrow::Cow;
 

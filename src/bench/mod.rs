@@ -17,7 +17,8 @@
 //! - `publish`: push mode's HTTP publisher;
 //! - [`report`]: counters, seq tracking, histogram merging, the timeline, the
 //!   printed report;
-//! - [`html`]: the report as one self-contained HTML page (`--report FILE.html`).
+//! - [`html`] (in `report/`): the report as one self-contained HTML page
+//!   (`--report FILE.html`).
 //!
 //! It must not touch the server's code or state; it talks to servers only over
 //! the network, so it works against throng and any other WebSocket server. It
@@ -28,7 +29,6 @@ pub mod client;
 mod comet;
 mod driver;
 mod fleet;
-pub mod html;
 mod publish;
 pub mod report;
 mod setup;
@@ -37,6 +37,7 @@ mod tests;
 
 pub use args::{BenchArgs, Mode, PortRange, SeqFrom, SourceIps, Transport, WsUrl};
 pub use driver::run;
+pub use report::html;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
