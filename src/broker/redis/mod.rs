@@ -75,61 +75,16 @@ struct Subs {
     todo: Vec<(Box<str>, bool)>,
 }
 
-/// Next seq, keep, publish: atomic, so every node sees one order.
-/// KEYS: seq, epoch, hist. ARGV: message, now (s), history size, key life (s),
-/// a fresh epoch, pubsub channel, magic.
-const PUBLISH_LUA: &str = r"
-local epoch = redis.call('GET', KEYS[2])
-if not epoch then
-  epoch = ARGV[5]
-  redis.call('DEL', KEYS[1], KEYS[3])
-end
-local seq = redis.call('INCR', KEYS[1])
-local life = tonumber(ARGV[4])
-redis.call('SET', KEYS[2], epoch, 'EX', life)
-redis.call('EXPIRE', KEYS[1], life)
-local size = tonumber(ARGV[3])
-if size > 0 then
-  redis.call('XADD', KEYS[3], 'MAXLEN', size, seq .. '-1', 'm', ARGV[1], 't', ARGV[2])
-  redis.call('EXPIRE', KEYS[3], life)
-end
-redis.call('PUBLISH', ARGV[6], ARGV[7] .. 'D' .. seq .. ' ' .. epoch .. '\n' .. ARGV[1])
-return {seq, epoch}
-";
+/// Next seq, keep, publish: atomic, so every node sees one order. KEYS and ARGV
+/// are in the file's header. Scripts run by EVALSHA of this text (comments
+/// included), loaded into Redis on its first NOSCRIPT.
+const PUBLISH_LUA: &str = include_str!("publish.lua");
 
-/// A channel's seq, epoch and kept messages in one instant. KEYS: seq, epoch,
-/// hist. ARGV: a fresh epoch, key life (s), whether to start the channel if new.
-const SNAPSHOT_LUA: &str = r"
-local epoch = redis.call('GET', KEYS[2])
-if not epoch then
-  if ARGV[3] == '0' then return {0, false, {}} end
-  epoch = ARGV[1]
-  redis.call('DEL', KEYS[1], KEYS[3])
-  redis.call('SET', KEYS[2], epoch, 'EX', tonumber(ARGV[2]))
-end
-local seq = tonumber(redis.call('GET', KEYS[1]) or '0')
-return {seq, epoch, redis.call('XRANGE', KEYS[3], '-', '+')}
-";
+/// A channel's seq, epoch and kept messages in one instant.
+const SNAPSHOT_LUA: &str = include_str!("snapshot.lua");
 
-/// Adds `ARGV[2]` to this node's members of a channel and returns every live
-/// node's sum (forgetting nodes whose heartbeat is gone). KEYS: members.
-/// ARGV: node, delta, key life (s), node key prefix.
-const MEMBERS_LUA: &str = r"
-if ARGV[2] ~= '0' then
-  redis.call('HINCRBY', KEYS[1], ARGV[1], tonumber(ARGV[2]))
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-end
-local all = redis.call('HGETALL', KEYS[1])
-local total = 0
-for i = 1, #all, 2 do
-  if all[i] == ARGV[1] or redis.call('EXISTS', ARGV[4] .. all[i]) == 1 then
-    total = total + math.max(tonumber(all[i + 1]), 0)
-  else
-    redis.call('HDEL', KEYS[1], all[i])
-  end
-end
-return total
-";
+/// Adds to this node's members of a channel; every live node's sum.
+const MEMBERS_LUA: &str = include_str!("members.lua");
 
 /// The Redis keys of one channel.
 struct Keys {
