@@ -1,0 +1,310 @@
+//! The pubsub side: one thread per node reads what Redis publishes on the
+//! channels this node has subscribers of (or on every channel, by pattern) and
+//! hands it to the local hub; after a reconnect it fills in from history what was
+//! missed. The broker's side (here too) asks it to change its subscriptions
+//! through [`Subs`] and a PUBLISH on the node's wake channel. Besides that wake,
+//! the fill-in's snapshot (which writes nothing) is the only command this file
+//! runs on the pool; it must not write channel state to Redis.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::connection::{REDIS_TIMEOUT, unavailable};
+use super::wire::{Decoded, Incoming, PUBSUB_PREFIX, WAKE_PREFIX, parse_incoming};
+use super::{BrokerError, Shared, Subscribe, lock};
+use crate::hub::{Audience, Body, Channel};
+use crate::protocol::DataKind;
+
+/// The listener's reconnect backoff, doubling from the first to the last.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Per-channel subscriptions: what the listener should hold, and what it has not
+/// done yet, in order.
+#[derive(Debug, Default)]
+pub(super) struct Subs {
+    /// Channels with subscribers here, and whether Redis confirmed each.
+    pub(super) wanted: HashMap<Box<str>, bool>,
+    /// (channel, subscribe?) changes for the listener to make.
+    pub(super) todo: Vec<(Box<str>, bool)>,
+}
+
+impl Shared {
+    /// Per-channel mode: makes sure Redis sends this node the channel's messages
+    /// before a new subscriber counts on them (waits for the listener's word).
+    pub(super) fn ensure_subscribed(&self, channel: &str) -> Result<(), BrokerError> {
+        if self.mode == Subscribe::Pattern {
+            return Ok(());
+        }
+        let wake = {
+            let mut subs = lock(&self.subs);
+            if subs.wanted.contains_key(channel) {
+                false
+            } else {
+                subs.wanted.insert(channel.into(), false);
+                subs.todo.push((channel.into(), true));
+                true
+            }
+        };
+        if wake {
+            self.wake_listener()?;
+        }
+        let subs = lock(&self.subs);
+        let (subs, timeout) = self
+            .confirmed
+            .wait_timeout_while(subs, REDIS_TIMEOUT, |s| {
+                s.wanted.get(channel).is_some_and(|confirmed| !confirmed)
+            })
+            .unwrap_or_else(|p| p.into_inner());
+        if timeout.timed_out() && subs.wanted.get(channel) == Some(&false) {
+            return Err(unavailable("the subscription was not confirmed in time"));
+        }
+        Ok(())
+    }
+
+    /// Per-channel mode: the channel's last local subscriber left.
+    pub(super) fn release(&self, channel: &str) {
+        if self.mode == Subscribe::Pattern {
+            return;
+        }
+        {
+            let mut subs = lock(&self.subs);
+            // Someone subscribed again meanwhile: keep listening.
+            if self.hub.find(channel).is_some() || subs.wanted.remove(channel).is_none() {
+                return;
+            }
+            subs.todo.push((channel.into(), false));
+        }
+        // A failed wake leaves the subscription until the next one; harmless.
+        let _ = self.wake_listener();
+    }
+
+    fn wake_listener(&self) -> Result<(), BrokerError> {
+        let wake = format!("{WAKE_PREFIX}{}", self.node);
+        self.with_connection(|con| ::redis::cmd("PUBLISH").arg(&wake).arg("").query::<i64>(con))
+            .map(drop)
+    }
+}
+
+/// The pubsub side: one thread per node, subscribed to the channels with
+/// subscribers here (or to every channel by pattern) and to its wake channel.
+pub(super) struct Listener {
+    pub(super) shared: Arc<Shared>,
+    /// Per channel with local subscribers: the epoch and seq last handed out, so
+    /// that after a reconnect what was missed can be filled in from history.
+    pub(super) delivered: HashMap<Box<str>, (u64, u64)>,
+}
+
+impl Listener {
+    pub(super) fn run(mut self) {
+        let mut backoff = BACKOFF_FIRST;
+        let mut lost = false;
+        loop {
+            let mut con = match self.shared.connect() {
+                Ok(con) => con,
+                Err(e) => {
+                    if !lost {
+                        tracing::warn!(error = %e, "redis unreachable; retrying");
+                    }
+                    lost = true;
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+            };
+            // Messages come whenever they come: no read timeout on this one.
+            if con.set_read_timeout(None).is_err() {
+                continue;
+            }
+            let mut pubsub = con.as_pubsub();
+            if let Err(e) = self.subscribe_all(&mut pubsub) {
+                tracing::warn!(error = %e, "redis subscribe failed; retrying");
+                lost = true;
+                std::thread::sleep(backoff);
+                continue;
+            }
+            self.shared.listening.store(true, Ordering::Relaxed);
+            // Redis answered us: the event loops may try their commands again.
+            self.shared.commands_ok.store(true, Ordering::Relaxed);
+            backoff = BACKOFF_FIRST;
+            if lost {
+                tracing::info!("redis reachable again: resubscribed; filling in what was missed");
+                self.fill_in();
+            }
+            loop {
+                let msg = match pubsub.get_message() {
+                    Ok(msg) => msg,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "redis subscription lost; reconnecting");
+                        break;
+                    }
+                };
+                let channel = msg.get_channel_name();
+                if let Some(name) = channel.strip_prefix(PUBSUB_PREFIX) {
+                    self.handle(name, msg.get_payload_bytes());
+                } else if channel.starts_with(WAKE_PREFIX)
+                    && let Err(e) = self.apply_todo(&mut pubsub)
+                {
+                    tracing::warn!(error = %e, "redis subscription change failed; reconnecting");
+                    break;
+                }
+            }
+            self.shared.listening.store(false, Ordering::Relaxed);
+            lost = true;
+        }
+    }
+
+    /// After (re)connecting: the wake channel and every wanted channel (or the
+    /// pattern); every wanted channel is confirmed.
+    fn subscribe_all(&self, pubsub: &mut ::redis::PubSub<'_>) -> ::redis::RedisResult<()> {
+        if self.shared.mode == Subscribe::Pattern {
+            return pubsub.psubscribe(format!("{PUBSUB_PREFIX}*"));
+        }
+        let mut subs = lock(&self.shared.subs);
+        subs.todo.clear();
+        let mut names = vec![format!("{WAKE_PREFIX}{}", self.shared.node)];
+        names.extend(subs.wanted.keys().map(|n| format!("{PUBSUB_PREFIX}{n}")));
+        // One SUBSCRIBE for all: Redis answers once every channel is subscribed.
+        for batch in names.chunks(1024) {
+            pubsub.subscribe(batch)?;
+        }
+        for confirmed in subs.wanted.values_mut() {
+            *confirmed = true;
+        }
+        drop(subs);
+        self.shared.confirmed.notify_all();
+        Ok(())
+    }
+
+    /// Makes the subscription changes asked for, in order, and confirms them.
+    fn apply_todo(&self, pubsub: &mut ::redis::PubSub<'_>) -> ::redis::RedisResult<()> {
+        let todo = std::mem::take(&mut lock(&self.shared.subs).todo);
+        let mut i = 0;
+        while i < todo.len() {
+            let subscribe = todo[i].1;
+            let run: Vec<String> = todo[i..]
+                .iter()
+                .take_while(|(_, s)| *s == subscribe)
+                .map(|(n, _)| format!("{PUBSUB_PREFIX}{n}"))
+                .collect();
+            i += run.len();
+            for batch in run.chunks(1024) {
+                if subscribe {
+                    pubsub.subscribe(batch)?;
+                } else {
+                    pubsub.unsubscribe(batch)?;
+                }
+            }
+        }
+        let mut subs = lock(&self.shared.subs);
+        for (name, subscribe) in &todo {
+            if *subscribe && let Some(confirmed) = subs.wanted.get_mut(name) {
+                *confirmed = true;
+            }
+        }
+        drop(subs);
+        self.shared.confirmed.notify_all();
+        Ok(())
+    }
+
+    fn handle(&mut self, name: &str, bytes: &[u8]) {
+        let hub = &self.shared.hub;
+        let Some(channel) = hub.find(name) else {
+            self.delivered.remove(name);
+            return;
+        };
+        match parse_incoming(bytes) {
+            Some(Incoming::Data {
+                seq,
+                epoch,
+                message,
+            }) => {
+                if self.deliver(&channel, seq, epoch, message) {
+                    self.delivered.insert(name.into(), (epoch, seq));
+                }
+            }
+            Some(Incoming::Event {
+                node,
+                exclude,
+                event,
+                client,
+                count,
+            }) => {
+                let exclude = exclude.filter(|_| node == self.shared.node);
+                // Presence is advisory: an event nobody can take now is dropped.
+                let _ = hub.deliver(&channel, Audience::Listeners, exclude, || Body::Event {
+                    event,
+                    client: client.into(),
+                    count,
+                });
+            }
+            Some(Incoming::Foreign(payload)) => {
+                let kind = if std::str::from_utf8(payload).is_ok() {
+                    DataKind::Text
+                } else {
+                    DataKind::Binary
+                };
+                self.deliver(&channel, 0, 0, (kind, None, payload));
+            }
+            None => tracing::debug!(channel = name, "unreadable message on redis; skipped"),
+        }
+    }
+
+    fn deliver(&self, channel: &Arc<Channel>, seq: u64, epoch: u64, message: Decoded<'_>) -> bool {
+        let (kind, from, payload) = message;
+        let result = self
+            .shared
+            .hub
+            .deliver(channel, Audience::Everyone, None, || Body::Data {
+                seq,
+                epoch,
+                payload: Bytes::copy_from_slice(payload),
+                kind,
+                from: from.map(Box::from),
+            });
+        match result {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(channel = channel.name(), seq, error = %e, "a message from redis was not delivered here");
+                false
+            }
+        }
+    }
+
+    /// After a reconnect: what local subscribers missed while the listener was
+    /// away, from each channel's history, in order.
+    fn fill_in(&mut self) {
+        let channels: Vec<(Box<str>, (u64, u64))> = self.delivered.drain().collect();
+        for (name, (epoch, last)) in channels {
+            let Some(channel) = self.shared.hub.find(&name) else {
+                continue;
+            };
+            let snapshot = match self.shared.snapshot(&name, false) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(channel = &*name, error = %e, "cannot fill in after reconnect");
+                    self.delivered.insert(name, (epoch, last));
+                    continue;
+                }
+            };
+            let Some(now_epoch) = snapshot.epoch else {
+                continue;
+            };
+            let mut newest = (epoch, last);
+            for (stored, _) in snapshot.kept {
+                if now_epoch == epoch && stored.seq <= last {
+                    continue;
+                }
+                let message = (stored.kind, stored.from.as_deref(), &stored.payload[..]);
+                if self.deliver(&channel, stored.seq, now_epoch, message) {
+                    newest = (now_epoch, stored.seq);
+                }
+            }
+            self.delivered.insert(name, newest);
+        }
+    }
+}

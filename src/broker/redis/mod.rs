@@ -1,0 +1,339 @@
+//! The Redis broker: every node that names the same Redis shares each channel's
+//! `seq`, history, epoch and presence, and gets every message published on any
+//! node. Redis is the whole distributed engine: no node talks to another.
+//!
+//! Keys of channel `NAME` (the braces keep them in one Redis Cluster slot):
+//! `throng:{NAME}:seq`, `throng:{NAME}:epoch`, `throng:{NAME}:hist` (a stream, one
+//! entry per kept message, id `SEQ-1`) and `throng:{NAME}:members` (a hash, node ->
+//! its subscribers). A publish is one Lua script (`publish.lua`): next seq, keep,
+//! PUBLISH on `throng:ch:NAME`, all atomic. Every node listens on its own thread
+//! ([`Listener`](listener::Listener)): `SUBSCRIBE`d to the channels it has
+//! subscribers of, or `PSUBSCRIBE`d to `throng:ch:*` (see [`Subscribe`]); it
+//! hands what comes to the local [`Hub`], as the memory broker does. A message
+//! another program PUBLISHes on `throng:ch:NAME` is delivered too, without a seq
+//! (seq 0) and without history.
+//!
+//! The event loops call this broker directly, so a publish or a resuming subscribe
+//! waits for one Redis round trip; a plain subscribe waits for none (for the
+//! listener's confirmation only when it is a channel's first here). While Redis is
+//! unreachable publishes fail (the API answers 503), `/healthz` says so, subscribers
+//! stay connected, and once the listener is back it fills in from history what its
+//! local subscribers missed.
+//!
+//! This file holds the broker ([`RedisBroker`] and its [`Broker`] impl), the state
+//! it shares with its threads ([`Shared`]) and the start. The parts:
+//! - `wire`: the bytes kept and published, and reading back what pubsub brings;
+//! - `keys`: the Redis keys and how long they live;
+//! - `connection`: the connection pool and the circuit breaker (fail fast while
+//!   Redis is down; the heartbeat probes);
+//! - `snapshot`: a channel's seq, epoch and history in one instant, and replays;
+//! - `presence`: member counts, join/leave events, the keeper thread;
+//! - `listener`: the pubsub thread and the subscriptions it holds;
+//! - `publish.lua`, `snapshot.lua`, `members.lua`: the scripts Redis runs, by
+//!   EVALSHA of their text (the `redis` crate loads one on Redis' first NOSCRIPT).
+//!
+//! This module must not touch sockets of clients, connections or their wire
+//! formats.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use ::redis::{Client, Connection, Script};
+
+use super::{
+    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, Member, Outgoing, Replay, Resume, Stored,
+    Subscribed, new_epoch,
+};
+use crate::history::{self, Limits};
+use crate::hub::{Channel, ConnRef, Hub};
+use crate::rules::Namespaces;
+use connection::unavailable;
+use keys::{Keys, key_life};
+use listener::{Listener, Subs};
+use presence::MEMBERS_LUA;
+use snapshot::SNAPSHOT_LUA;
+use wire::{MAGIC, PUBSUB_PREFIX, encode_message};
+
+mod connection;
+mod keys;
+mod listener;
+mod presence;
+mod snapshot;
+mod wire;
+
+/// How a node listens to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Subscribe {
+    /// `SUBSCRIBE` to the channels this node has subscribers of: a node gets only
+    /// what it delivers; the first subscriber of a channel on a node waits for
+    /// Redis to confirm (one round trip, plus one to wake the listener).
+    #[default]
+    Channels,
+    /// `PSUBSCRIBE throng:ch:*` once: nothing to wait for, but every node gets
+    /// every message of every channel.
+    Pattern,
+}
+
+/// Next seq, keep, publish: atomic, so every node sees one order. KEYS and ARGV
+/// are in the file's header.
+const PUBLISH_LUA: &str = include_str!("publish.lua");
+
+/// A lock that a panicked holder left poisoned is still the lock.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the listener thread and the broker share.
+struct Shared {
+    hub: Arc<Hub>,
+    client: Client,
+    node: String,
+    /// The listener is subscribed and reading.
+    listening: AtomicBool,
+    /// The last command on the pool's connections went through.
+    commands_ok: AtomicBool,
+    pool: Mutex<Vec<Connection>>,
+    snapshot: Script,
+    members: Script,
+    history: Limits,
+    namespaces: Namespaces,
+    /// Local channels and the member count this node last wrote for each.
+    written_members: Mutex<HashMap<Box<str>, u64>>,
+    mode: Subscribe,
+    subs: Mutex<Subs>,
+    /// Signalled when the listener confirmed subscriptions.
+    confirmed: Condvar,
+}
+
+/// Channels kept in Redis, shared by every node on it.
+pub struct RedisBroker {
+    shared: Arc<Shared>,
+    url: String,
+    publish: Script,
+}
+
+impl std::fmt::Debug for RedisBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBroker")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+impl RedisBroker {
+    /// Connects to `url` (once, to say at start whether Redis is there) and starts
+    /// the listener thread. A Redis that is down at start is not an error: the
+    /// node runs, unhealthy, until Redis comes.
+    pub fn start(
+        hub: Arc<Hub>,
+        url: &str,
+        mode: Subscribe,
+        history: Limits,
+        namespaces: Namespaces,
+    ) -> Result<RedisBroker, BrokerError> {
+        let client = Client::open(url).map_err(unavailable)?;
+        let node = format!("{:016x}", new_epoch());
+        let shared = Arc::new(Shared {
+            hub,
+            client,
+            node,
+            listening: AtomicBool::new(false),
+            commands_ok: AtomicBool::new(false),
+            pool: Mutex::new(Vec::new()),
+            snapshot: Script::new(SNAPSHOT_LUA),
+            members: Script::new(MEMBERS_LUA),
+            history,
+            namespaces,
+            written_members: Mutex::new(HashMap::new()),
+            mode,
+            subs: Mutex::new(Subs::default()),
+            confirmed: Condvar::new(),
+        });
+        let listener = Listener {
+            shared: Arc::clone(&shared),
+            delivered: HashMap::new(),
+        };
+        std::thread::Builder::new()
+            .name("throng-redis".into())
+            .spawn(move || listener.run())
+            .map_err(unavailable)?;
+        if let Err(e) = shared.heartbeat() {
+            tracing::warn!(error = %e, "redis not reachable at start; serving, and retrying");
+        }
+        let keeper = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("throng-redis-keeper".into())
+            .spawn(move || keeper.keep_house())
+            .map_err(unavailable)?;
+        Ok(RedisBroker {
+            shared,
+            url: redact(url),
+            publish: Script::new(PUBLISH_LUA),
+        })
+    }
+}
+
+/// The URL without a password, for logs and stats.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl Broker for RedisBroker {
+    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
+        let keys = Keys::of(channel);
+        let limits = self.shared.limits(channel);
+        let size = if limits.enabled() { limits.size } else { 0 };
+        let encoded = encode_message(&message);
+        let answer: (u64, String) = self.shared.with_connection(|con| {
+            self.publish
+                .key(&keys.seq)
+                .key(&keys.epoch)
+                .key(&keys.hist)
+                .arg(&encoded)
+                .arg(history::now_secs())
+                .arg(size)
+                .arg(key_life(limits.ttl))
+                .arg(format!("{:016x}", new_epoch()))
+                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                .arg(MAGIC)
+                .invoke(con)
+        })?;
+        Ok(answer.0)
+    }
+
+    fn subscribe(
+        &self,
+        channel: &str,
+        member: Member<'_>,
+        resume: Option<Resume>,
+    ) -> Result<Subscribed, BrokerError> {
+        // Counted here first, so what is published after the snapshot below comes
+        // through the listener; what came before is in the replay (and the loop
+        // skips a live copy of a replayed seq).
+        let (hub_channel, local) =
+            self.shared
+                .hub
+                .subscribe(channel, member.conn.loop_index, member.listens);
+        {
+            // Known from its first subscriber on: no name copied for the others.
+            let mut written = lock(&self.shared.written_members);
+            if !written.contains_key(channel) {
+                written.insert(channel.into(), 0);
+            }
+        }
+        if let Err(e) = self.shared.ensure_subscribed(channel) {
+            self.shared
+                .hub
+                .unsubscribe(&hub_channel, member.conn.loop_index, member.listens);
+            self.shared.release(channel);
+            return Err(e);
+        }
+        let replay = match resume {
+            Some(_) => match self.replay(channel, 0) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    self.shared.hub.unsubscribe(
+                        &hub_channel,
+                        member.conn.loop_index,
+                        member.listens,
+                    );
+                    self.shared.release(channel);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let count = match member.announce {
+            Some(name) => {
+                let count = self.shared.members(channel, 1).unwrap_or(local);
+                self.announce(channel, "join", name, count, Some(member.conn));
+                count
+            }
+            None => local,
+        };
+        Ok(Subscribed {
+            channel: hub_channel,
+            count,
+            replay,
+        })
+    }
+
+    fn unsubscribe(&self, channel: &Arc<Channel>, member: Member<'_>) {
+        let left = self
+            .shared
+            .hub
+            .unsubscribe(channel, member.conn.loop_index, member.listens);
+        if left == 0 {
+            self.shared.release(channel.name());
+        }
+        if let Some(name) = member.announce {
+            let count = self.shared.members(channel.name(), -1).unwrap_or(left);
+            if count > 0 {
+                self.announce(channel.name(), "leave", name, count, None);
+            }
+        }
+    }
+
+    fn history(&self, channel: &str, since: u64) -> Result<Replay, BrokerError> {
+        self.replay(channel, since)
+    }
+
+    fn channel_info(&self, channel: &str) -> ChannelInfo {
+        let local = self.shared.hub.find(channel).map_or(0, |c| c.subscribers());
+        let Ok(snapshot) = self.shared.snapshot(channel, false) else {
+            return ChannelInfo {
+                subscribers: local,
+                ..ChannelInfo::default()
+            };
+        };
+        let (last_seq, epoch) = (snapshot.last_seq, snapshot.epoch);
+        let history_len = snapshot.fresh(self.shared.limits(channel).ttl).count();
+        // Others' counts as they last wrote them, this node's as it is now.
+        let others = self.shared.members(channel, 0).unwrap_or(0).saturating_sub(
+            lock(&self.shared.written_members)
+                .get(channel)
+                .copied()
+                .unwrap_or(0),
+        );
+        ChannelInfo {
+            subscribers: others + local,
+            last_seq,
+            history_len,
+            epoch,
+        }
+    }
+
+    fn channel_count(&self) -> usize {
+        lock(&self.shared.written_members).len()
+    }
+
+    fn maintain(&self) {
+        // The keeper thread does this node's Redis housekeeping every second.
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn healthy(&self) -> bool {
+        self.shared.listening.load(Ordering::Relaxed)
+            && self.shared.commands_ok.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_hide_passwords() {
+        assert_eq!(redact("redis://:secret@h:6379/0"), "redis://***@h:6379/0");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+    }
+}

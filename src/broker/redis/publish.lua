@@ -1,0 +1,23 @@
+-- throng: publish one message on a channel. Next seq, keep, publish, all in
+-- one script so that every node sees one order.
+-- KEYS[1] the channel's seq (a counter)   KEYS[2] its epoch   KEYS[3] its history (a stream)
+-- ARGV[1] the encoded message   ARGV[2] now (unix seconds)   ARGV[3] history size (0: keep none)
+-- ARGV[4] key life (seconds)   ARGV[5] a fresh epoch (used if the channel has none)
+-- ARGV[6] the pubsub channel   ARGV[7] the magic that marks a node's own messages
+-- Returns {seq, epoch}. A channel without an epoch starts over: seq and history go.
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+  epoch = ARGV[5]
+  redis.call('DEL', KEYS[1], KEYS[3])
+end
+local seq = redis.call('INCR', KEYS[1])
+local life = tonumber(ARGV[4])
+redis.call('SET', KEYS[2], epoch, 'EX', life)
+redis.call('EXPIRE', KEYS[1], life)
+local size = tonumber(ARGV[3])
+if size > 0 then
+  redis.call('XADD', KEYS[3], 'MAXLEN', size, seq .. '-1', 'm', ARGV[1], 't', ARGV[2])
+  redis.call('EXPIRE', KEYS[3], life)
+end
+redis.call('PUBLISH', ARGV[6], ARGV[7] .. 'D' .. seq .. ' ' .. epoch .. '\n' .. ARGV[1])
+return {seq, epoch}

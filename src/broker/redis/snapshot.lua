@@ -1,0 +1,15 @@
+-- throng: a channel's seq, epoch and kept messages in one instant.
+-- KEYS[1] the channel's seq   KEYS[2] its epoch   KEYS[3] its history (a stream)
+-- ARGV[1] a fresh epoch   ARGV[2] key life (seconds)
+-- ARGV[3] '1' to start the channel (fresh epoch) if it has none, '0' not to
+-- Returns {seq, epoch, XRANGE of the history}; {0, false, {}} for a channel that
+-- has no epoch and is not to be started.
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+  if ARGV[3] == '0' then return {0, false, {}} end
+  epoch = ARGV[1]
+  redis.call('DEL', KEYS[1], KEYS[3])
+  redis.call('SET', KEYS[2], epoch, 'EX', tonumber(ARGV[2]))
+end
+local seq = tonumber(redis.call('GET', KEYS[1]) or '0')
+return {seq, epoch, redis.call('XRANGE', KEYS[3], '-', '+')}

@@ -1,0 +1,225 @@
+//! The bytes on Redis: a message as kept in a channel's history and published
+//! on its pubsub channel, what a node reads back from pubsub (its own data and
+//! presence events, or what another program published), and the names of the
+//! pubsub channels. The data message itself is put together by `publish.lua`
+//! (`MAGIC`, `D`, seq, epoch, the encoded message); this file reads it. It must
+//! not talk to Redis nor touch the hub: pure encoding and parsing.
+
+use super::Outgoing;
+use crate::hub::ConnRef;
+use crate::protocol::DataKind;
+
+/// What a node's own messages start with on the pubsub channel; anything else came
+/// from another program.
+pub(super) const MAGIC: &[u8] = b"\x00throng1";
+/// The pubsub channel of channel `NAME` is this prefix and the name.
+pub(super) const PUBSUB_PREFIX: &str = "throng:ch:";
+/// A node's listener is woken on `throng:wake:NODE` to change its subscriptions.
+pub(super) const WAKE_PREFIX: &str = "throng:wake:";
+
+/// A message as kept and published: kind, the sender's name, the payload.
+pub(super) fn encode_message(message: &Outgoing<'_>) -> Vec<u8> {
+    let from = message.from.unwrap_or("").as_bytes();
+    let from = &from[..from.len().min(255)];
+    let mut out = Vec::with_capacity(2 + from.len() + message.payload.len());
+    out.push(match message.kind {
+        DataKind::Text => 0,
+        DataKind::Binary => 1,
+    });
+    out.push(from.len() as u8);
+    out.extend_from_slice(from);
+    out.extend_from_slice(message.payload);
+    out
+}
+
+/// A decoded message: kind, sender, payload.
+pub(super) type Decoded<'a> = (DataKind, Option<&'a str>, &'a [u8]);
+
+pub(super) fn decode_message(bytes: &[u8]) -> Option<Decoded<'_>> {
+    let (&kind, rest) = bytes.split_first()?;
+    let (&len, rest) = rest.split_first()?;
+    let kind = match kind {
+        0 => DataKind::Text,
+        1 => DataKind::Binary,
+        _ => return None,
+    };
+    let (from, payload) = rest.split_at_checked(usize::from(len))?;
+    let from = (!from.is_empty())
+        .then(|| std::str::from_utf8(from).ok())
+        .flatten();
+    Some((kind, from, payload))
+}
+
+pub(super) fn epoch_of(text: &[u8]) -> Option<u64> {
+    u64::from_str_radix(std::str::from_utf8(text).ok()?, 16).ok()
+}
+
+/// What came on a pubsub channel.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Incoming<'a> {
+    /// A message published through a node.
+    Data {
+        seq: u64,
+        epoch: u64,
+        message: Decoded<'a>,
+    },
+    /// A member joined or left on `node` (`exclude`: its connection there).
+    Event {
+        node: &'a str,
+        exclude: Option<ConnRef>,
+        event: &'static str,
+        client: &'a str,
+        count: u64,
+    },
+    /// Something another program published: the payload alone.
+    Foreign(&'a [u8]),
+}
+
+pub(super) fn parse_incoming(bytes: &[u8]) -> Option<Incoming<'_>> {
+    let Some(rest) = bytes.strip_prefix(MAGIC) else {
+        return Some(Incoming::Foreign(bytes));
+    };
+    let (&tag, rest) = rest.split_first()?;
+    let nl = rest.iter().position(|&b| b == b'\n')?;
+    let head = std::str::from_utf8(&rest[..nl]).ok()?;
+    let body = &rest[nl + 1..];
+    match tag {
+        b'D' => {
+            let (seq, epoch) = head.split_once(' ')?;
+            Some(Incoming::Data {
+                seq: seq.parse().ok()?,
+                epoch: epoch_of(epoch.as_bytes())?,
+                message: decode_message(body)?,
+            })
+        }
+        b'E' => {
+            // node loop key|- count event, then the client's name as the body.
+            let mut parts = head.split(' ');
+            let node = parts.next()?;
+            let loop_index = parts.next()?.parse().ok()?;
+            let exclude = match parts.next()? {
+                "-" => None,
+                key => Some(ConnRef {
+                    loop_index,
+                    key: key.parse().ok()?,
+                }),
+            };
+            let count = parts.next()?.parse().ok()?;
+            let event = match parts.next()? {
+                "join" => "join",
+                "leave" => "leave",
+                _ => return None,
+            };
+            Some(Incoming::Event {
+                node,
+                exclude,
+                event,
+                client: std::str::from_utf8(body).ok()?,
+                count,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// A join or leave of `client` on `node` (`exclude`: its connection there, which
+/// is not told), `count` members in all: as [`parse_incoming`] reads it.
+pub(super) fn encode_event(
+    node: &str,
+    exclude: Option<ConnRef>,
+    count: u64,
+    event: &str,
+    client: &str,
+) -> Vec<u8> {
+    let (loop_index, key) = match exclude {
+        Some(c) => (c.loop_index, c.key.to_string()),
+        None => (0, "-".to_string()),
+    };
+    let mut message = MAGIC.to_vec();
+    message.extend_from_slice(
+        format!("E{node} {loop_index} {key} {count} {event}\n{client}").as_bytes(),
+    );
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_encode_and_decode() {
+        let m = Outgoing {
+            payload: b"hi",
+            kind: DataKind::Text,
+            from: Some("c7"),
+        };
+        let bytes = encode_message(&m);
+        assert_eq!(
+            decode_message(&bytes),
+            Some((DataKind::Text, Some("c7"), &b"hi"[..]))
+        );
+        let b = Outgoing {
+            payload: &[0, 255],
+            kind: DataKind::Binary,
+            from: None,
+        };
+        assert_eq!(
+            decode_message(&encode_message(&b)),
+            Some((DataKind::Binary, None, &[0u8, 255][..]))
+        );
+        assert_eq!(decode_message(&[9, 0]), None);
+        assert_eq!(decode_message(&[0, 5, b'a']), None);
+    }
+
+    #[test]
+    fn incoming_messages_are_ours_or_foreign() {
+        let mut data = MAGIC.to_vec();
+        data.extend_from_slice(b"D12 00000000000000ff\n");
+        data.extend_from_slice(&encode_message(&Outgoing {
+            payload: b"x",
+            kind: DataKind::Text,
+            from: None,
+        }));
+        assert_eq!(
+            parse_incoming(&data),
+            Some(Incoming::Data {
+                seq: 12,
+                epoch: 255,
+                message: (DataKind::Text, None, &b"x"[..])
+            })
+        );
+        let mut event = MAGIC.to_vec();
+        event.extend_from_slice(b"Eabc 1 42 3 join\nc9");
+        assert_eq!(
+            parse_incoming(&event),
+            Some(Incoming::Event {
+                node: "abc",
+                exclude: Some(ConnRef {
+                    loop_index: 1,
+                    key: 42
+                }),
+                event: "join",
+                client: "c9",
+                count: 3
+            })
+        );
+        assert_eq!(parse_incoming(b"hello"), Some(Incoming::Foreign(b"hello")));
+        let mut broken = MAGIC.to_vec();
+        broken.extend_from_slice(b"Dnot a header");
+        assert_eq!(parse_incoming(&broken), None);
+    }
+
+    #[test]
+    fn events_encode_as_they_parse() {
+        let exclude = Some(ConnRef {
+            loop_index: 1,
+            key: 42,
+        });
+        let event = encode_event("abc", exclude, 3, "join", "c9");
+        assert_eq!(&event[MAGIC.len()..], b"Eabc 1 42 3 join\nc9");
+        assert_eq!(
+            encode_event("abc", None, 2, "leave", "c9"),
+            [MAGIC, b"Eabc 0 - 2 leave\nc9"].concat()
+        );
+    }
+}
