@@ -163,3 +163,25 @@ def test_every_proxied_nginx_location_passes_the_clients_address():
     for where, body in proxied:
         assert re.search(r"proxy_set_header\s+X-Forwarded-For\s+\$proxy_add_x_forwarded_for\s*;", body), \
             f"location {where}: no X-Forwarded-For"
+
+
+def test_compose_nodes_trust_only_nginx_and_need_an_api_key():
+    """Behind nginx every client comes from 127.0.0.1: each node must believe
+    nginx's X-Forwarded-For and must not run without an API key (else a client
+    nginx forwards for could not publish, or, without the proxy flag, anyone
+    could). The flag and variable are checked against the binary's own help."""
+    text = (DEPLOY / "docker-compose.yml").read_text()
+    nodes = re.findall(r"(?ms)^  (node\d+):\n(.*?)(?=^  \S|\Z)", text)
+    assert nodes, "no throng node in deploy/docker-compose.yml"
+    for name, body in nodes:
+        command = re.search(r"command:\s*(\[.*\])", body)
+        assert command, f"{name}: no command"
+        args = json.loads(command.group(1))
+        assert "--trusted-proxy" in args, f"{name}: {args}"
+        assert args[args.index("--trusted-proxy") + 1] == "127.0.0.1", f"{name}: {args}"
+        assert re.search(r"THRONG_API_KEY:\s*\$\{THRONG_API_KEY:\?", body), \
+            f"{name}: THRONG_API_KEY is not required"
+    binary = Path(os.environ.get("THRONG_BIN", REPO / "target/release/throng"))
+    help_text = subprocess.run([str(binary), "serve", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "--trusted-proxy" in help_text and "THRONG_TRUSTED_PROXY" in help_text
+    assert "THRONG_API_KEY" in help_text
