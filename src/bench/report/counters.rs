@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::comeback::ComebackTally;
 use super::histogram::{add_pairs, histogram_pairs, new_histogram};
-use super::push::ComebackTally;
 use super::seq::{ChannelAgg, SeqCounts};
 
 /// Monotonic counters one event loop (or a whole process) keeps.

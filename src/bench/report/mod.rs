@@ -6,7 +6,8 @@
 //!   across loops and child processes;
 //! - `seq`: the seq tracker that finds lost, duplicated and out-of-order
 //!   deliveries;
-//! - `push`: the publisher's summary, subscribers that came back, [`PushReport`];
+//! - `comeback`: subscribers the server let go and their return;
+//! - `push`: the publisher's summary and [`PushReport`];
 //! - `timeline`: the per-second [`Timeline`];
 //! - `summary`: the final [`Report`] (stats block, latency, error rate,
 //!   throughput; text or JSON);
@@ -17,6 +18,7 @@
 //! and print what it formats. Everything is re-exported here, so callers name
 //! `report::Counters`, not the file it lives in.
 
+mod comeback;
 mod counters;
 mod histogram;
 pub mod html;
@@ -26,10 +28,11 @@ mod seq;
 mod summary;
 mod timeline;
 
+pub use comeback::{ComebackReport, ComebackTally};
 pub use counters::{Counters, RawResult};
 pub use histogram::{Latency, add_pairs, histogram_pairs, new_histogram};
 pub use machine::{Machine, proc_status_kb, self_cpu_secs};
-pub use push::{ComebackReport, ComebackTally, PublishSummary, PushReport};
+pub use push::{PublishSummary, PushReport};
 pub use seq::{ChannelAgg, SeqCounts, SeqTrack};
 pub use summary::{Report, RunInfo};
 pub use timeline::{Phase, Timeline, TimelineSample};
