@@ -29,6 +29,7 @@
 //!   same counters (and a few process figures) as Prometheus text for `/metrics`.
 //! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1
 //!   client for the API (`throng pub`).
+//! - [`units`]: durations and byte sizes as the command lines write them.
 //! - [`os`]: the open-files limit and the connection ceiling it gives; [`tune`]:
 //!   `throng tune`, what N connections need from the OS, and `--apply`.
 //! - [`workers`]: `--workers N`, a master that keeps N serving processes running.
@@ -54,5 +55,6 @@ pub mod server;
 pub mod stats;
 pub mod transport;
 pub mod tune;
+pub mod units;
 pub mod web;
 pub mod workers;

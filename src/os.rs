@@ -10,6 +10,10 @@ use std::io;
 /// Descriptors kept back for listeners, epoll, wakers, logs and the like.
 pub const RESERVED_FDS: u64 = 100;
 
+/// Pending connections the kernel may queue per listener (capped by somaxconn):
+/// what the server asks for and `throng tune` checks.
+pub const LISTEN_BACKLOG: i32 = 4096;
+
 /// The open-files limits after raising the soft limit to the hard limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileLimit {

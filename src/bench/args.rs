@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::client::HttpUrl;
-use crate::config::{parse_duration, parse_size};
+use crate::units::{parse_duration, parse_size};
 
 /// What the connections do once open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -40,8 +40,7 @@ use crate::stats::ServerStats;
 use shared::Shared;
 pub use shared::{Admission, Refusal};
 
-/// Pending connections the kernel may queue per listener (capped by somaxconn).
-pub const LISTEN_BACKLOG: i32 = 4096;
+pub use crate::os::LISTEN_BACKLOG;
 /// A connection that sends nothing is accepted after about this long anyway (one
 /// SYN-ACK retransmission), and its handshake timeout starts then.
 pub const DEFER_ACCEPT_SECS: u32 = 1;

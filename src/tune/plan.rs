@@ -10,8 +10,7 @@
 use serde::{Serialize, Serializer};
 
 use super::system::{Machine, NOFILE_HARD, NOFILE_SOFT, PORT_RANGE, SYN_BACKLOG, TCP_MEM};
-use crate::os::{self, FileLimit};
-use crate::server::LISTEN_BACKLOG;
+use crate::os::{self, FileLimit, LISTEN_BACKLOG};
 
 /// Kernel memory of one idle TCP socket (the socket, its inode, dentry and file, an
 /// epoll entry): Slab grew 5,069 B per socket holding 10,000 loopback pairs

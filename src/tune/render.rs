@@ -8,8 +8,7 @@
 
 use super::plan::{BENCH_BYTES_PER_CONN, LOOPBACK_SOURCES, Report, Transport, Verdict};
 use super::system::{NOFILE_HARD, PORT_RANGE, SYN_BACKLOG, TCP_MEM, join};
-use crate::os::{self, thousands};
-use crate::server::LISTEN_BACKLOG;
+use crate::os::{self, LISTEN_BACKLOG, thousands};
 
 /// 4.72 GiB, 92.5 MiB, 512 B.
 fn bytes(b: u64) -> String {
