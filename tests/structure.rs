@@ -18,7 +18,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn src(under: &str) -> Vec<(PathBuf, String)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(under);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join(under);
     let mut files = Vec::new();
     if root.is_dir() {
         rust_files(&root, &mut files);
