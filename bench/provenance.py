@@ -13,7 +13,8 @@ provenance() gives
               settings the benchmarks read (THRONG_BIN=... and so on) when set,
    "date":    UTC, ISO 8601}
 
-Python benchmarks import it (provenance(), raw_path(), write_raw()); the shell ones
+Python benchmarks import it (provenance(), binary(), raw_path(), write_raw(),
+md_header()); the shell ones
 call it through bench/lib.sh's provenance_json, which runs
 
   python3 bench/provenance.py -- ARGV...
@@ -101,6 +102,22 @@ def provenance(argv: list[str] | None = None) -> dict:
             "command": command_line(argv), "date": utc_now()}
 
 
+def binary(path: str | Path) -> dict:
+    """The binary a run measured (it may not be this checkout's build): path, its
+    `--version`, modification time (UTC) and SHA-256 (first 16 hex digits)."""
+    import hashlib
+    p = Path(path)
+    out: dict = {"path": str(p)}
+    try:
+        out["version"] = subprocess.run([str(p), "--version"], capture_output=True, text=True,
+                                        timeout=10).stdout.strip()
+        out["mtime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(p.stat().st_mtime))
+        out["sha256"] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out["error"] = repr(e)
+    return out
+
+
 def stamp() -> str:
     """The UTC stamp in raw file names: 20261125-173903."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -112,10 +129,17 @@ def raw_path(name: str, when: str | None = None, out_dir: Path | str | None = No
 
 
 def write_raw(path: Path | str, doc: dict, md: str | None = None) -> Path:
-    """Writes the raw JSON (and, given md, its Markdown summary beside it as .md).
-    Refuses to overwrite: a raw result is never edited after its run."""
+    """Writes the raw JSON (and, given md, its Markdown summary beside it as .md) and
+    returns where. Never overwrites: a raw result is not edited after its run, so if
+    the file (or its .md) is there already, this one goes to NAME-2.json (-3, ...)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    base, k = path, 1
+    while path.exists() or (md is not None and path.with_suffix(".md").exists()):
+        k += 1
+        path = base.with_name(f"{base.stem}-{k}{base.suffix}")
+    if k > 1:
+        print(f"{base} exists: writing {path}", file=sys.stderr)
     with open(path, "x") as f:
         json.dump(doc, f, indent=1, default=str)
         f.write("\n")
