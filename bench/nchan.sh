@@ -208,7 +208,7 @@ run_m() {
   case "$name" in throng) status_path=/api/stats ;; nchan) status_path=/nchan_status ;; esac
   if ! python3 "$BENCH_DIR/comet_memory.py" --port "$PORT" --pids "$(IFS=,; echo "${SERVER_PIDS[*]}")" \
        --conns "$MEM_CONNS" --channels "$MEM_CHANNELS" --path '/sse/{channel}' --status-path "$status_path" \
-       --json >"$out" 2>>"$WORK/comet_memory.log"; then
+       --json --no-record >"$out" 2>>"$WORK/comet_memory.log"; then
     echo '{"error":"comet_memory.py failed"}' >"$out"
   fi
   jq -e . "$out" >/dev/null 2>&1 || echo '{"error":"comet_memory.py printed no JSON"}' >"$out"
