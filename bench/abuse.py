@@ -28,6 +28,11 @@ tests' rawws.py):
       [--only slowloris,slow,churn,floods] [--slowloris 10000] [--handshake-timeout 10]
       [--stalled 100] [--readers 10] [--seconds 30] [--max-queue 1MiB]
       [--churn 20000] [--json FILE]
+
+Keeps the run in bench/results/abuse-STAMP.json (UTC stamp), or in --json FILE: the
+provenance (bench/provenance.py: commit, dirty tree, machine, command line), the
+binary, the settings and every scenario's figures; what it printed goes beside it as
+.md.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ import threading
 import time
 from pathlib import Path
 
+import provenance
 import throng_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
@@ -532,6 +538,20 @@ def floods(args) -> dict:
     return out
 
 
+class Tee:
+    """stdout that keeps a copy of what was printed (for the run's .md)."""
+
+    def __init__(self, out) -> None:
+        self.out, self.lines = out, []
+
+    def write(self, text: str) -> int:
+        self.lines.append(text)
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.environ.get("THRONG_BIN") or throng_server.DEFAULT_BIN)
@@ -543,8 +563,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--max-queue", default="1MiB")
     ap.add_argument("--churn", type=int, default=20_000)
-    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--json", help="write the figures to this file (default bench/results/abuse-STAMP.json, UTC)")
     args = ap.parse_args()
+    prov = provenance.provenance()   # taken as the run starts
+    out_path = Path(args.json) if args.json else provenance.raw_path("abuse")
+    printed = Tee(sys.stdout)
+    sys.stdout = printed
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -552,11 +576,15 @@ def main() -> None:
     machine = f"{os.cpu_count()} cores ({cpu}), kernel {platform.release()}, open-files limit {hard}"
     print(f"# throng abuse bench: {args.bin}\n{machine}; {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     scenarios = {"slowloris": slowloris, "slow": slow_consumers, "churn": churn, "floods": floods}
-    results = {"machine": machine, "binary": args.bin, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    results = {"provenance": prov, "machine": machine, "binary": args.bin, "binary_info": provenance.binary(args.bin),
+               "settings": vars(args), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     for name in args.only.split(","):
         results[name] = scenarios[name](args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    sys.stdout = printed.out
+    md = (provenance.md_header("abuse and faults (bench/abuse.py)", prov) + "\n"
+          + "\n".join("    " + line if line else "" for line in "".join(printed.lines).splitlines()))
+    out_path = provenance.write_raw(out_path, results, md if out_path.suffix == ".json" else None)
+    print(f"wrote {out_path}", file=sys.stderr)
     healthy_all = all(results[n].get("healthy") for n in args.only.split(","))
     sys.exit(0 if healthy_all else 1)
 

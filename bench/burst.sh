@@ -151,11 +151,11 @@ done
 # ---------------------------------------------------------------- report
 report_paths burst
 LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
-jq -n --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
+jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
   --argjson subs "$SUBS" --argjson msgs "$MESSAGES" --argjson pace "$PACE" --argjson runs "$RUNS" --arg rate "$RATE" --arg src "$SOURCE_IPS" \
   --argjson size "$SIZE" --arg grace "$GRACE" --argjson run_seconds "$RUN_SECONDS" --argjson quiet "$QUIET_WAITED" \
   --argjson skipped "$(skipped_json)" \
-  '{machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}),
+  '{provenance:$provenance, machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}),
     params:{subscribers:$subs, channels:1, messages:$msgs, pace:$pace, publishers:1, runs:$runs, size:$size, grace:$grace,
             conn_rate:$rate, source_ips:$src},
     skipped:$skipped, run_seconds:$run_seconds, quiet_wait_seconds:$quiet, servers:[]}' >"$WORK/all.json"
@@ -176,6 +176,7 @@ render() {
   echo "# throng burst benchmark: fan-out $SPEED"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL, open files (hard) $NOFILE; load average $LOADAVG_START at start, $LOADAVG_END at end"
+  provenance_md
   echo "- date: $DATE; run took ${RUN_SECONDS}s; client \`fanload -messages\` (Go, gorilla/websocket) on the same cores, sources $SOURCE_IPS -> 127.0.0.1"
   echo "- $SUBS WebSocket subscribers of one channel; $MESSAGES messages of $SIZE B published $SPEED by one publisher (one request in flight);"
   echo "  measured from the first publish until every subscriber has every accepted message. $RUNS run(s) per server: the run with the median p99 is shown."

@@ -2,9 +2,11 @@
 """Catch-up: how fast a WebSocket subscriber coming back N messages behind is given
 them. Publishes N messages (32 B) to one channel over a kept-alive HTTP connection,
 then opens `/ws/catchup?since=0` (raw) on a plain socket and times the replay from
-the upgrade request to the last replayed frame. Prints one line.
+the upgrade request to the last replayed frame. Prints one line, and keeps the run in
+bench/results/catchup-STAMP.json (UTC stamp; with the provenance: commit, dirty tree,
+machine, command line; the binary, the settings and the figures) and catchup-STAMP.md.
 
-Usage: bench/catchup.py [--messages 10000] [--bin target/release/throng]
+Usage: bench/catchup.py [--messages 10000] [--bin target/release/throng] [--out bench/results]
 """
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import base64
 import http.client
 import os
 import socket
+import sys
 import time
 
+import provenance
 import throng_server
 
 
@@ -22,7 +26,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=10000)
     ap.add_argument("--bin", default=throng_server.DEFAULT_BIN)
+    ap.add_argument("--out", default=str(provenance.RESULTS_DIR), help="where the raw JSON and .md go")
     args = ap.parse_args()
+    prov = provenance.provenance()
     n = args.messages
     flags = ("--history-size", str(n), "--max-queue", "16MiB")
     with throng_server.running(args.bin, *flags) as (_server, port):
@@ -54,9 +60,18 @@ def main() -> None:
                     raise SystemExit(f"connection closed after {frames} of {n} frames")
                 buf += chunk
         elapsed = time.perf_counter() - started
-        print(f"catch-up of {frames} messages (32 B, raw): {elapsed * 1000:.1f} ms, "
-              f"{frames / elapsed:,.0f} messages/s ({os.uname().release}, {os.cpu_count()} cores)")
+        line = (f"catch-up of {frames} messages (32 B, raw): {elapsed * 1000:.1f} ms, "
+                f"{frames / elapsed:,.0f} messages/s ({os.uname().release}, {os.cpu_count()} cores)")
+        print(line)
         sock.close()
+    doc = {"provenance": prov, "binary": provenance.binary(args.bin),
+           "settings": {"messages": n, "message_size": 32, "channel": "catchup", "format": "raw",
+                        "server_flags": list(flags), "publish": "POST /api/publish/catchup, one kept-alive connection",
+                        "timed": "from the upgrade request of /ws/catchup?since=0 to the last replayed frame"},
+           "frames": frames, "elapsed_ms": elapsed * 1000, "messages_per_sec": frames / elapsed}
+    md = provenance.md_header("catch-up (bench/catchup.py)", prov) + "\n    " + line
+    path = provenance.write_raw(provenance.raw_path("catchup", out_dir=args.out), doc, md)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 main()

@@ -135,10 +135,10 @@ for sc in A B; do
 done
 
 report_paths cluster
-jq -n --argjson machine "$(machine_json nofile_hard)" --arg sc "$SCENARIOS" --argjson subs "$SUBS" \
+jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofile_hard)" --arg sc "$SCENARIOS" --argjson subs "$SUBS" \
   --argjson pr "$PUBLISH_RATE" --argjson chb "$CHANNELS_B" --argjson prb "$PUBLISH_RATE_B" --arg dur "$DURATION" \
   --argjson rs "$RUN_SECONDS" --arg redis "$(redis-server --version)" \
-  '{machine: $machine, redis: $redis, params: {scenarios: $sc, subs: $subs, publish_rate: $pr, channels_b: $chb,
+  '{provenance:$provenance, machine:$machine, redis: $redis, params: {scenarios: $sc, subs: $subs, publish_rate: $pr, channels_b: $chb,
     publish_rate_b: $prb, duration: $dur}, run_seconds: $rs, runs: {}}' >"$OUT_JSON"
 for f in "$WORK"/*-[AB].json; do
   key=$(basename "$f" .json)
@@ -149,6 +149,7 @@ render() {
   echo "# Fan-out through Redis against the memory broker"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL; $(throng_version throng); $(redis-server --version | cut -d' ' -f1-3)"
+  provenance_md
   echo "- memory: one node; redis: $NODES nodes on one redis-server (redis: subscribed per channel; redis-pattern: PSUBSCRIBE), subscribers spread over both, publisher on the first; --threads 1 each"
   echo "- A: $SUBS subscribers of 1 channel, $PUBLISH_RATE msg/s; B: $CHANNELS_B channels x 1 subscriber, $PUBLISH_RATE_B msg/s; $DURATION each"
   echo

@@ -3,9 +3,14 @@
 and after opening N `GET /sse/{channel}` streams (each read up to its first
 complete block: throng's `retry:` line) or N `GET /poll/{channel}?timeout=60`
 polls (counted waiting in /api/stats), spread over source addresses
-127.0.0.2-254 and 100 channels, then held. Prints one line.
+127.0.0.2-254 and --channels (100) channels, then held. Prints one line, and keeps
+the run in bench/results/comet-memory-STAMP.json (UTC stamp; the provenance: commit,
+dirty tree, machine, command line; the binary and server flags, the settings, on how
+many channels the connections were held, and every figure) and comet-memory-STAMP.md.
+--no-record keeps nothing (bench/nchan.sh, which keeps the figures in its own file).
 
-Usage: bench/comet_memory.py [--transport sse|poll] [--conns 15000] [--bin target/release/throng]
+Usage: bench/comet_memory.py [--transport sse|poll] [--conns 15000] [--channels 100]
+                             [--bin target/release/throng] [--out bench/results] [--no-record]
 
 Another server, already running (bench/nchan.sh measures Nchan this way):
   bench/comet_memory.py --port PORT --pids PID[,PID...] [--path '/sse/{channel}']
@@ -29,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+import provenance
 import throng_server
 
 
@@ -106,7 +112,7 @@ async def open_stream(port: int, index: int, held: list, args) -> None:
     else:
         writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         await writer.drain()
-    held.append(writer)
+    held.append((writer, index % args.channels))
 
 
 def http_get(port: int, path: str) -> str:
@@ -147,13 +153,14 @@ async def measure(port: int, pids: list[int], args) -> dict:
     after = memory(pids)
     after_parts = breakdown(pids)
     status = http_get(port, args.status_path) if args.status_path else None
-    for w in held:
+    channels_held = len({channel for _, channel in held})
+    for w, _ in held:
         w.close()
     per = {k: None if before[k] is None or after[k] is None or held_count == 0
            else (after[k] - before[k]) * 1024 / held_count for k in before}
     return {"transport": args.transport, "conns": args.conns, "held": held_count,
             "failed": sum(failures.values()), "failures": failures,
-            "channels": args.channels, "path": args.path, "pids": pids,
+            "channels": args.channels, "channels_held": channels_held, "path": args.path, "pids": pids,
             "rss_before_kib": before["rss_kib"], "rss_after_kib": after["rss_kib"],
             "pss_before_kib": before["pss_kib"], "pss_after_kib": after["pss_kib"],
             "rss_bytes_per_conn": per["rss_kib"], "pss_bytes_per_conn": per["pss_kib"],
@@ -175,29 +182,50 @@ async def main() -> None:
     ap.add_argument("--status-path", help="GET while held, included in the output")
     ap.add_argument("--settle", type=float, default=2.0, help="seconds between opening and measuring")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--out", default=str(provenance.RESULTS_DIR), help="where the raw JSON and .md go")
+    ap.add_argument("--no-record", action="store_true", help="write no raw file (the caller keeps the figures)")
     args = ap.parse_args()
+    prov = None if args.no_record else provenance.provenance()
     if args.path is None:
         args.path = "/sse/{channel}" if args.transport == "sse" else "/poll/{channel}?since=0&timeout=60"
     if (args.port is None) != (args.pids is None):
         ap.error("--port and --pids go together")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    server_flags = ("--ping-interval", "0")
     if args.port is not None:
         result = await measure(args.port, [int(p) for p in args.pids.split(",") if p], args)
     else:
-        with throng_server.running(args.bin, "--ping-interval", "0") as (server, port):
+        with throng_server.running(args.bin, *server_flags) as (server, port):
             time.sleep(1)
             result = await measure(port, [server.pid], args)
-    if args.json:
-        print(json.dumps(result))
-        return
     what = "SSE streams held" if args.transport == "sse" else "long-polls waiting"
     per = result["rss_bytes_per_conn"]
-    print(f"{result['held']} {what}: server RSS {result['rss_before_kib']} -> "
-          f"{result['rss_after_kib']} KiB, {per if per is None else format(per, '.0f')} B each "
-          f"({result['kernel']}, {result['cores']} cores)")
-    if result["failed"]:
-        print(f"{result['failed']} failed: {result['failures']}", file=sys.stderr)
+    line = (f"{result['held']} {what}: server RSS {result['rss_before_kib']} -> "
+            f"{result['rss_after_kib']} KiB, {per if per is None else format(per, '.0f')} B each "
+            f"({result['kernel']}, {result['cores']} cores)")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(line)
+        if result["failed"]:
+            print(f"{result['failed']} failed: {result['failures']}", file=sys.stderr)
+    if prov is not None:
+        if args.port is None:
+            server = {"started_here": True, "binary": provenance.binary(args.bin),
+                      "serve_flags": ["--stats-interval", "0", *server_flags]}
+        else:
+            server = {"started_here": False, "port": args.port}
+        doc = {"provenance": prov, "server": server,
+               "settings": {"transport": args.transport, "conns": args.conns, "channels": args.channels,
+                            "path": args.path, "settle_secs": args.settle, "status_path": args.status_path,
+                            "source_ips": "127.0.0.2-127.0.0.254", "open_batch": 500},
+               "result": result}
+        md = (provenance.md_header(f"comet memory: {args.transport} (bench/comet_memory.py)", prov)
+              + f"- {result['held']} held over {result['channels_held']} channels ({args.channels} asked)\n\n    "
+              + line)
+        path = provenance.write_raw(provenance.raw_path("comet-memory", out_dir=args.out), doc, md)
+        print(f"wrote {path}", file=sys.stderr)
 
 
 asyncio.run(main())

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import million  # noqa: E402  (bench/million.py: its summarize() is the one definition)
+from provenance import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,6 +62,7 @@ def derive(raw: Path) -> tuple[Path, list[tuple[str, str]]]:
         "derived_from": raw.name,
         "derived_from_sha256": hashlib.sha256(data).hexdigest(),
         "made_by": f"python3 bench/derive_million.py {shown}",
+        "provenance": provenance(),   # the derivation's own: its commit is the summarize() used
         "method": METHOD,
         "summary": summary,
         "differs_from_raw_summary": differs,

@@ -270,11 +270,11 @@ done
 
 # ---------------------------------------------------------------- report
 report_paths engine
-jq -n --argjson machine "$(machine_json nofile)" --argjson conns_idle "$CONNS_IDLE" --arg rate "$RATE" \
+jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofile)" --argjson conns_idle "$CONNS_IDLE" --arg rate "$RATE" \
   --arg echo_duration "$ECHO_DURATION" --arg echo_conns "$ECHO_CONNS" --argjson rounds "$ROUNDS" --arg src "$SOURCE_IPS" \
   --argjson run_seconds "$RUN_SECONDS" --argjson skipped "$(skipped_json)" \
   --argjson retries "$RETRIES_USED" --argjson quiet_waited "$QUIET_WAITED" \
-  '{machine:$machine,
+  '{provenance:$provenance, machine:$machine,
     params:{conns_idle:$conns_idle, rate:$rate, echo_duration:$echo_duration, echo_conns:$echo_conns, source_ips:$src,
             idle_hold:"'"$IDLE_HOLD"'", idle_settle:"'"$IDLE_SETTLE"'", start_settle_s:'"$START_SETTLE"', message_size:32, warmup:"1s", rounds:$rounds, handshake_conns:'"$HS_CONNS"'},
     skipped:$skipped, run_seconds:$run_seconds, retries_used:$retries, quiet_wait_seconds:$quiet_waited, servers:[]}' >"$WORK/all.json"
@@ -286,6 +286,7 @@ render() {
   echo "# throng engine benchmark"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL, open files $NOFILE"
+  provenance_md
   echo "- date: $DATE; run took ${RUN_SECONDS}s"
   echo "- load: client \`wsload\` (Go, gorilla/websocket) on the same 2 cores, sources $SOURCE_IPS -> 127.0.0.1;"
   echo "  idle: $CONNS_IDLE conns @ ${RATE}/s, RSS = median of 5 VmRSS samples before / ${IDLE_SETTLE} after all open;"

@@ -166,12 +166,12 @@ done
 # ---------------------------------------------------------------- report
 report_paths fanout
 LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
-jq -n --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
+jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
   --argjson subs "$SUBS" --argjson pr "$PUBLISH_RATE" --argjson chb "$CHANNELS_B" --argjson prb "$PUBLISH_RATE_B" \
   --argjson idle "$IDLE_CONNS" --arg dur "$DURATION" --arg rate "$RATE" --arg src "$SOURCE_IPS" \
   --argjson size "$SIZE" --arg grace "$GRACE" --arg warmup "$WARMUP" --argjson pubs "$PUBLISHERS" --argjson ka "$KEEPALIVE" \
   --argjson run_seconds "$RUN_SECONDS" --argjson quiet "$QUIET_WAITED" --argjson skipped "$(skipped_json)" \
-  '{machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}),
+  '{provenance:$provenance, machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}),
     params:{A:{subscribers:$subs, channels:1, publish_rate:$pr, publishers:1},
             B:{subscribers:$chb, channels:$chb, publish_rate:$prb, publishers:$pubs},
             publish_keepalive:$ka,
@@ -192,6 +192,7 @@ render() {
   echo "# throng fan-out benchmark"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL, open files (hard) $NOFILE; load average $LOADAVG_START at start, $LOADAVG_END at end"
+  provenance_md
   echo "- date: $DATE; run took ${RUN_SECONDS}s; client \`fanload\` (Go, gorilla/websocket) on the same 2 cores, sources $SOURCE_IPS -> 127.0.0.1"
   echo "- (A) $SUBS subscribers of one channel, $PUBLISH_RATE msg/s; (B) $CHANNELS_B channels x 1 subscriber, $PUBLISH_RATE_B msg/s"
   echo "  round-robin ($PUBLISHERS publishers, HTTP keep-alive: $KEEPALIVE (where the server allows it)); $SIZE B text, $WARMUP warmup + $DURATION window + $GRACE grace;"

@@ -5,7 +5,11 @@ feed message, visiting every channel for the busiest ten), with nobody watching 
 with one dashboard watching, at N subscribers spread over N channels (the worst
 case for the busiest-channel walk). Also times `GET /api/stats/history`.
 
-Usage: bench/feed_cost.py [--conns 15000] [--seconds 20]
+Keeps the run in bench/results/feed-cost-STAMP.json (UTC stamp; the provenance:
+commit, dirty tree, machine, command line; the binary, settings and figures) and
+feed-cost-STAMP.md.
+
+Usage: bench/feed_cost.py [--conns 15000] [--seconds 20] [--out bench/results]
 Env:   THRONG_BIN (default <repo>/target/release/throng)
 Needs: python3 with `websockets` (tests/python/.venv has it).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import socket
@@ -24,6 +29,9 @@ import urllib.request
 from pathlib import Path
 
 import websockets
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402  (bench/provenance.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 THRONG = os.environ.get("THRONG_BIN", str(ROOT / "target/release/throng"))
@@ -66,12 +74,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--conns", type=int, default=15000)
     ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--out", default=str(provenance.RESULTS_DIR), help="where the raw JSON and .md go")
     args = ap.parse_args()
+    prov = provenance.provenance()
+    printed: list[str] = []
+
+    def say(line: str) -> None:
+        print(line)
+        printed.append(line)
+
     port = free_port()
-    server = subprocess.Popen(
-        [THRONG, "serve", "--listen", f"127.0.0.1:{port}", "--threads", "2", "--stats-interval", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    serve_cmd = [THRONG, "serve", "--listen", f"127.0.0.1:{port}", "--threads", "2", "--stats-interval", "0"]
+    server = subprocess.Popen(serve_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     bench = None
     try:
         for _ in range(50):
@@ -81,39 +95,49 @@ def main() -> None:
             except OSError:
                 time.sleep(0.1)
         hold = args.seconds * 2 + 30
-        bench = subprocess.Popen(
-            [THRONG, "bench", "push", "--url", f"ws://127.0.0.1:{port}", "--conns", str(args.conns),
-             "--channels", str(args.conns), "--publish-rate", "100", "--rate", "5000",
-             "--duration", f"{int(hold)}s", "--source-ips", "127.0.0.2-127.0.0.20", "--json"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        bench_cmd = [THRONG, "bench", "push", "--url", f"ws://127.0.0.1:{port}", "--conns", str(args.conns),
+                     "--channels", str(args.conns), "--publish-rate", "100", "--rate", "5000",
+                     "--duration", f"{int(hold)}s", "--source-ips", "127.0.0.2-127.0.0.20", "--json"]
+        bench = subprocess.Popen(bench_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # Wait until every subscriber is in.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             stats = get(port, "/api/stats")
-            import json
             if json.loads(stats)["connections"]["websocket"] >= args.conns:
                 break
             time.sleep(0.5)
-        print(f"machine: {os.cpu_count()} cores, {platform.node()}, {platform.release()}; "
-              f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
-        print(f"{args.conns} subscribers over {args.conns} channels, 100 messages/s published")
+        subscribed = json.loads(stats)["connections"]["websocket"]
+        say(f"machine: {os.cpu_count()} cores, {platform.node()}, {platform.release()}; "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+        say(f"{args.conns} subscribers over {args.conns} channels, 100 messages/s published")
         before = thread_cpu_seconds(server.pid, "throng-feed")
         time.sleep(args.seconds)
         idle = thread_cpu_seconds(server.pid, "throng-feed") - before
-        print(f"nobody watching: feed thread {idle / args.seconds * 1000:.3f} ms CPU per second")
+        say(f"nobody watching: feed thread {idle / args.seconds * 1000:.3f} ms CPU per second")
         before = thread_cpu_seconds(server.pid, "throng-feed")
         got = asyncio.run(watch(port, args.seconds))
         watched = thread_cpu_seconds(server.pid, "throng-feed") - before
-        print(f"one dashboard watching: feed thread {watched / args.seconds * 1000:.3f} ms CPU per second "
-              f"({got} feed messages in {args.seconds:.0f} s)")
+        say(f"one dashboard watching: feed thread {watched / args.seconds * 1000:.3f} ms CPU per second "
+            f"({got} feed messages in {args.seconds:.0f} s)")
         times = []
         for _ in range(20):
             t = time.perf_counter()
             body = get(port, "/api/stats/history")
             times.append(time.perf_counter() - t)
         times.sort()
-        print(f"GET /api/stats/history: {len(body)} bytes, median {times[len(times) // 2] * 1000:.2f} ms round trip")
+        say(f"GET /api/stats/history: {len(body)} bytes, median {times[len(times) // 2] * 1000:.2f} ms round trip")
+        doc = {"provenance": prov, "binary": provenance.binary(THRONG),
+               "settings": {"conns": args.conns, "channels": args.conns, "publish_rate": 100, "seconds": args.seconds,
+                            "serve_command": serve_cmd, "bench_command": bench_cmd},
+               "subscribed": subscribed,
+               "feed_cpu_ms_per_sec_idle": idle / args.seconds * 1000,
+               "feed_cpu_ms_per_sec_watched": watched / args.seconds * 1000, "feed_messages_watched": got,
+               "stats_history_bytes": len(body), "stats_history_ms": [t * 1000 for t in times],
+               "stats_history_median_ms": times[len(times) // 2] * 1000}
+        md = provenance.md_header("dashboard feed cost (bench/feed_cost.py)", prov) + "\n" + "\n".join(
+            "    " + line for line in printed)
+        path = provenance.write_raw(provenance.raw_path("feed-cost", out_dir=args.out), doc, md)
+        print(f"wrote {path}", file=sys.stderr)
     finally:
         if bench:
             bench.terminate()

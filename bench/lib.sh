@@ -7,6 +7,9 @@
 REPO_DIR=$(dirname "$BENCH_DIR")
 THRONG_BIN=${THRONG_BIN:-$REPO_DIR/target/release/throng}
 PROG=${0##*/}   # in messages: engine.sh, fanout.sh
+# The command line as the script was started (lib.sh is sourced at the top of the
+# script, before any option is read): for provenance_json.
+RUN_ARGV=("$0" "$@")
 
 # ---------------------------------------------------------------- options, messages
 
@@ -68,6 +71,7 @@ need() { command -v "$1" >/dev/null 2>&1 || { echo "$PROG: needs $1" >&2; exit 1
 begin_run() {
   RUN_START=$(date +%s)
   STAMP=$(date +%Y%m%d-%H%M%S)
+  PROVENANCE=$(provenance_json)
   WORK=$(mktemp -d "/tmp/throng-$1.XXXXXX")
   RM_WORK_ON_EXIT=${2:-}
   mkdir -p "$RESULTS_DIR"
@@ -134,6 +138,16 @@ machine_json() {
   jq -n --arg nproc "$NPROC" --arg model "$MODEL" --arg kernel "$KERNEL" --arg date "$DATE" --arg mem "$MEM" \
     --arg key "$1" --arg nofile "$NOFILE" --arg clk "$CLK_TCK" \
     '{nproc:($nproc|tonumber), model:$model, kernel:$kernel, memory:$mem} + {($key):$nofile} + {clk_tck:($clk|tonumber), date:$date}'
+}
+# provenance_json: where the run came from, as JSON (bench/provenance.py, the one
+# place this is worked out, for the shell and the Python benchmarks alike): git
+# commit, dirty tree, machine (cpu_model, cores, mem_gib, kernel), the command line
+# as run (shell-quoted) and the UTC date. begin_run keeps it in PROVENANCE, taken
+# when the run starts; each raw JSON holds it under "provenance".
+provenance_json() { python3 "$BENCH_DIR/provenance.py" -- "${RUN_ARGV[@]}"; }
+# provenance_md: the same as a Markdown list item, for a run's write-up.
+provenance_md() {
+  jq -r '"- commit \(.commit // "unknown")\(if .dirty then " (dirty tree)" else "" end); command: `\(.command)`"' <<<"$PROVENANCE"
 }
 skipped_json() { printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}" | jq -R . | jq -sc 'map(select(length>0))'; }
 print_skipped() { local s; for s in "${SKIPPED[@]+"${SKIPPED[@]}"}"; do echo "- skipped: $s"; done; }

@@ -63,6 +63,8 @@ import threading
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -304,6 +306,7 @@ def main() -> int:
         print("nginx and Nchan are needed (scripts/test.sh installs nginx-light and libnginx-mod-nchan)",
               file=sys.stderr)
         return 2
+    prov = provenance()   # the commit and tree the run starts from, and its command line
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = ("nchan-" if args.server == "nchan" else "") + time.strftime("%Y%m%d-%H%M%S")
@@ -411,7 +414,7 @@ def main() -> int:
 
     machine = {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
                "mem_total_kib": meminfo()["MemTotal"]}
-    doc = {"settings": vars(args) | {"workers": workers, "procs": procs, "source_ips": source_ips},
+    doc = {"provenance": prov, "settings": vars(args) | {"workers": workers, "procs": procs, "source_ips": source_ips},
            "commands": {"serve": serve_cmd, "bench": bench_cmd}, "machine": machine,
            "t_bench_start": t_bench, "t_all_open": t_loaded[0] or t_bench, "base": base,
            "samples": sampler.samples, "bench": result}

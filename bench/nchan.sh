@@ -208,7 +208,7 @@ run_m() {
   case "$name" in throng) status_path=/api/stats ;; nchan) status_path=/nchan_status ;; esac
   if ! python3 "$BENCH_DIR/comet_memory.py" --port "$PORT" --pids "$(IFS=,; echo "${SERVER_PIDS[*]}")" \
        --conns "$MEM_CONNS" --channels "$MEM_CHANNELS" --path '/sse/{channel}' --status-path "$status_path" \
-       --json >"$out" 2>>"$WORK/comet_memory.log"; then
+       --json --no-record >"$out" 2>>"$WORK/comet_memory.log"; then
     echo '{"error":"comet_memory.py failed"}' >"$out"
   fi
   jq -e . "$out" >/dev/null 2>&1 || echo '{"error":"comet_memory.py printed no JSON"}' >"$out"
@@ -301,12 +301,12 @@ done
 # ---------------------------------------------------------------- report
 report_paths nchan
 LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
-jq -n --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
+jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
   --argjson mem "$MEM_CONNS" --argjson memch "$MEM_CHANNELS" --argjson subs "$SUBS" --argjson pr "$PUBLISH_RATE" \
   --arg dur "$DURATION" --argjson rate "$RATE" --argjson workers "$WORKERS" --argjson pubs "$PUBLISHERS" --arg src "$SOURCE_IPS" \
   --arg sc "$SCENARIOS" --argjson run_seconds "$RUN_SECONDS" --argjson quiet "$QUIET_WAITED" \
   --argjson skipped "$(skipped_json)" --rawfile conf "$CONF_TEMPLATE" \
-  '{machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}),
+  '{provenance:$provenance, machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}),
     params:{scenarios:$sc, M:{subscribers:$mem, channels:$memch},
             D:{subscribers:$subs, channels:1, publish_rate:$pr, publishers:$pubs, duration:$dur, conn_rate:$rate},
             workers:$workers, source_ips:$src},
@@ -326,6 +326,7 @@ render() {
   echo "# throng SSE vs Nchan"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL, open files (hard) $NOFILE; load average $LOADAVG_START at start, $LOADAVG_END at end"
+  provenance_md
   echo "- date: $DATE; run took ${RUN_SECONDS}s; servers: $WORKERS nginx worker process(es), throng --threads $WORKERS; clients on the same cores, sources $SOURCE_IPS -> 127.0.0.1"
   echo "- (M) $MEM_CONNS SSE subscribers over $MEM_CHANNELS channels, held idle (bench/comet_memory.py); (D) $SUBS SSE subscribers of one channel,"
   echo "  $PUBLISH_RATE msg/s from $PUBLISHERS publisher(s) (one request in flight each) for $DURATION (\`throng bench push --transport sse\`). Fresh server process per scenario."

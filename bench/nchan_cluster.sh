@@ -418,12 +418,12 @@ done
 # ---------------------------------------------------------------- report
 report_paths nchan-cluster
 LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
-jq -n --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
+jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
   --argjson subs "$SUBS" --argjson pr "$PUBLISH_RATE" --argjson subsb "$SUBS_B" --argjson chb "$CHANNELS_B" \
   --argjson prb "$PUBLISH_RATE_B" --argjson pubsb "$PUBLISHERS_B" --arg dur "$DURATION" --argjson rate "$RATE" \
   --arg src "$SOURCE_IPS" --arg sc "$SCENARIOS" --argjson run_seconds "$RUN_SECONDS" --argjson quiet "$QUIET_WAITED" \
   --argjson skipped "$(skipped_json)" --rawfile conf "$CONF_TEMPLATE" --arg redis "$(redis-server --version)" \
-  '{machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}), redis:$redis,
+  '{provenance:$provenance, machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}), redis:$redis,
     params:{scenarios:$sc, nodes:2, A:{subscribers:$subs, channels:1, publish_rate:$pr, publishers:1},
             B:{subscribers:$subsb, channels:$chb, publish_rate:$prb, publishers:$pubsb},
             duration:$dur, conn_rate:$rate, source_ips:$src},
@@ -442,6 +442,7 @@ render() {
   echo "# Two nodes on one Redis: throng against Nchan (SSE)"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL, open files (hard) $NOFILE; load average $LOADAVG_START at start, $LOADAVG_END at end"
+  provenance_md
   echo "- date: $DATE; run took ${RUN_SECONDS}s; per system and scenario: a fresh redis-server and two fresh nodes on consecutive loopback ports;"
   echo "  subscribers round-robin over both nodes, the publisher on node 1 (one request in flight per publisher); clients on the same cores, sources $SOURCE_IPS"
   echo "- A: $SUBS SSE subscribers of 1 channel, $PUBLISH_RATE msg/s, 1 publisher; B: $SUBS_B SSE subscribers over $CHANNELS_B channels, $PUBLISH_RATE_B msg/s in total, $PUBLISHERS_B publishers; $DURATION each (\`throng bench push --transport sse\`; Nchan: \`--seq-from payload\`)"

@@ -25,6 +25,9 @@ Usage (needs redis-server and nginx; scripts/test.sh installs both):
       [--ws 400] [--sse 100] [--poll 30] [--rate 200] [--gap 6] [--backoff 500ms]
       [--history 2000]
       [--bin target/release/throng] [--json FILE]
+Writes every figure (and the reconnect curves), the settings and the run's provenance
+(bench/provenance.py: commit, dirty tree, machine, command line) to --json, by default
+bench/results/restart-STAMP.json, with the printed table beside it as .md.
 Exit status 1 if any subscriber lost or duplicated a message.
 """
 from __future__ import annotations
@@ -48,6 +51,9 @@ from conftest import free_port, tcp_connectable  # noqa: E402
 from procs import Nginx, stop_process  # noqa: E402
 from rawws import http_request  # noqa: E402
 from test_nginx_cluster import fronting  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+import provenance  # noqa: E402  (bench/provenance.py)
 
 TRANSPORTS = ("ws", "sse", "poll")
 
@@ -309,8 +315,11 @@ def main() -> int:
     ap.add_argument("--backoff", default="500ms")
     ap.add_argument("--history", type=int, default=2000,
                     help="--history-size of the nodes: it must cover the longest time a subscriber is away")
-    ap.add_argument("--json", help="write every figure (and the reconnect curves) here")
+    ap.add_argument("--json", help="write every figure (and the reconnect curves) here "
+                    "(default bench/results/restart-STAMP.json, UTC)")
     args = ap.parse_args()
+    prov = provenance.provenance()   # taken as the run starts
+    out_path = Path(args.json) if args.json else provenance.raw_path("restart")
     scenarios = [s for s in args.scenario.split(",") if s]
     for s in scenarios:
         if s not in ("rolling", "sigkill", "redis"):
@@ -320,22 +329,25 @@ def main() -> int:
     for s in scenarios:
         print(f"scenario {s}", file=sys.stderr)
         results.append(run_scenario(args, s))
-    print("| " + " | ".join(HEADER) + " |")
-    print("|" + "---|" * len(HEADER))
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     bad = False
     for r in results:
         for row in summary_rows(r):
-            print("| " + " | ".join(row) + " |")
+            lines.append("| " + " | ".join(row) + " |")
         for t, b in r["benches"].items():
             p = b["push"]
             bad |= p["lost"] > 0 or p["duplicated"] > 0 or p["comeback"]["away_at_end"] > 0
             for reason, n in p["publish_errors_by_reason"].items():
-                print(f"  {r['scenario']} {t} publish failed: {reason}: {n}")
-        print(f"  {r['scenario']}: node RSS KiB before {r['rss_kib_before']}, after {r['rss_kib_after']}")
+                lines.append(f"  {r['scenario']} {t} publish failed: {reason}: {n}")
+        lines.append(f"  {r['scenario']}: node RSS KiB before {r['rss_kib_before']}, after {r['rss_kib_after']}")
         for kind, n in sorted(r["proxy_log"].items(), key=lambda kv: -kv[1]):
-            print(f"  {r['scenario']} nginx: {kind}: {n}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+            lines.append(f"  {r['scenario']} nginx: {kind}: {n}")
+    print("\n".join(lines))
+    doc = {"provenance": prov, "binary": provenance.binary(args.bin), "settings": vars(args),
+           "scenarios": results}
+    md = provenance.md_header("restart: faults in a cluster (bench/restart.py)", prov) + "\n" + "\n".join(lines)
+    out_path = provenance.write_raw(out_path, doc, md if out_path.suffix == ".json" else None)
+    print(f"wrote {out_path}", file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -99,10 +99,10 @@ for sc in F R; do
 done
 
 report_paths transports
-jq -n --argjson machine "$(machine_json nofile_hard)" --arg tr "$TRANSPORTS" --arg sc "$SCENARIOS" \
+jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofile_hard)" --arg tr "$TRANSPORTS" --arg sc "$SCENARIOS" \
   --argjson subs "$SUBS" --argjson pr "$PUBLISH_RATE" --argjson chr "$CHANNELS_R" --argjson prr "$PUBLISH_RATE_R" \
   --arg rec "$RECONNECT" --arg dur "$DURATION" --argjson rs "$RUN_SECONDS" \
-  '{machine: $machine, params: {transports: $tr, scenarios: $sc, subs: $subs, publish_rate: $pr,
+  '{provenance:$provenance, machine:$machine, params: {transports: $tr, scenarios: $sc, subs: $subs, publish_rate: $pr,
     channels_r: $chr, publish_rate_r: $prr, reconnect: $rec, duration: $dur}, run_seconds: $rs, runs: {}}' >"$OUT_JSON"
 for f in "$WORK"/*-[FR].json; do
   key=$(basename "$f" .json)
@@ -113,6 +113,7 @@ render() {
   echo "# throng push over ws, sse and poll"
   echo
   echo "- machine: $NPROC cores ($MODEL), $MEM RAM, kernel $KERNEL; $(throng_version throng); server --threads 1"
+  provenance_md
   echo "- F: $SUBS subscribers of 1 channel, $PUBLISH_RATE msg/s; R: $SUBS subscribers over $CHANNELS_R channels,"
   echo "  $PUBLISH_RATE_R msg/s, --reconnect $RECONNECT every 2 s; each for $DURATION"
   echo
