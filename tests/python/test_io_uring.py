@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import re
+import shutil
 import socket
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -320,3 +324,22 @@ def test_a_busy_connection_closed_by_its_peer_is_released(start_server):
 
     run(main(), timeout=60)
 
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_rings_own_unit_tests_pass_where_io_uring_is():
+    """src/server/uring.rs tests the ring itself in two unit tests that need one:
+    `cargo test` ignores them (they cannot run, and must not pass, without
+    io_uring); here, where io_uring can be made, they are run and must pass."""
+    why = io_uring_unavailable()
+    if why:
+        pytest.skip(f"io_uring unavailable here ({why}): the ring's unit tests cannot run")
+    cargo = shutil.which("cargo")
+    assert cargo, "cargo is not on PATH (scripts/test.sh runs with it)"
+    cmd = [cargo, "test", "--release", "--lib", "server::uring", "--", "--ignored"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    out = f"$ {' '.join(cmd)}\n--- stdout ---\n{p.stdout[-6000:]}\n--- stderr ---\n{p.stderr[-6000:]}"
+    assert p.returncode == 0, out
+    results = re.findall(r"test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored", p.stdout)
+    assert results == [("ok", "2", "0", "0")], out
