@@ -528,19 +528,20 @@ mod tests {
     use std::os::unix::net::UnixStream;
     use std::time::Instant;
 
-    /// A ring on a fresh epoll descriptor, or None where the kernel refuses
-    /// io_uring (the loop then reads through epoll; nothing here to test).
-    fn ring() -> Option<(Uring, RawFd)> {
+    /// A ring on a fresh epoll descriptor; panics where the kernel refuses
+    /// io_uring. The tests that need one are ignored by a plain `cargo test`
+    /// (where there is no ring they cannot run, and must not pass):
+    /// tests/python/test_io_uring.py runs them (`-- --ignored`) where it can.
+    fn ring() -> (Uring, RawFd) {
         // SAFETY: plain system call; the descriptor is closed by the test.
         let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         assert!(epoll >= 0);
         match Uring::new(epoll) {
-            Ok(uring) => Some((uring, epoll)),
+            Ok(uring) => (uring, epoll),
             Err(e) => {
-                eprintln!("io_uring unavailable here: {e}");
                 // SAFETY: ours, unused from here.
                 unsafe { libc::close(epoll) };
-                None
+                panic!("io_uring unavailable here ({e}): this test needs io_uring");
             }
         }
     }
@@ -557,10 +558,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs io_uring: run by tests/python/test_io_uring.py"]
     fn a_connection_moves_to_the_ring_when_busy_and_back_when_quiet() {
-        let Some((mut uring, epoll)) = ring() else {
-            return;
-        };
+        let (mut uring, epoll) = ring();
         let (mut peer, ours) = UnixStream::pair().unwrap();
         uring.opened(3);
         assert_eq!(uring.via(3), Via::Epoll);
@@ -624,10 +624,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs io_uring: run by tests/python/test_io_uring.py"]
     fn a_busy_loop_waits_for_a_batch_but_takes_a_lone_completion() {
-        let Some((mut uring, epoll)) = ring() else {
-            return;
-        };
+        let (mut uring, epoll) = ring();
         let (mut peer, ours) = UnixStream::pair().unwrap();
         let start = uring.window_start;
         uring.count_events(COALESCE_FROM as usize - 1);
@@ -646,14 +645,15 @@ mod tests {
         uring.arm(ours.as_raw_fd(), 0);
 
         // One byte, far fewer than a batch: the wait takes it once the batch's
-        // wait is over, not at its own 10 s timeout.
+        // wait is over, not at its own 60 s timeout (half of that allowed, for
+        // a slow shared machine).
         peer.write_all(b"x").unwrap();
         let mut out = Vec::new();
         let began = Instant::now();
-        uring.wait(Some(Duration::from_secs(10)), &mut out).unwrap();
+        uring.wait(Some(Duration::from_secs(60)), &mut out).unwrap();
         assert_eq!(received(&out), [(0, 1, true)]);
         assert!(
-            began.elapsed() < Duration::from_secs(5),
+            began.elapsed() < Duration::from_secs(30),
             "{:?}",
             began.elapsed()
         );

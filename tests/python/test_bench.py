@@ -189,7 +189,11 @@ def test_echo_against_throng(start_server):
     # One round-trip sample per echo.
     assert r["latency"]["samples"] == r["messages_sent"], ctx
     assert_latency_sane(r["latency"], ctx)
-    assert 0.9 <= r["duration_secs"] < 3, ctx
+    # The load lasted the 1 s asked for: at least that (a lower bound holds on a
+    # slow machine), within the process's own lifetime, and not the 10 s default
+    # (an upper bound with 9 s to spare, only to tell --duration was used).
+    assert 0.9 <= r["duration_secs"] <= run.elapsed, ctx
+    assert r["duration_secs"] < 10, ctx
 
 
 def test_idle_against_throng_holds_connections_and_answers_pings(start_server):
@@ -506,7 +510,13 @@ BAD_FLAGS = [
 
 @pytest.mark.parametrize("args,mentions", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
 def test_bad_flags_fail_clearly(args, mentions):
-    run = run_bench(*args, "--json", timeout=15)
+    # An hour's load where the flags leave the duration alone: a run that got
+    # past its flags would not end by itself within the generous timeout.
+    hour = [] if "--duration" in args else ["--duration", "1h"]
+    try:
+        run = run_bench(*args, *hour, "--json", timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"bad flags must be rejected before anything runs: {args} still running after 60 s")
     ctx = run.describe()
     assert_no_panic(run)
     assert run.returncode != 0, ctx
@@ -515,32 +525,36 @@ def test_bad_flags_fail_clearly(args, mentions):
     assert "error" in run.stderr.lower(), ctx
     assert mentions in run.stderr, f"stderr should name {mentions!r}\n{ctx}"
     assert run.stdout.strip() == "", f"no report for a run that never started\n{ctx}"
-    assert run.elapsed < 5, f"bad flags must be rejected before anything runs\n{ctx}"
 
 
 @pytest.mark.parametrize("procs", [1, 2])
 def test_ctrl_c_ends_the_load_early_and_still_reports(start_server, procs):
     srv = start_server()
+    # An hour's load: only the interrupt can end it within the wait below.
     cmd = bench_cmd("echo", "--url", srv.url("/echo"), "--conns", 10, "--procs", procs,
-                    "--duration", "60s", "--interval", "0", "--json")
+                    "--duration", "1h", "--interval", "0", "--json")
     # Like a terminal's Ctrl-C: the signal goes to the whole process group.
+    started = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=bench_env(), start_new_session=True)
     try:
         time.sleep(2.0)
-        t0 = time.monotonic()
         os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=15)
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("still running 60 s after SIGINT, with an hour's load asked for")
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    assert time.monotonic() - t0 < 10
+    lifetime = time.monotonic() - started
     assert p.returncode == 0, err.decode()
     assert b"interrupted" in err
     r = json.loads(out)
     assert r["opened"] == 10 and r["failed"] == 0
     assert r["messages_sent"] > 0 and r["messages_total"] > 0
-    assert r["duration_secs"] < 30
+    # The report gives the time the load really ran, not the hour asked for.
+    assert 0 < r["duration_secs"] <= lifetime, (r["duration_secs"], lifetime)
 
 
 # -- --max-opening: never more handshakes in flight than asked -------------------
