@@ -41,7 +41,7 @@ def check_exactly_once(result: dict) -> None:
         assert p["comeback"]["away_at_end"] == 0, ctx
 
 
-def test_rolling_restart_loses_nothing_and_clients_come_back_spread_out():
+def test_rolling_restart_loses_nothing_and_every_client_comes_back():
     result = scenario("rolling")
     check_exactly_once(result)
     for transport in ("ws", "sse"):
