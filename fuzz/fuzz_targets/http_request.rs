@@ -281,7 +281,11 @@ fn serve_pieces(raw: &[u8], cuts: &[usize], setup: &Setup) -> (Vec<(u16, bool)>,
             Next::Open {
                 opening,
                 mut leftover,
+                client,
             } => {
+                // Without --trusted-proxy nothing a request says changes who the
+                // client is.
+                assert_eq!(client, peer(setup.remote).to_canonical());
                 // What follows belongs to the transport.
                 leftover.extend_from_slice(&raw[stop..]);
                 end = End::Open {
