@@ -269,6 +269,12 @@ impl Broker for MemoryBroker {
     fn healthy(&self) -> bool {
         true
     }
+
+    /// A publish hands its message to the hub while it holds the channel's lock,
+    /// which `subscribe` takes to count the subscriber and snapshot the history.
+    fn delivers_before_subscribe_returns(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -199,6 +199,17 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 
     /// Whether publishing works right now (for `/healthz`).
     fn healthy(&self) -> bool;
+
+    /// Whether every message with a seq a `subscribe` counted in its replay is in
+    /// the loop's inbox by the time `subscribe` returns (the publish hands it to
+    /// the hub under the lock the subscribe takes). Then a loop may drop its
+    /// returning subscribers' live filters after taking its inbox once more, at
+    /// once, instead of waiting for the next message: a quiet channel's returning
+    /// subscriber (every long-poll) keeps no filter. False when deliveries come
+    /// later through another path (Redis's listener thread).
+    fn delivers_before_subscribe_returns(&self) -> bool {
+        false
+    }
 }
 
 /// A new history epoch: unique within this process and, with the start time mixed

@@ -160,8 +160,15 @@ impl EventLoop {
         Ok(())
     }
 
+    /// Whether the inbox must be looked at before the loop waits: deliveries wait,
+    /// a fan-out is part done, or (with a broker whose deliveries are in the inbox
+    /// before a subscribe returns) returning subscribers' live filters can go once
+    /// it is taken, so that a quiet channel's returning subscribers keep none.
     fn has_deliveries(&self) -> bool {
-        self.subscribers.has_pending() || self.shared.hub.inbox(self.index).has_work()
+        self.subscribers.has_pending()
+            || self.shared.hub.inbox(self.index).has_work()
+            || (self.subscribers.has_fresh()
+                && self.shared.broker.delivers_before_subscribe_returns())
     }
 
     /// How long the next wait may block: until the next tick when there is

@@ -277,6 +277,12 @@ impl LocalSubscribers {
         self.start < self.batch.len()
     }
 
+    /// Whether returning subscribers keep live filters until the inbox is taken
+    /// once more (see `Broker::delivers_before_subscribe_returns`).
+    pub fn has_fresh(&self) -> bool {
+        !self.fresh.is_empty()
+    }
+
     /// Writes the deliveries waiting in `inbox` to this loop's subscribers, at
     /// most [`FAN_OUT_SLICE`] subscribers a call (the rest on the next calls,
     /// before anything newer), and lists in `failed` those that could not take them.

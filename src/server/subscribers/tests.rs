@@ -259,6 +259,36 @@ fn a_returning_subscriber_gets_no_live_copy_of_what_history_gave_it() {
 }
 
 #[test]
+fn a_quiet_channels_returning_subscriber_keeps_no_filter_once_the_inbox_is_taken() {
+    use crate::broker::Broker;
+    let (_poll, hub, broker) = broker(10);
+    assert!(broker.delivers_before_subscribe_returns());
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    let (key, mut client) = connect(&listener, &mut conns);
+    let resume = Some(Resume {
+        since: 0,
+        epoch: None,
+    });
+    ws_subscribe(&mut subscribers, &broker, &mut conns, key, "q", resume);
+    assert!(
+        subscribers.has_fresh(),
+        "a returning subscriber is filtered until the inbox is taken"
+    );
+    // Nothing was published: taking the (empty) inbox is enough to drop the filter.
+    let mut counts = TurnCounts::default();
+    let mut failed = Vec::new();
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    assert!(!subscribers.has_fresh());
+    // And what comes next is delivered once.
+    broker.publish("q", text("after")).unwrap();
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    assert!(failed.is_empty());
+    assert_eq!(received(&mut client), b"\x81\x05after");
+}
+
+#[test]
 fn tokens_expire_in_order_and_ended_subscriptions_are_forgotten() {
     let (_poll, _hub, broker) = broker(0);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
