@@ -52,6 +52,11 @@ US_SRC=$UWS_SRC/uSockets/src
 # --version: the line the benchmark reports show for this peer. uWebSockets'
 # source carries no release number; its server header ("uWebSockets: 20") gives the major.
 if [ "$MODE" = version ]; then
+  if [ -f "$UWS_SRC/UPSTREAM" ]; then
+    # Laid out by upstream.sh: the pinned upstream commits.
+    echo "$(cat "$UWS_SRC/UPSTREAM"), $("$CXX" --version | head -1)"
+    exit 0
+  fi
   major=$(sed -n 's/.*writeHeader("uWebSockets", "\([0-9]*\)").*/\1/p' "$UWS_SRC/src/HttpResponse.h" | head -1)
   echo "uWebSockets ${major:-?} (source of crates.io $CRATE), $("$CXX" --version | head -1)"
   exit 0
