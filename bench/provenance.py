@@ -37,7 +37,7 @@ ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 
 # The environment variables the benchmarks read: part of how a run was asked for.
-ENV_SETTINGS = ("THRONG_BIN", "THRONG_BASE_BIN", "DURATION", "INSTALL", "NCHAN_SO")
+ENV_SETTINGS = ("THRONG_BIN", "THRONG_BASE_BIN", "DURATION", "INSTALL", "NCHAN_SO", "UWS_SRC")
 
 
 def _git(*args: str) -> str | None:
