@@ -429,13 +429,18 @@ def main() -> int:
 
 def write_copies(doc: dict, path: Path) -> None:
     """The run's samples as CSV and its chart as SVG, beside its JSON. Both are drawn
-    from the JSON alone (so they are git-ignored, not kept): `--summarize FILE.json`
-    writes them again."""
-    with open(path.with_suffix(".csv"), "w", newline="") as f:
+    from the JSON alone (so new ones are git-ignored): `--summarize FILE.json` draws
+    them again. A copy already there is left as it is (the copies runs made before
+    2026-11-26 are kept in git as they were written)."""
+    csv_path, svg_path = path.with_suffix(".csv"), path.with_suffix(".svg")
+    if csv_path.exists() or svg_path.exists():
+        print(f"{csv_path.name} / {svg_path.name} exist: left as they are", file=sys.stderr)
+        return
+    with open(csv_path, "x", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(doc["samples"][0].keys()))
         wr.writeheader()
         wr.writerows(doc["samples"])
-    path.with_suffix(".svg").write_text(chart(doc))
+    svg_path.write_text(chart(doc))
 
 
 def chart(doc: dict) -> str:
