@@ -85,15 +85,16 @@ pub fn client_address(peer: IpAddr, req: &Request<'_>, trusted: &[Network]) -> I
     if !is_trusted(peer, trusted) {
         return peer;
     }
-    // Every X-Forwarded-For header, in order, is one list.
-    let hops: Vec<&[u8]> = req
+    // Every X-Forwarded-For header, in order, is one list: walked from its end,
+    // without collecting it.
+    let hops = req
         .headers
         .iter()
+        .rev()
         .filter(|(name, _)| name.eq_ignore_ascii_case("x-forwarded-for"))
-        .flat_map(|(_, value)| value.split(|&b| b == b','))
-        .collect();
+        .flat_map(|(_, value)| value.rsplit(|&b| b == b','));
     let mut client = peer;
-    for hop in hops.iter().rev() {
+    for hop in hops {
         let parsed = std::str::from_utf8(hop.trim_ascii())
             .ok()
             .and_then(|s| IpAddr::from_str(s).ok());
