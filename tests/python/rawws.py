@@ -396,6 +396,18 @@ def publish_ok(port: int, channel: str, data: bytes | str, **kw) -> int:
     return seq
 
 
+def metric(port: int, series: str) -> float:
+    """The value of one /metrics series, named with its labels as printed
+    (`throng_handshake_failures_total{reason="timeout"}`)."""
+    resp = http_request(port, "GET", "/metrics")
+    assert resp.status == 200, resp
+    for line in resp.body.decode().splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == series:
+            return float(value)
+    raise AssertionError(f"no series {series} in /metrics")
+
+
 def channel_info(port: int, channel: str, timeout: float = 5.0) -> dict:
     """GET /api/channels/{channel} => dict (asserts 200)."""
     resp = http_request(port, "GET", f"/api/channels/{channel}", timeout=timeout)

@@ -24,7 +24,7 @@ import pytest
 from conftest import can_bind, vm_rss_kb
 from rawws import (
     OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT, Closed, RawConn, encode_frame,
-    http_request, parse_close, publish_ok, upgrade_request, wait_subscribers,
+    http_request, metric, parse_close, publish_ok, upgrade_request, wait_subscribers,
 )
 from rawws import ws_connect as raw_connect
 
@@ -54,18 +54,6 @@ def stats(port: int) -> dict:
     resp = http_request(port, "GET", "/api/stats")
     assert resp.status == 200, resp
     return resp.json()
-
-
-def metric(port: int, series: str) -> float:
-    """The value of one /metrics series, named with its labels as printed
-    (`throng_handshake_failures_total{reason="timeout"}`)."""
-    resp = http_request(port, "GET", "/metrics")
-    assert resp.status == 200, resp
-    for line in resp.body.decode().splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == series:
-            return float(value)
-    raise AssertionError(f"no series {series} in /metrics")
 
 
 def subscribers_now(port: int, channel: str) -> int:

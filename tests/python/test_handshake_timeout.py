@@ -5,7 +5,7 @@ from __future__ import annotations
 import select
 import time
 
-from rawws import OP_TEXT, RawConn, http_request, settled, ws_connect
+from rawws import OP_TEXT, RawConn, metric, settled, ws_connect
 
 # The handshake timeout under test, and every other limit far above it, so that
 # only the handshake timeout can end these connections.
@@ -17,13 +17,7 @@ TIMEOUTS = 'throng_handshake_failures_total{reason="timeout"}'
 
 
 def handshake_timeouts(port: int) -> float:
-    resp = http_request(port, "GET", "/metrics")
-    assert resp.status == 200, resp
-    for line in resp.body.decode().splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == TIMEOUTS:
-            return float(value)
-    raise AssertionError(f"no series {TIMEOUTS} in /metrics")
+    return metric(port, TIMEOUTS)
 
 
 def _assert_dropped_without_response(c, started):
