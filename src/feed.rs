@@ -146,6 +146,7 @@ pub fn tick(view: View<'_>) {
             payload,
             kind: DataKind::Text,
             from: None,
+            event: None,
         });
 }
 

@@ -23,9 +23,20 @@ use crate::protocol::DataKind;
 const BINARY: u32 = 1 << 31;
 /// The next bit marks a message kept with its sender's name (see [`Entry`]).
 const FROM: u32 = 1 << 30;
+/// The next marks a message kept with an event name (a Pusher event's), after the
+/// sender's name if it has one.
+const EVENT: u32 = 1 << 29;
 /// Longest sender name kept (its length is one byte); the server's are `c<id>`,
-/// at most 21 bytes.
+/// at most 21 bytes. Event names have the same bound.
 pub const MAX_FROM: usize = u8::MAX as usize;
+
+/// The names a message may carry besides its payload: who sent it (a chat
+/// client) and what event it is (a Pusher event's name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tags<'a> {
+    pub from: Option<&'a str>,
+    pub event: Option<&'a str>,
+}
 
 /// How much history each channel keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +61,11 @@ pub fn now_secs() -> u32 {
     u32::try_from(elapsed).unwrap_or(u32::MAX)
 }
 
+/// A name with its length byte, if it fits one.
+fn with_len(name: &str) -> Option<(u8, &str)> {
+    Some((u8::try_from(name.len()).ok()?, name))
+}
+
 /// One kept message, as given back to a reader.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
@@ -58,10 +74,13 @@ pub struct Stored {
     pub kind: DataKind,
     /// The chat client that sent it.
     pub from: Option<Box<str>>,
+    /// Its event name (a Pusher event's).
+    pub event: Option<Box<str>>,
 }
 
 /// One kept message's place in the byte ring: with [`FROM`] set, a length byte
-/// and the sender's name come first, then the payload.
+/// and the sender's name come first, with [`EVENT`] a length byte and the event
+/// name next, then the payload.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     /// Payload length, with [`BINARY`] set for binary messages and [`FROM`] for
@@ -74,11 +93,15 @@ struct Entry {
 impl Entry {
     /// The payload's length.
     fn len(self) -> usize {
-        (self.len_kind & !(BINARY | FROM)) as usize
+        (self.len_kind & !(BINARY | FROM | EVENT)) as usize
     }
 
     fn has_from(self) -> bool {
         self.len_kind & FROM != 0
+    }
+
+    fn has_event(self) -> bool {
+        self.len_kind & EVENT != 0
     }
 
     fn kind(self) -> DataKind {
@@ -118,14 +141,14 @@ impl History {
         self.bytes.capacity() + self.entries.capacity() * std::mem::size_of::<Entry>()
     }
 
-    /// Keeps message `seq` (the channel's next) with its sender, if it has one,
-    /// dropping the oldest beyond `limits.size` and any older than `limits.ttl`.
+    /// Keeps message `seq` (the channel's next) with its sender and event name,
+    /// if it has them, dropping the oldest beyond `limits.size` and any older than `limits.ttl`.
     pub fn push(
         &mut self,
         seq: u64,
         payload: &[u8],
         kind: DataKind,
-        from: Option<&str>,
+        tags: Tags<'_>,
         now: u32,
         limits: Limits,
     ) {
@@ -138,11 +161,12 @@ impl History {
         let Ok(len) = u32::try_from(payload.len()) else {
             return;
         };
-        if len & (BINARY | FROM) != 0 {
+        if len & (BINARY | FROM | EVENT) != 0 {
             return;
         }
         // A name longer than its length byte can say is not kept (the message is).
-        let from = from.and_then(|name| Some((u8::try_from(name.len()).ok()?, name)));
+        let from = tags.from.and_then(with_len);
+        let event = tags.event.and_then(with_len);
         if self.entries.is_empty() || self.first_seq + self.entries.len() as u64 != seq {
             // The first message, or seqs that do not follow on (the channel's
             // history started afresh): what was kept no longer lines up.
@@ -155,6 +179,11 @@ impl History {
         };
         if let Some((name_len, name)) = from {
             len_kind |= FROM;
+            self.bytes.push_back(name_len);
+            self.bytes.extend(name.as_bytes());
+        }
+        if let Some((name_len, name)) = event {
+            len_kind |= EVENT;
             self.bytes.push_back(name_len);
             self.bytes.extend(name.as_bytes());
         }
@@ -192,24 +221,30 @@ impl History {
         }
     }
 
-    /// The length of the sender's name of `entry`, whose bytes start at `offset`.
-    fn sender_len(&self, entry: Entry, offset: usize) -> usize {
-        if entry.has_from() {
-            self.bytes.get(offset).map_or(0, |&n| usize::from(n))
-        } else {
-            0
+    /// The name at `offset` (after its length byte) if `present`, and where what
+    /// follows it starts.
+    fn name_at(&self, present: bool, offset: usize) -> (Option<Box<str>>, usize) {
+        if !present {
+            return (None, offset);
         }
+        let len = self.bytes.get(offset).map_or(0, |&n| usize::from(n));
+        let start = offset + 1;
+        let name: Vec<u8> = self.bytes.range(start..start + len).copied().collect();
+        // Kept from a str: always UTF-8.
+        let name = String::from_utf8(name).ok().map(String::into_boxed_str);
+        (name, start + len)
     }
 
-    /// How many ring bytes `entry`, starting at `offset`, takes up: its sender's
-    /// name (with its length byte), if any, and its payload.
+    /// How many ring bytes `entry`, starting at `offset`, takes up: its names
+    /// (each with its length byte), if any, and its payload.
     fn span(&self, entry: Entry, offset: usize) -> usize {
-        let from = if entry.has_from() {
-            1 + self.sender_len(entry, offset)
-        } else {
-            0
-        };
-        from + entry.len()
+        let mut at = offset;
+        for present in [entry.has_from(), entry.has_event()] {
+            if present {
+                at += 1 + self.bytes.get(at).map_or(0, |&n| usize::from(n));
+            }
+        }
+        at - offset + entry.len()
     }
 
     fn clear(&mut self) {
@@ -226,14 +261,9 @@ impl History {
         }
         let mut out = Vec::with_capacity(self.entries.len().saturating_sub(skip));
         for (i, &entry) in self.entries.iter().enumerate().skip(skip) {
-            let mut from = None;
-            if entry.has_from() {
-                let start = offset + 1;
-                offset = start + self.sender_len(entry, offset);
-                let name: Vec<u8> = self.bytes.range(start..offset).copied().collect();
-                // Kept from a str: always UTF-8.
-                from = String::from_utf8(name).ok().map(String::into_boxed_str);
-            }
+            let (from, at) = self.name_at(entry.has_from(), offset);
+            let (event, at) = self.name_at(entry.has_event(), at);
+            offset = at;
             let end = offset + entry.len();
             let payload: Vec<u8> = self.bytes.range(offset..end).copied().collect();
             out.push(Stored {
@@ -241,6 +271,7 @@ impl History {
                 payload: Bytes::from(payload),
                 kind: entry.kind(),
                 from,
+                event,
             });
             offset = end;
         }
@@ -269,12 +300,12 @@ mod tests {
                 seq,
                 format!("m{seq}").as_bytes(),
                 DataKind::Text,
-                None,
+                Tags::default(),
                 0,
                 KEEP_3,
             );
         }
-        h.push(6, &[0, 255], DataKind::Binary, None, 0, KEEP_3);
+        h.push(6, &[0, 255], DataKind::Binary, Tags::default(), 0, KEEP_3);
         assert_eq!(h.len(), 3);
         assert_eq!(h.oldest_seq(), Some(4));
         let kept = h.after(0);
@@ -294,24 +325,24 @@ mod tests {
             size: 100,
             ttl: Duration::from_secs(10),
         };
-        h.push(1, &[7; 1000], DataKind::Binary, None, 0, limits);
-        h.push(2, b"b", DataKind::Text, None, 5, limits);
+        h.push(1, &[7; 1000], DataKind::Binary, Tags::default(), 0, limits);
+        h.push(2, b"b", DataKind::Text, Tags::default(), 5, limits);
         h.expire(10, limits.ttl);
         assert_eq!(seqs(&h, 0), vec![2]);
         h.expire(15, limits.ttl);
         assert!(h.is_empty());
         assert_eq!(h.heap_bytes(), 0);
         // The next message follows on from the expired ones.
-        h.push(3, b"c", DataKind::Text, None, 16, limits);
+        h.push(3, b"c", DataKind::Text, Tags::default(), 16, limits);
         assert_eq!(seqs(&h, 0), vec![3]);
     }
 
     #[test]
     fn a_gap_in_seqs_starts_the_history_afresh() {
         let mut h = History::default();
-        h.push(1, b"a", DataKind::Text, None, 0, KEEP_3);
-        h.push(2, b"b", DataKind::Text, None, 0, KEEP_3);
-        h.push(1, b"again", DataKind::Text, None, 0, KEEP_3);
+        h.push(1, b"a", DataKind::Text, Tags::default(), 0, KEEP_3);
+        h.push(2, b"b", DataKind::Text, Tags::default(), 0, KEEP_3);
+        h.push(1, b"again", DataKind::Text, Tags::default(), 0, KEEP_3);
         assert_eq!(seqs(&h, 0), vec![1]);
         assert_eq!(h.after(0)[0].payload, Bytes::from_static(b"again"));
     }
@@ -323,13 +354,13 @@ mod tests {
             size: 0,
             ttl: Duration::from_secs(300),
         };
-        h.push(1, b"a", DataKind::Text, None, 0, off);
+        h.push(1, b"a", DataKind::Text, Tags::default(), 0, off);
         assert!(h.is_empty());
         let no_ttl = Limits {
             size: 10,
             ttl: Duration::ZERO,
         };
-        h.push(1, b"a", DataKind::Text, None, 0, no_ttl);
+        h.push(1, b"a", DataKind::Text, Tags::default(), 0, no_ttl);
         assert!(h.is_empty() && h.heap_bytes() == 0);
     }
 
@@ -342,7 +373,7 @@ mod tests {
             ttl: Duration::from_secs(300),
         };
         for seq in 1..=100 {
-            h.push(seq, &[b'x'; 32], DataKind::Text, None, 0, limits);
+            h.push(seq, &[b'x'; 32], DataKind::Text, Tags::default(), 0, limits);
         }
         // A message without a sender keeps its payload alone in the byte ring.
         assert_eq!(h.bytes.len(), 100 * 32);
@@ -352,7 +383,17 @@ mod tests {
         // A chat message adds its sender's name and one length byte.
         let mut chat = History::default();
         for seq in 1..=100 {
-            chat.push(seq, &[b'x'; 32], DataKind::Text, Some("c123"), 0, limits);
+            chat.push(
+                seq,
+                &[b'x'; 32],
+                DataKind::Text,
+                Tags {
+                    from: Some("c123"),
+                    event: None,
+                },
+                0,
+                limits,
+            );
         }
         assert_eq!(chat.bytes.len(), 100 * (32 + 1 + 4));
         assert!(chat.heap_bytes() <= 2 * 4_500, "{}", chat.heap_bytes());
@@ -361,10 +402,10 @@ mod tests {
     #[test]
     fn a_chat_message_keeps_its_sender() {
         let mut h = History::default();
-        h.push(1, b"hi", DataKind::Text, Some("c7"), 0, KEEP_3);
-        h.push(2, b"news", DataKind::Text, None, 0, KEEP_3);
-        h.push(3, &[0, 255], DataKind::Binary, Some("c12345"), 0, KEEP_3);
-        h.push(4, b"", DataKind::Text, Some("c8"), 0, KEEP_3);
+        h.push(1, b"hi", DataKind::Text, from("c7"), 0, KEEP_3);
+        h.push(2, b"news", DataKind::Text, Tags::default(), 0, KEEP_3);
+        h.push(3, &[0, 255], DataKind::Binary, from("c12345"), 0, KEEP_3);
+        h.push(4, b"", DataKind::Text, from("c8"), 0, KEEP_3);
         // seq 1 (with a sender) fell out: the ring lines up on the next one.
         let kept = h.after(0);
         let got: Vec<(u64, &[u8], DataKind, Option<&str>)> = kept
@@ -385,11 +426,50 @@ mod tests {
             (after_3[0].seq, after_3[0].from.as_deref()),
             (4, Some("c8"))
         );
-        h.push(5, b"x", DataKind::Text, None, 0, KEEP_3);
-        h.push(6, b"y", DataKind::Text, None, 0, KEEP_3);
+        h.push(5, b"x", DataKind::Text, Tags::default(), 0, KEEP_3);
+        h.push(6, b"y", DataKind::Text, Tags::default(), 0, KEEP_3);
         assert_eq!(h.bytes.len(), 1 + 2 + 2);
-        h.push(7, b"z", DataKind::Text, None, 0, KEEP_3);
+        h.push(7, b"z", DataKind::Text, Tags::default(), 0, KEEP_3);
         assert_eq!(h.bytes.len(), 3);
+    }
+
+    fn from(name: &str) -> Tags<'_> {
+        Tags {
+            from: Some(name),
+            event: None,
+        }
+    }
+
+    #[test]
+    fn event_names_are_kept_beside_senders_and_skipped_over_like_them() {
+        let mut h = History::default();
+        let both = Tags {
+            from: Some("c1"),
+            event: Some("price"),
+        };
+        let event = Tags {
+            from: None,
+            event: Some("client-typing"),
+        };
+        h.push(1, b"a", DataKind::Text, both, 0, KEEP_3);
+        h.push(2, b"b", DataKind::Text, event, 0, KEEP_3);
+        h.push(3, b"c", DataKind::Text, Tags::default(), 0, KEEP_3);
+        let kept = h.after(0);
+        let got: Vec<_> = kept
+            .iter()
+            .map(|m| (m.seq, &m.payload[..], m.from.as_deref(), m.event.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, &b"a"[..], Some("c1"), Some("price")),
+                (2, &b"b"[..], None, Some("client-typing")),
+                (3, &b"c"[..], None, None),
+            ]
+        );
+        assert_eq!(h.after(1)[0].event.as_deref(), Some("client-typing"));
+        h.push(4, b"d", DataKind::Text, Tags::default(), 0, KEEP_3);
+        assert_eq!(h.bytes.len(), 1 + 13 + 1 + 1 + 1);
     }
 
     #[test]
@@ -397,8 +477,8 @@ mod tests {
         let mut h = History::default();
         let long = "n".repeat(MAX_FROM + 1);
         let longest = "m".repeat(MAX_FROM);
-        h.push(1, b"a", DataKind::Text, Some(&long), 0, KEEP_3);
-        h.push(2, b"b", DataKind::Text, Some(&longest), 0, KEEP_3);
+        h.push(1, b"a", DataKind::Text, from(&long), 0, KEEP_3);
+        h.push(2, b"b", DataKind::Text, from(&longest), 0, KEEP_3);
         let kept = h.after(0);
         assert_eq!(
             (kept[0].payload.as_ref(), kept[0].from.as_deref()),

@@ -97,6 +97,8 @@ pub enum Body {
         kind: DataKind,
         /// The chat client that sent it.
         from: Option<Box<str>>,
+        /// Its event name (see `broker::Outgoing::event`).
+        event: Option<Box<str>>,
     },
     /// A channel event (a member joined or left), shown only in formats with events.
     Event {
@@ -380,6 +382,7 @@ mod tests {
             payload: Bytes::from_static(b"x"),
             kind: DataKind::Text,
             from: None,
+            event: None,
         }
     }
 

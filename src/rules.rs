@@ -5,8 +5,9 @@
 //! Everything here is a pure decision that returns a value; the transports carry it
 //! out. This module must not do I/O, touch connections, or know any wire format.
 
-/// Longest channel name in bytes.
-pub const MAX_CHANNEL_NAME: usize = 128;
+/// Longest channel name in bytes: room for a Pusher app's id, `:` and a Pusher
+/// channel name (at most 164 bytes there).
+pub const MAX_CHANNEL_NAME: usize = 200;
 
 /// Why a channel name is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -15,11 +16,12 @@ pub enum NameError {
     Empty,
     #[error("channel name is longer than {MAX_CHANNEL_NAME} bytes")]
     TooLong,
-    #[error("channel name has '{0}': allowed are A-Z a-z 0-9 _ - . : @")]
+    #[error("channel name has '{0}': allowed are A-Z a-z 0-9 _ - . : @ = , ;")]
     BadChar(char),
 }
 
-/// Checks a channel name: 1–128 bytes of `A-Z a-z 0-9 _ - . : @`.
+/// Checks a channel name: 1–200 bytes of `A-Z a-z 0-9 _ - . : @ = , ;` (Pusher's
+/// channel names, whose characters these are, fit in it).
 pub fn validate_channel_name(name: &str) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty);
@@ -27,11 +29,38 @@ pub fn validate_channel_name(name: &str) -> Result<(), NameError> {
     if name.len() > MAX_CHANNEL_NAME {
         return Err(NameError::TooLong);
     }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@')))
-    {
+    if let Some(c) = name.chars().find(|c| {
+        !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@' | '=' | ',' | ';'))
+    }) {
         return Err(NameError::BadChar(c));
+    }
+    Ok(())
+}
+
+/// Longest event name in bytes (Pusher's limit).
+pub const MAX_EVENT_NAME: usize = 200;
+
+/// Why an event name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventNameError {
+    #[error("event name is empty")]
+    Empty,
+    #[error("event name is longer than {MAX_EVENT_NAME} bytes")]
+    TooLong,
+    #[error("event name has a control character")]
+    Control,
+}
+
+/// Checks an event name: 1–200 bytes, no control characters.
+pub fn validate_event_name(name: &str) -> Result<(), EventNameError> {
+    if name.is_empty() {
+        return Err(EventNameError::Empty);
+    }
+    if name.len() > MAX_EVENT_NAME {
+        return Err(EventNameError::TooLong);
+    }
+    if name.chars().any(char::is_control) {
+        return Err(EventNameError::Control);
     }
     Ok(())
 }
@@ -194,10 +223,11 @@ mod tests {
         assert!(validate_channel_name("chat:lobby-1.x@y_z").is_ok());
         assert_eq!(validate_channel_name(""), Err(NameError::Empty));
         assert_eq!(
-            validate_channel_name(&"a".repeat(129)),
+            validate_channel_name(&"a".repeat(201)),
             Err(NameError::TooLong)
         );
-        assert!(validate_channel_name(&"a".repeat(128)).is_ok());
+        assert!(validate_channel_name(&"a".repeat(200)).is_ok());
+        assert!(validate_channel_name("1234:presence-a=b,c;d").is_ok());
         assert_eq!(validate_channel_name("a b"), Err(NameError::BadChar(' ')));
         assert_eq!(validate_channel_name("a/b"), Err(NameError::BadChar('/')));
         assert_eq!(validate_channel_name("é"), Err(NameError::BadChar('é')));

@@ -4,7 +4,7 @@
 //!
 //! Input: any bytes, taken as text (invalid UTF-8 replaced). Checks:
 //! - `validate_channel_name` / `validate_client_name` agree with the documented
-//!   definitions (1-128 bytes of `A-Z a-z 0-9 _ - . : @`; 1-32 bytes of
+//!   definitions (1-200 bytes of `A-Z a-z 0-9 _ - . : @ = , ;`; 1-32 bytes of
 //!   `A-Z a-z 0-9 _ - .`), including which error;
 //! - `sse::parse_event_id` reads `SEQ` or `SEQ:EPOCH` (16 hex digits) as defined,
 //!   and reads back every id the server writes (`{seq}:{epoch:016x}`);
@@ -30,7 +30,7 @@ const UPGRADE: &str = "Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nS
 // ---- The reference definitions -------------------------------------------------
 
 fn channel_char(c: char) -> bool {
-    c.is_ascii_uppercase() || c.is_ascii_lowercase() || c.is_ascii_digit() || "_-.:@".contains(c)
+    c.is_ascii_uppercase() || c.is_ascii_lowercase() || c.is_ascii_digit() || "_-.:@=,;".contains(c)
 }
 
 fn reference_channel(name: &str) -> Result<(), NameError> {

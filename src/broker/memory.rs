@@ -152,6 +152,7 @@ impl Broker for MemoryBroker {
                     payload: bytes::Bytes::copy_from_slice(message.payload),
                     kind: message.kind,
                     from: message.from.map(Box::from),
+                    event: message.event.map(Box::from),
                 })?;
         }
         log.seq = seq;
@@ -162,7 +163,7 @@ impl Broker for MemoryBroker {
                 seq,
                 message.payload,
                 message.kind,
-                message.from,
+                message.tags(),
                 now,
                 limits,
             );
@@ -304,6 +305,7 @@ mod tests {
             payload: payload.as_bytes(),
             kind: DataKind::Text,
             from: None,
+            event: None,
         }
     }
 
@@ -394,6 +396,7 @@ mod tests {
             payload: b"hi",
             kind: DataKind::Text,
             from: Some("c42"),
+            event: None,
         };
         broker.publish("chat:r", said).unwrap();
         broker.publish("chat:r", text("pushed")).unwrap();

@@ -45,6 +45,18 @@ pub struct Outgoing<'a> {
     pub kind: DataKind,
     /// The chat client that sent it, shown to json subscribers as `from`.
     pub from: Option<&'a str>,
+    /// Its event name (a Pusher event's, or `?event=` on the publish API): what
+    /// Pusher clients bind to, shown to json subscribers as `event`.
+    pub event: Option<&'a str>,
+}
+
+impl Outgoing<'_> {
+    pub fn tags(&self) -> crate::history::Tags<'_> {
+        crate::history::Tags {
+            from: self.from,
+            event: self.event,
+        }
+    }
 }
 
 /// A subscriber as the broker sees it.

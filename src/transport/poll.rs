@@ -116,9 +116,11 @@ struct Item<'a> {
     kind: DataKind,
     /// The chat client that sent it.
     from: Option<&'a str>,
+    /// The event name it was published with.
+    event: Option<&'a str>,
 }
 
-/// One message as an element of `messages`: `{"seq","data"[,"from"]}`.
+/// One message as an element of `messages`: `{"seq","data"[,"from"][,"name"]}`.
 fn message_json(out: &mut Vec<u8>, item: Item<'_>) {
     out.extend_from_slice(format!("{{\"seq\":{},\"data\":", item.seq).as_bytes());
     json_data(out, item.payload, item.kind);
@@ -126,6 +128,10 @@ fn message_json(out: &mut Vec<u8>, item: Item<'_>) {
         out.extend_from_slice(b",\"from\":");
         // Serializing a str into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *out, from);
+    }
+    if let Some(event) = item.event {
+        out.extend_from_slice(b",\"name\":");
+        let _ = serde_json::to_writer(&mut *out, event);
     }
     out.push(b'}');
 }
@@ -181,6 +187,7 @@ pub fn encode(message: &Message) -> Option<Bytes> {
         payload,
         kind,
         from,
+        event,
     } = &message.body
     else {
         return None;
@@ -195,6 +202,7 @@ pub fn encode(message: &Message) -> Option<Bytes> {
         payload,
         kind: *kind,
         from: from.as_deref(),
+        event: event.as_deref(),
     };
     let mut out = Vec::new();
     write_answer(&mut out, std::iter::once(item), *seq, *epoch, None);
@@ -221,6 +229,7 @@ pub fn write_replay(
         payload: &m.payload,
         kind: m.kind,
         from: m.from.as_deref(),
+        event: m.event.as_deref(),
     });
     write_answer(out, messages, next, replay.epoch, gap);
     After::Close
@@ -252,6 +261,7 @@ mod tests {
             payload,
             kind,
             from,
+            event: None,
         };
         let messages = [
             item(4, &b"a\"b"[..], DataKind::Text, None),
@@ -318,6 +328,7 @@ mod tests {
             payload: b"hello",
             kind: DataKind::Text,
             from: Some("c5"),
+            event: None,
         };
         broker.publish("chat:r", said).unwrap();
         let mut batch = Vec::new();

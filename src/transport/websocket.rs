@@ -14,6 +14,7 @@ use super::{
     json_data,
 };
 use crate::broker::{Outgoing, Replay, Resume};
+use crate::history::Tags;
 use crate::hub::{Body, Message};
 use crate::protocol::handshake;
 use crate::protocol::http::Request;
@@ -219,8 +220,11 @@ pub fn write_replay(out: &mut Vec<u8>, sub: &Subscription, replay: Replay, resum
     }
     for m in &replay.messages {
         if json {
-            let from = m.from.as_deref();
-            out.extend_from_slice(&json_message_frame(name, m.seq, &m.payload, m.kind, from));
+            let tags = Tags {
+                from: m.from.as_deref(),
+                event: m.event.as_deref(),
+            };
+            out.extend_from_slice(&json_message_frame(name, m.seq, &m.payload, m.kind, tags));
         } else {
             encode_frame(out, m.kind.opcode(), &m.payload);
         }
@@ -258,13 +262,17 @@ pub fn encode(json: bool, message: &Message) -> Option<Bytes> {
             payload,
             kind,
             from,
+            event,
             ..
         } => Some(json_message_frame(
             name,
             *seq,
             payload,
             *kind,
-            from.as_deref(),
+            Tags {
+                from: from.as_deref(),
+                event: event.as_deref(),
+            },
         )),
         Body::Event { .. } if !json => None,
         Body::Event {
@@ -285,13 +293,14 @@ fn frame_bytes(op: u8, payload: &[u8]) -> Bytes {
     buf.freeze()
 }
 
-/// `{"channel":…,"seq":…,"data":…[,"from":…]}` as a text frame.
+/// `{"channel":…,"seq":…,"data":…[,"from":…][,"name":…]}` as a text frame
+/// (`name`: the event name it was published with, a Pusher event's).
 fn json_message_frame(
     channel: &str,
     seq: u64,
     payload: &[u8],
     kind: DataKind,
-    from: Option<&str>,
+    tags: Tags<'_>,
 ) -> Bytes {
     let mut body = Vec::with_capacity(payload.len() + channel.len() + 48);
     body.extend_from_slice(b"{\"channel\":\"");
@@ -305,9 +314,13 @@ fn json_message_frame(
     }
     body.extend_from_slice(b",\"data\":");
     json_data(&mut body, payload, kind);
-    if let Some(from) = from {
+    if let Some(from) = tags.from {
         body.extend_from_slice(b",\"from\":");
         let _ = serde_json::to_writer(&mut body, from);
+    }
+    if let Some(event) = tags.event {
+        body.extend_from_slice(b",\"name\":");
+        let _ = serde_json::to_writer(&mut body, event);
     }
     body.push(b'}');
     frame_bytes(opcode::TEXT, &body)
@@ -366,6 +379,7 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                     payload,
                     kind,
                     from: from.as_deref(),
+                    event: None,
                 };
                 match broker.publish(channel, message) {
                     Ok(_) => {
@@ -549,6 +563,7 @@ mod tests {
             payload: Bytes::from_static(payload),
             kind: DataKind::Text,
             from: from.map(Box::from),
+            event: None,
         };
         let replay = || Replay {
             messages: vec![stored(1, b"hi", Some("c3")), stored(2, b"ho", None)],
@@ -601,12 +616,22 @@ mod tests {
 
     #[test]
     fn json_envelopes() {
-        let f = json_message_frame("news", 7, b"he said \"hi\"", DataKind::Text, None);
+        let f = json_message_frame(
+            "news",
+            7,
+            b"he said \"hi\"",
+            DataKind::Text,
+            Tags::default(),
+        );
         assert_eq!(
             &f[2..],
             br#"{"channel":"news","seq":7,"data":"he said \"hi\""}"#
         );
-        let f = json_message_frame("chat:r", 1, &[0, 255], DataKind::Binary, Some("c9"));
+        let c9 = Tags {
+            from: Some("c9"),
+            event: None,
+        };
+        let f = json_message_frame("chat:r", 1, &[0, 255], DataKind::Binary, c9);
         assert_eq!(
             &f[2..],
             br#"{"channel":"chat:r","seq":1,"data":"AP8=","encoding":"base64","from":"c9"}"#

@@ -264,7 +264,7 @@ func TestPushOnlyChannelCloses1008(t *testing.T) {
 
 func TestBadChannelNameIs400(t *testing.T) {
 	s := startServer(t, nil)
-	for _, path := range []string{"/ws/bad%20name", "/ws/" + strings.Repeat("x", 129), "/ws/caf%C3%A9", "/ws/a*b"} {
+	for _, path := range []string{"/ws/bad%20name", "/ws/" + strings.Repeat("x", 201), "/ws/caf%C3%A9", "/ws/a*b"} {
 		c, resp, err := dialer().Dial(s.URL(path), nil)
 		if err == nil {
 			c.Close()
@@ -285,7 +285,7 @@ func TestBadChannelNameIs400(t *testing.T) {
 			t.Fatalf("%s: body %q (%v), want JSON error mentioning channel name", path, body, err)
 		}
 	}
-	// 128 bytes is still fine.
-	c := dial(t, s.URL("/ws/"+strings.Repeat("x", 128)))
+	// 200 bytes is still fine.
+	c := dial(t, s.URL("/ws/"+strings.Repeat("x", 200)))
 	c.Close()
 }

@@ -228,7 +228,7 @@ VALID_CHARS = "AZaz09_-.:@"
     "path",
     [
         pytest.param("/ws/", id="empty"),
-        pytest.param("/ws/" + "a" * 129, id="129-bytes"),
+        pytest.param("/ws/" + "a" * 201, id="201-bytes"),
         pytest.param("/ws/a%20b", id="space-encoded"),
         pytest.param("/ws/a/b", id="slash"),
         pytest.param("/ws/a%2Fb", id="slash-encoded"),
@@ -238,7 +238,7 @@ VALID_CHARS = "AZaz09_-.:@"
         pytest.param("/ws/a+b", id="plus"),
         pytest.param("/ws/a*b", id="star"),
         pytest.param("/ws/a!b", id="bang"),
-        pytest.param("/ws/a,b", id="comma"),
+        pytest.param("/ws/a#b", id="hash"),
         pytest.param("/ws/a~b", id="tilde"),
         pytest.param("/ws/a$b", id="dollar"),
         pytest.param("/ws/a%00b", id="nul-encoded"),
@@ -250,7 +250,7 @@ def test_bad_channel_name_is_400(shared_server, path):
 
 
 @pytest.mark.parametrize(
-    "name", ["a" * 128, "x", VALID_CHARS, "chat:room-1", "user@example.com", "a.b.c", "--", "::", "@"]
+    "name", ["a" * 200, "a,b;c=d", "x", VALID_CHARS, "chat:room-1", "user@example.com", "a.b.c", "--", "::", "@"]
 )
 def test_valid_channel_names_are_accepted(shared_server, name):
     resp = _upgrade(shared_server.port, f"/ws/{name}")

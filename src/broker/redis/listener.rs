@@ -16,6 +16,7 @@ use bytes::Bytes;
 use super::connection::{REDIS_TIMEOUT, unavailable};
 use super::wire::{Decoded, Incoming, PUBSUB_PREFIX, WAKE_PREFIX, parse_incoming};
 use super::{BrokerError, Shared, Subscribe, lock};
+use crate::history::Tags;
 use crate::hub::{Audience, Body, Channel};
 use crate::protocol::DataKind;
 
@@ -248,14 +249,14 @@ impl Listener {
                 } else {
                     DataKind::Binary
                 };
-                self.deliver(&channel, 0, 0, (kind, None, payload));
+                self.deliver(&channel, 0, 0, (kind, Tags::default(), payload));
             }
             None => tracing::debug!(channel = name, "unreadable message on redis; skipped"),
         }
     }
 
     fn deliver(&self, channel: &Arc<Channel>, seq: u64, epoch: u64, message: Decoded<'_>) -> bool {
-        let (kind, from, payload) = message;
+        let (kind, tags, payload) = message;
         let result = self
             .shared
             .hub
@@ -264,7 +265,8 @@ impl Listener {
                 epoch,
                 payload: Bytes::copy_from_slice(payload),
                 kind,
-                from: from.map(Box::from),
+                from: tags.from.map(Box::from),
+                event: tags.event.map(Box::from),
             });
         match result {
             Ok(_) => true,
@@ -299,7 +301,11 @@ impl Listener {
                 if now_epoch == epoch && stored.seq <= last {
                     continue;
                 }
-                let message = (stored.kind, stored.from.as_deref(), &stored.payload[..]);
+                let tags = Tags {
+                    from: stored.from.as_deref(),
+                    event: stored.event.as_deref(),
+                };
+                let message = (stored.kind, tags, &stored.payload[..]);
                 if self.deliver(&channel, stored.seq, now_epoch, message) {
                     newest = (now_epoch, stored.seq);
                 }

@@ -95,13 +95,14 @@ pub(super) fn parse_entry(entry: Value) -> Option<(Stored, u64)> {
         }
     }
     let message = message?;
-    let (kind, from, payload) = decode_message(&message)?;
+    let (kind, tags, payload) = decode_message(&message)?;
     Some((
         Stored {
             seq,
             payload: Bytes::copy_from_slice(payload),
             kind,
-            from: from.map(Box::from),
+            from: tags.from.map(Box::from),
+            event: tags.event.map(Box::from),
         },
         time,
     ))

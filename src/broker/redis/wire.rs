@@ -6,6 +6,7 @@
 //! not talk to Redis nor touch the hub: pure encoding and parsing.
 
 use super::Outgoing;
+use crate::history::Tags;
 use crate::hub::ConnRef;
 use crate::protocol::DataKind;
 
@@ -17,37 +18,65 @@ pub(super) const PUBSUB_PREFIX: &str = "throng:ch:";
 /// A node's listener is woken on `throng:wake:NODE` to change its subscriptions.
 pub(super) const WAKE_PREFIX: &str = "throng:wake:";
 
-/// A message as kept and published: kind, the sender's name, the payload.
+/// The kind byte's flag for a message with an event name.
+const WITH_EVENT: u8 = 0x80;
+
+/// A message as kept and published: kind, the sender's name, the event name (when
+/// it has one, flagged in the kind byte, so messages without stay as they were),
+/// the payload. Names are cut at 255 bytes, what their length byte can say.
 pub(super) fn encode_message(message: &Outgoing<'_>) -> Vec<u8> {
-    let from = message.from.unwrap_or("").as_bytes();
-    let from = &from[..from.len().min(255)];
-    let mut out = Vec::with_capacity(2 + from.len() + message.payload.len());
-    out.push(match message.kind {
+    let cut = |name: Option<&str>| -> Vec<u8> {
+        let name = name.unwrap_or("").as_bytes();
+        name[..name.len().min(255)].to_vec()
+    };
+    let (from, event) = (cut(message.from), cut(message.event));
+    let mut out = Vec::with_capacity(3 + from.len() + event.len() + message.payload.len());
+    let kind = match message.kind {
         DataKind::Text => 0,
         DataKind::Binary => 1,
+    };
+    out.push(if message.event.is_some() {
+        kind | WITH_EVENT
+    } else {
+        kind
     });
     out.push(from.len() as u8);
-    out.extend_from_slice(from);
+    out.extend_from_slice(&from);
+    if message.event.is_some() {
+        out.push(event.len() as u8);
+        out.extend_from_slice(&event);
+    }
     out.extend_from_slice(message.payload);
     out
 }
 
-/// A decoded message: kind, sender, payload.
-pub(super) type Decoded<'a> = (DataKind, Option<&'a str>, &'a [u8]);
+/// A decoded message: kind, sender and event name, payload.
+pub(super) type Decoded<'a> = (DataKind, Tags<'a>, &'a [u8]);
 
 pub(super) fn decode_message(bytes: &[u8]) -> Option<Decoded<'_>> {
-    let (&kind, rest) = bytes.split_first()?;
-    let (&len, rest) = rest.split_first()?;
-    let kind = match kind {
+    let (&kind_byte, rest) = bytes.split_first()?;
+    let kind = match kind_byte & !WITH_EVENT {
         0 => DataKind::Text,
         1 => DataKind::Binary,
         _ => return None,
     };
-    let (from, payload) = rest.split_at_checked(usize::from(len))?;
-    let from = (!from.is_empty())
-        .then(|| std::str::from_utf8(from).ok())
+    let (from, rest) = length_prefixed(rest)?;
+    let (event, payload) = if kind_byte & WITH_EVENT != 0 {
+        length_prefixed(rest)?
+    } else {
+        (None, rest)
+    };
+    Some((kind, Tags { from, event }, payload))
+}
+
+/// A name after its length byte (`None` when empty or not UTF-8), and the rest.
+fn length_prefixed(bytes: &[u8]) -> Option<(Option<&str>, &[u8])> {
+    let (&len, rest) = bytes.split_first()?;
+    let (name, rest) = rest.split_at_checked(usize::from(len))?;
+    let name = (!name.is_empty())
+        .then(|| std::str::from_utf8(name).ok())
         .flatten();
-    Some((kind, from, payload))
+    Some((name, rest))
 }
 
 pub(super) fn epoch_of(text: &[u8]) -> Option<u64> {
@@ -152,21 +181,40 @@ mod tests {
             payload: b"hi",
             kind: DataKind::Text,
             from: Some("c7"),
+            event: None,
         };
         let bytes = encode_message(&m);
+        let c7 = Tags {
+            from: Some("c7"),
+            event: None,
+        };
         assert_eq!(
             decode_message(&bytes),
-            Some((DataKind::Text, Some("c7"), &b"hi"[..]))
+            Some((DataKind::Text, c7, &b"hi"[..]))
+        );
+        let e = Outgoing {
+            event: Some("price"),
+            ..m
+        };
+        let both = Tags {
+            from: Some("c7"),
+            event: Some("price"),
+        };
+        assert_eq!(
+            decode_message(&encode_message(&e)),
+            Some((DataKind::Text, both, &b"hi"[..]))
         );
         let b = Outgoing {
             payload: &[0, 255],
             kind: DataKind::Binary,
             from: None,
+            event: None,
         };
         assert_eq!(
             decode_message(&encode_message(&b)),
-            Some((DataKind::Binary, None, &[0u8, 255][..]))
+            Some((DataKind::Binary, Tags::default(), &[0u8, 255][..]))
         );
+        assert_eq!(decode_message(&[0x80, 0, 3, b'a']), None);
         assert_eq!(decode_message(&[9, 0]), None);
         assert_eq!(decode_message(&[0, 5, b'a']), None);
     }
@@ -179,13 +227,14 @@ mod tests {
             payload: b"x",
             kind: DataKind::Text,
             from: None,
+            event: None,
         }));
         assert_eq!(
             parse_incoming(&data),
             Some(Incoming::Data {
                 seq: 12,
                 epoch: 255,
-                message: (DataKind::Text, None, &b"x"[..])
+                message: (DataKind::Text, Tags::default(), &b"x"[..])
             })
         );
         let mut event = MAGIC.to_vec();

@@ -8,8 +8,9 @@ use crate::broker::Outgoing;
 use crate::metrics;
 use crate::protocol::DataKind;
 use crate::protocol::http::{self, Request};
-use crate::rules::{is_reserved, validate_channel_name};
+use crate::rules::{is_reserved, validate_channel_name, validate_event_name};
 use crate::stats::{TURN_OVER_1S, TURN_OVER_100MS, TurnCounts};
+use crate::transport::request::query_param;
 
 /// Compares secrets in time that does not depend on where they differ.
 pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -120,10 +121,16 @@ pub(super) fn publish(
     } else {
         DataKind::Binary
     };
+    let event = query_param(req, "event");
+    if let Some(Err(e)) = event.map(validate_event_name) {
+        http::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
     let message = Outgoing {
         payload: body,
         kind,
         from: None,
+        event,
     };
     match ctx.shared.broker.publish(channel, message) {
         Ok(seq) => {

@@ -83,9 +83,9 @@ fn upgrades_route_to_echo_and_channels() {
 fn bad_channel_names_and_formats_get_400_with_the_reason() {
     let (_, out) = answer(&format!("GET /ws/a%20b {UPGRADE}"));
     assert!(out.starts_with("HTTP/1.1 400") && out.contains("channel name has '%'"));
-    let long = "a".repeat(129);
+    let long = "a".repeat(201);
     let (_, out) = answer(&format!("GET /ws/{long} {UPGRADE}"));
-    assert!(out.starts_with("HTTP/1.1 400") && out.contains("longer than 128"));
+    assert!(out.starts_with("HTTP/1.1 400") && out.contains("longer than 200"));
     let (_, out) = answer(&format!("GET /ws/ {UPGRADE}"));
     assert!(out.starts_with("HTTP/1.1 400") && out.contains("empty"));
     let (_, out) = answer(&format!("GET /ws/x?format=xml {UPGRADE}"));

@@ -23,6 +23,7 @@ fn text(payload: &str) -> Outgoing<'_> {
         payload: payload.as_bytes(),
         kind: DataKind::Text,
         from: None,
+        event: None,
     }
 }
 
