@@ -7,6 +7,7 @@
 //! the transports; this module owns the data layout and names no transport.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use mio::net::TcpStream;
 
@@ -14,6 +15,7 @@ use super::http::{self, Next};
 use super::shared::Shared;
 use super::timer::Tick;
 use crate::outbound::Outbound;
+use crate::hub::Channel;
 use crate::stats::{Counted, TurnCounts};
 use crate::transport::{After, CloseReason, Ctx, Session, Subscription};
 
@@ -106,16 +108,23 @@ impl Mode {
             .is_some_and(|s| s.transport().expects_input())
     }
 
-    pub fn subscription(&self) -> Option<&Subscription> {
-        self.session()?.subscription()
+    /// The subscriptions it holds (none while it speaks plain HTTP).
+    pub fn subscriptions(&self) -> &[Subscription] {
+        self.session().map_or(&[], |s| s.subscriptions())
     }
 
-    pub fn subscription_mut(&mut self) -> Option<&mut Subscription> {
-        self.session_mut()?.subscription_mut()
+    /// Its subscription of `channel`, if it has one.
+    pub fn subscription_of(&self, channel: &Arc<Channel>) -> Option<&Subscription> {
+        self.session()?.subscription_of(channel)
     }
 
-    pub fn take_subscription(&mut self) -> Option<Subscription> {
-        self.session_mut()?.take_subscription()
+    pub fn subscription_of_mut(&mut self, channel: &Arc<Channel>) -> Option<&mut Subscription> {
+        self.session_mut()?.subscription_of_mut(channel)
+    }
+
+    /// Takes one of its subscriptions out: of the channel named `channel`, or any.
+    pub fn take_subscription(&mut self, channel: Option<&str>) -> Option<Subscription> {
+        self.session_mut()?.take_subscription(channel)
     }
 
     /// Appends a keep-alive for the client, if the transport has one.

@@ -226,10 +226,14 @@ pub struct Ctx<'a> {
 /// implements it in the transport's file; the server calls it through
 /// [`Session`] and never names a transport.
 pub trait Transport {
-    /// The subscription this connection holds, if any.
-    fn subscription(&self) -> Option<&Subscription>;
-    /// Where it is kept (to take it, or change it in place).
-    fn subscription_slot(&mut self) -> &mut Option<Subscription>;
+    /// The subscriptions this connection holds: at most one, but for a transport
+    /// that multiplexes channels over one connection (Pusher's).
+    fn subscriptions(&self) -> &[Subscription];
+    fn subscriptions_mut(&mut self) -> &mut [Subscription];
+    /// Keeps a subscription the server made for this connection.
+    fn add_subscription(&mut self, sub: Subscription);
+    /// Gives back the subscription at `at` in [`Transport::subscriptions`].
+    fn remove_subscription(&mut self, at: usize) -> Option<Subscription>;
 
     /// Handles what the client sent; answers go to `ctx.out`. Receive-only
     /// transports ignore whatever the client sends after its request.
@@ -276,6 +280,29 @@ pub trait Transport {
     /// Drops any half-received input.
     fn stop_reading(&mut self) {}
 }
+
+/// The subscription methods of a transport whose state keeps at most one, in
+/// `self.sub: Option<Subscription>`.
+macro_rules! one_subscription {
+    () => {
+        fn subscriptions(&self) -> &[crate::transport::Subscription] {
+            self.sub.as_slice()
+        }
+
+        fn subscriptions_mut(&mut self) -> &mut [crate::transport::Subscription] {
+            self.sub.as_mut_slice()
+        }
+
+        fn add_subscription(&mut self, sub: crate::transport::Subscription) {
+            self.sub = Some(sub);
+        }
+
+        fn remove_subscription(&mut self, at: usize) -> Option<crate::transport::Subscription> {
+            if at == 0 { self.sub.take() } else { None }
+        }
+    };
+}
+pub(crate) use one_subscription;
 
 /// Registers the transports: one line each, `Kind: State = "name", module`. Makes
 /// [`Kind`], [`Session`] (one variant per transport, dispatching to its
@@ -363,15 +390,35 @@ impl Kind {
 }
 
 impl Session {
-    pub fn subscription(&self) -> Option<&Subscription> {
-        self.transport().subscription()
+    pub fn subscriptions(&self) -> &[Subscription] {
+        self.transport().subscriptions()
     }
 
-    pub fn subscription_mut(&mut self) -> Option<&mut Subscription> {
-        self.transport_mut().subscription_slot().as_mut()
+    /// Its subscription of `channel` (compared by identity), if it has one.
+    pub fn subscription_of(&self, channel: &Arc<Channel>) -> Option<&Subscription> {
+        self.subscriptions()
+            .iter()
+            .find(|s| Arc::ptr_eq(&s.channel, channel))
     }
 
-    pub fn take_subscription(&mut self) -> Option<Subscription> {
-        self.transport_mut().subscription_slot().take()
+    pub fn subscription_of_mut(&mut self, channel: &Arc<Channel>) -> Option<&mut Subscription> {
+        self.transport_mut()
+            .subscriptions_mut()
+            .iter_mut()
+            .find(|s| Arc::ptr_eq(&s.channel, channel))
+    }
+
+    /// Takes one of its subscriptions out: of the channel named `channel`, or
+    /// any when `None`.
+    pub fn take_subscription(&mut self, channel: Option<&str>) -> Option<Subscription> {
+        let transport = self.transport_mut();
+        let at = match channel {
+            None => 0,
+            Some(name) => transport
+                .subscriptions()
+                .iter()
+                .position(|s| s.channel.name() == name)?,
+        };
+        transport.remove_subscription(at)
     }
 }

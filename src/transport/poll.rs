@@ -82,13 +82,7 @@ fn open(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Re
 /// Boxed in its session: a waiting poll keeps what to answer on timeout, and the
 /// record of every idle WebSocket stays small.
 impl Transport for Box<PollState> {
-    fn subscription(&self) -> Option<&Subscription> {
-        self.sub.as_ref()
-    }
-
-    fn subscription_slot(&mut self) -> &mut Option<Subscription> {
-        &mut self.sub
-    }
+    super::one_subscription!();
 
     fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
         write_replay(out, self, replay, resume)

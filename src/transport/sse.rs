@@ -65,13 +65,7 @@ fn open(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Re
 }
 
 impl Transport for SseState {
-    fn subscription(&self) -> Option<&Subscription> {
-        self.sub.as_ref()
-    }
-
-    fn subscription_slot(&mut self) -> &mut Option<Subscription> {
-        &mut self.sub
-    }
+    super::one_subscription!();
 
     fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
         if let Some(sub) = &self.sub {

@@ -122,13 +122,7 @@ fn upgrade(req: &Request<'_>, subscribe: Option<Subscribe>) -> Result<Opening, R
 }
 
 impl Transport for WsState {
-    fn subscription(&self) -> Option<&Subscription> {
-        self.sub.as_ref()
-    }
-
-    fn subscription_slot(&mut self) -> &mut Option<Subscription> {
-        &mut self.sub
-    }
+    super::one_subscription!();
 
     fn on_input(&mut self, input: &mut [u8], ctx: &mut Ctx<'_>) -> After {
         feed(self, input, ctx)

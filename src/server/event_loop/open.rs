@@ -110,7 +110,7 @@ impl EventLoop {
             }
         };
         let transport = session.transport_mut();
-        *transport.subscription_slot() = Some(sub);
+        transport.add_subscription(sub);
         transport.write_welcome(&mut self.buf.out, count, subscribe.name.as_deref());
         let (Some(replay), Some(resume)) = (replay, subscribe.resume) else {
             return true;

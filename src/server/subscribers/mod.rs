@@ -51,7 +51,7 @@ struct LocalChannel {
 fn expires_at(conns: &Slab<Conn>, key: usize) -> Option<u32> {
     conns
         .get(key)
-        .and_then(|c| c.mode.subscription())
+        .and_then(|c| c.mode.subscriptions().first())
         .map(|s| s.expires)
         .filter(|&e| e != 0)
 }
@@ -175,7 +175,12 @@ impl LocalSubscribers {
                 until: self.taken + 1,
             });
         }
-        if let Some(cursor) = &mut self.cursor {
+        // A fan-out part done started before this subscriber: it starts at the
+        // next message of that channel.
+        let fanning_out = self.batch.get(self.start).map(|d| &d.channel);
+        if let Some(cursor) = &mut self.cursor
+            && fanning_out.is_some_and(|c| Arc::ptr_eq(c, &joined.channel))
+        {
             cursor.joined.push(key as u32);
         }
         if let Some(name) = &subscribe.name {
@@ -233,14 +238,47 @@ impl LocalSubscribers {
         !self.expiring.is_empty()
     }
 
-    /// Takes connection `key` out of its channel, if it has one.
+    /// Takes connection `key` out of every channel it is in.
     pub fn leave(&mut self, broker: &dyn Broker, key: usize, conns: &mut Slab<Conn>) {
-        let Some(sub) = conns.get_mut(key).and_then(|c| c.mode.take_subscription()) else {
-            return;
-        };
-        let ckey = channel_key(&sub.channel);
         self.fresh.retain(|f| f.key != key);
         let chosen = self.names.remove(&key);
+        while let Some(sub) = conns.get_mut(key).and_then(|c| c.mode.take_subscription(None)) {
+            self.end(broker, key, sub, chosen.as_deref(), conns);
+        }
+    }
+
+    /// Takes connection `key` out of channel `channel` only (a multiplexing
+    /// transport's unsubscribe); false when it was not in it.
+    pub fn leave_channel(
+        &mut self,
+        broker: &dyn Broker,
+        key: usize,
+        channel: &str,
+        conns: &mut Slab<Conn>,
+    ) -> bool {
+        let taken = conns
+            .get_mut(key)
+            .and_then(|c| c.mode.take_subscription(Some(channel)));
+        let Some(sub) = taken else {
+            return false;
+        };
+        let ckey = channel_key(&sub.channel);
+        self.fresh.retain(|f| !(f.key == key && f.channel == ckey));
+        let chosen = self.names.get(&key).cloned();
+        self.end(broker, key, sub, chosen.as_deref(), conns);
+        true
+    }
+
+    /// Ends subscription `sub` of connection `key`, already taken out of it.
+    fn end(
+        &mut self,
+        broker: &dyn Broker,
+        key: usize,
+        sub: Subscription,
+        chosen: Option<&str>,
+        conns: &mut Slab<Conn>,
+    ) {
+        let ckey = channel_key(&sub.channel);
         if sub.expires != 0 {
             self.stale_expiries += 1;
             if self.stale_expiries > 1024 && self.stale_expiries * 2 > self.expiring.len() {
@@ -257,7 +295,7 @@ impl LocalSubscribers {
                 if let Some(&moved) = list.conns.get(index)
                     && let Some(other) = conns
                         .get_mut(moved as usize)
-                        .and_then(|c| c.mode.subscription_mut())
+                        .and_then(|c| c.mode.subscription_of_mut(&sub.channel))
                 {
                     other.index = index as u32;
                 }
@@ -267,7 +305,7 @@ impl LocalSubscribers {
             }
         }
         let name = (sub.rules.join_leave && sub.format.announced())
-            .then(|| rules::client_name(sub.client, chosen.as_deref()));
+            .then(|| rules::client_name(sub.client, chosen));
         broker.unsubscribe(&sub.channel, self.member(key, sub.format, name.as_deref()));
     }
 
@@ -388,8 +426,9 @@ impl LocalSubscribers {
                 joined: Vec::new(),
             });
         }
-        // Only a snapshot can hold a key that has left the channel since.
-        let snapshot = cursor.is_some();
+        // A snapshot's keys may have left the channel since, or be someone else's
+        // by now: each is looked up by its subscription of this channel.
+        let channel = &group[0].channel;
         let (keys, from, joined) = match &cursor {
             Some(c) => (&c.keys[..], c.next, &c.joined[..]),
             None => (&list.conns[..], 0, &[][..]),
@@ -417,12 +456,7 @@ impl LocalSubscribers {
             };
             // A subscriber snapshot is older than this turn: the key may have
             // left, or be someone else's by now.
-            let Some(format) = conn
-                .mode
-                .subscription()
-                .filter(|s| !snapshot || channel_key(&s.channel) == ckey)
-                .map(|s| s.format)
-            else {
+            let Some(format) = conn.mode.subscription_of(channel).map(|s| s.format) else {
                 continue;
             };
             let fresh = self
