@@ -6,9 +6,18 @@
 # inputs each) and keeps every input a run finds, so it grows where it runs. Installs the nightly toolchain and cargo-fuzz when they are missing.
 # See docs/RELIABILITY.md for what each target checks and for the long runs.
 #
-# Usage: scripts/fuzz.sh [--seconds N] [TARGET...]
+# Usage: scripts/fuzz.sh [--seconds N] [--record | --no-record] [TARGET...]
 #   --seconds N   how long each target runs (default 30)
+#   --record      keep a record of the run (the default from --seconds 600 on)
+#   --no-record   keep none, even for a long run
 #   TARGET        frame_decoder, http_request, names_and_queries, jwt (default: all)
+#
+# A recorded run writes bench/results/fuzz-STAMP.json (UTC stamp) and its .md: the
+# provenance (bench/provenance.py: commit, dirty tree, machine, command line), the
+# toolchain, and per target the seconds asked for and run, executions, exec/s,
+# peak RSS, corpus inputs and bytes before and after, crashes (with the artifact's
+# path) and the last lines of libFuzzer's output ($FUZZ_RECORD_DIR, if set, instead
+# of bench/results). Only what has such a record is quoted in docs/RELIABILITY.md.
 #
 # Builds in $CARGO_TARGET_DIR (default target/fuzz). New inputs found during the
 # run go to the working corpus, never into fuzz/corpus; a crashing input is kept
@@ -22,9 +31,19 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 
 ALL_TARGETS=(frame_decoder http_request names_and_queries jwt)
 SECONDS_EACH=30
+RECORD=auto
 TARGETS=()
+ORIG_ARGS=("$@")
 while (($#)); do
     case $1 in
+        --record)
+            RECORD=yes
+            shift
+            ;;
+        --no-record)
+            RECORD=no
+            shift
+            ;;
         --seconds)
             [[ $# -ge 2 ]] || { usage >&2; exit 2; }
             SECONDS_EACH=$2
@@ -51,6 +70,9 @@ while (($#)); do
 done
 [[ $SECONDS_EACH =~ ^[1-9][0-9]*$ ]] || { echo "--seconds needs a whole number > 0" >&2; exit 2; }
 [[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=("${ALL_TARGETS[@]}")
+if [[ $RECORD == auto ]]; then
+    if ((SECONDS_EACH >= 600)); then RECORD=yes; else RECORD=no; fi
+fi
 for t in "${TARGETS[@]}"; do
     [[ -f fuzz/fuzz_targets/$t.rs ]] || { echo "no fuzz target '$t' (have: ${ALL_TARGETS[*]})" >&2; exit 2; }
 done
@@ -75,7 +97,13 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
-echo "$(rustup run nightly rustc --version), $(cargo fuzz --version)"
+TOOLCHAIN="$(rustup run nightly rustc --version), $(cargo fuzz --version)"
+echo "$TOOLCHAIN"
+# The provenance is taken before the run, of the tree that is built and fuzzed.
+PROVENANCE=
+if [[ $RECORD == yes ]]; then
+    PROVENANCE=$(python3 "$ROOT/bench/provenance.py" -- "$0" "${ORIG_ARGS[@]}")
+fi
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target/fuzz}
 CORPUS_DIR=${FUZZ_CORPUS_DIR:-$ROOT/target/fuzz-corpus}
@@ -87,18 +115,24 @@ done
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+corpus_size() { echo "$(find "$1" -type f | wc -l) $(find "$1" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')"; }
 failed=()
 for t in "${TARGETS[@]}"; do
     step "fuzz $t for ${SECONDS_EACH}s"
     mkdir -p "$CORPUS_DIR/$t" "fuzz/artifacts/$t"
     # The seeds join the working corpus (one already grown keeps what it found).
     [[ -d fuzz/corpus/$t ]] && cp -Rn "fuzz/corpus/$t/." "$CORPUS_DIR/$t/"
-    echo "corpus $CORPUS_DIR/$t: $(find "$CORPUS_DIR/$t" -type f | wc -l) inputs"
+    read -r inputs_before bytes_before < <(corpus_size "$CORPUS_DIR/$t")
+    echo "corpus $CORPUS_DIR/$t: $inputs_before inputs"
     args=(-max_total_time="$SECONDS_EACH" -timeout=10 -print_final_stats=1)
     [[ -f fuzz/dict/$t.dict ]] && args+=(-dict="$ROOT/fuzz/dict/$t.dict")
     # libFuzzer adds the new inputs it finds to the (first) corpus directory given.
-    if cargo +nightly fuzz run --fuzz-dir "$ROOT/fuzz" -O "$t" "$CORPUS_DIR/$t" -- \
-        "${args[@]}" >"$WORK/$t.log" 2>&1; then
+    started=$(date +%s.%N)
+    status=0
+    cargo +nightly fuzz run --fuzz-dir "$ROOT/fuzz" -O "$t" "$CORPUS_DIR/$t" -- \
+        "${args[@]}" >"$WORK/$t.log" 2>&1 || status=$?
+    ended=$(date +%s.%N)
+    if ((status == 0)); then
         grep -E '^(Done |stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb))' \
             "$WORK/$t.log" || tail -n 5 "$WORK/$t.log"
     else
@@ -107,7 +141,53 @@ for t in "${TARGETS[@]}"; do
         grep -hoE 'Test unit written to [^ ]+' "$WORK/$t.log" >&2 || true
         failed+=("$t")
     fi
+    read -r inputs_after bytes_after < <(corpus_size "$CORPUS_DIR/$t")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$status" "$started" "$ended" \
+        "$inputs_before" "$bytes_before" "$inputs_after" "$bytes_after" "$WORK/$t.log" >>"$WORK/runs.tsv"
 done
+
+if [[ $RECORD == yes ]]; then
+    step "record"
+    SECONDS_EACH=$SECONDS_EACH PROVENANCE=$PROVENANCE TOOLCHAIN=$TOOLCHAIN CORPUS_DIR=$CORPUS_DIR \
+        python3 - "$WORK/runs.tsv" <<'PY'
+import json, os, re, sys
+sys.path.insert(0, "bench")
+import provenance
+
+prov = json.loads(os.environ["PROVENANCE"])
+asked = int(os.environ["SECONDS_EACH"])
+runs = []
+for row in open(sys.argv[1]).read().splitlines():
+    t, status, started, ended, ib, bb, ia, ba, log = row.split("\t")
+    text = open(log, errors="replace").read()
+    def stat(name):
+        m = re.search(rf"^stat::{name}:\s*(\d+)", text, re.M)
+        return int(m.group(1)) if m else None
+    done = re.search(r"^Done (\d+) runs in (\d+) second", text, re.M)
+    artifacts = re.findall(r"Test unit written to (\S+)", text)
+    runs.append({
+        "target": t, "exit_status": int(status),
+        "seconds_asked": asked, "seconds_wall": round(float(ended) - float(started), 1),
+        "seconds_fuzzed": int(done.group(2)) if done else None,
+        "executions": stat("number_of_executed_units") or (int(done.group(1)) if done else None),
+        "exec_per_sec": stat("average_exec_per_sec"), "new_units": stat("new_units_added"),
+        "peak_rss_mb": stat("peak_rss_mb"),
+        "corpus_before": {"inputs": int(ib), "bytes": int(bb)},
+        "corpus_after": {"inputs": int(ia), "bytes": int(ba)},
+        "failed": int(status) != 0, "crashes": len(artifacts), "artifacts": artifacts,
+        "log_tail": text.splitlines()[-40:],
+    })
+doc = {"provenance": prov, "toolchain": os.environ["TOOLCHAIN"], "corpus_dir": os.environ["CORPUS_DIR"],
+       "seconds_each": asked, "runs": runs}
+lines = [f"    {r['target']}: {r['seconds_fuzzed']} s, {r['executions']} executions "
+         f"({r['exec_per_sec']}/s), corpus {r['corpus_before']['inputs']} -> {r['corpus_after']['inputs']} inputs, "
+         f"peak RSS {r['peak_rss_mb']} MB, crashes {r['crashes']}" for r in runs]
+md = provenance.md_header("fuzzing (scripts/fuzz.sh)", prov) + f"- toolchain: {os.environ['TOOLCHAIN']}\n\n" + "\n".join(lines)
+when = prov["date"].replace("-", "").replace(":", "").replace("T", "-").rstrip("Z")
+path = provenance.write_raw(provenance.raw_path("fuzz", when, os.environ.get("FUZZ_RECORD_DIR") or None), doc, md)
+print(f"wrote {path}")
+PY
+fi
 
 if [[ ${#failed[@]} -gt 0 ]]; then
     echo

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""One port past one process's open-files ceiling: `throng serve --workers N` (a
+master and N worker processes on one port, SO_REUSEPORT, joined through Redis)
+holding more idle WebSockets than one process may open.
+
+Starts redis-server and then `throng serve --listen 127.0.0.1:PORT --workers N
+--threads 1 --broker redis://...` on free loopback ports, keeps the master's
+"at most ~X connections each, ~Y in all" line, runs
+
+  throng bench idle --url ws://127.0.0.1:PORT/ws/idle --conns C --procs 4
+      --rate R --duration D --source-ips 127.0.0.2-127.0.0.254 --json
+
+(its JSON: opened, failed, dropped, the time to open them all), counts each
+worker's open descriptors while the connections are held, then sends the master
+SIGTERM and records when each worker and the master were gone and what the master
+logged. Everything started here is stopped by its pid; the whole run is bounded
+(the bench by --connect-timeout and --duration plus a margin, the drain by
+--drain-timeout plus a margin).
+
+Keeps the run in bench/results/workers-STAMP.json (UTC stamp; the provenance:
+commit, dirty tree, machine, command line; the binary, redis-server's version,
+the settings, the master's log and every figure) and workers-STAMP.md.
+
+Usage: bench/workers.py [--workers 4] [--conns 40000] [--procs 4] [--rate 4000]
+                        [--duration 5s] [--bin target/release/throng] [--out bench/results]
+Needs: redis-server (scripts/test.sh installs it); python3, standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402  (bench/provenance.py)
+import throng_server  # noqa: E402  (bench/throng_server.py: DEFAULT_BIN)
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def connectable(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(cond, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {seconds:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return sorted(out)
+
+
+def open_fds(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def open_files_limit(pid: int) -> dict | None:
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return {"soft": int(soft), "hard": int(hard)}
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class LogReader(threading.Thread):
+    """Keeps every line a process writes (stdout and stderr merged), colour codes taken out."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.lines: list[tuple[float, str]] = []
+        self.start()
+
+    def run(self) -> None:
+        for raw in self.stream:
+            self.lines.append((time.monotonic(), ANSI.sub("", raw.decode(errors="replace")).rstrip()))
+
+    def find(self, needle: str) -> str | None:
+        return next((line for _, line in list(self.lines) if needle in line), None)
+
+
+def seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)?", text)
+    if not m:
+        raise SystemExit(f"not a duration: {text}")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, None: 1}[m.group(2)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--conns", type=int, default=40000)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--rate", type=int, default=4000)
+    ap.add_argument("--duration", default="5s")
+    ap.add_argument("--connect-timeout", default="10s")
+    ap.add_argument("--drain-timeout", default="10s")
+    ap.add_argument("--bin", default=throng_server.DEFAULT_BIN)
+    ap.add_argument("--out", default=str(provenance.RESULTS_DIR), help="where the raw JSON and .md go")
+    args = ap.parse_args()
+    if not shutil.which("redis-server"):
+        raise SystemExit("redis-server is not installed (scripts/test.sh installs it)")
+    prov = provenance.provenance()
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+    printed: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        printed.append(line)
+
+    redis_dir = tempfile.TemporaryDirectory(prefix="throng-workers-redis-")
+    rport = free_port()
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", redis_dir.name],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    master = bench = None
+    try:
+        wait_until(lambda: connectable(rport), 10, "redis-server listening")
+        port = free_port()
+        serve_cmd = [args.bin, "serve", "--listen", f"127.0.0.1:{port}", "--workers", str(args.workers),
+                     "--threads", "1", "--broker", f"redis://127.0.0.1:{rport}", "--stats-interval", "0",
+                     "--drain-timeout", args.drain_timeout]
+        master = subprocess.Popen(serve_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+        log = LogReader(master.stdout)
+        wait_until(lambda: len(children(master.pid)) == args.workers and connectable(port), 20,
+                   f"{args.workers} workers and the port answering")
+        workers = children(master.pid)
+        # Every worker listening: each logs its "open-files limit" line once its listeners are up.
+        wait_until(lambda: sum("open-files limit" in line for _, line in list(log.lines)) >= args.workers, 20,
+                   "every worker's open-files line")
+        plan = log.find("at most ~")
+        say(f"master pid {master.pid}, workers {workers}; redis-server on port {rport} ({redis_version})")
+        say(f"master: {plan.split(' INFO ', 1)[-1].strip() if plan else '(no plan line)'}")
+        limits = open_files_limit(workers[0])
+        say(f"a worker's open-files limit: {limits}")
+
+        bench_cmd = [args.bin, "bench", "idle", "--url", f"ws://127.0.0.1:{port}/ws/idle", "--conns",
+                     str(args.conns), "--procs", str(args.procs), "--rate", str(args.rate), "--duration",
+                     args.duration, "--source-ips", "127.0.0.2-127.0.0.254", "--connect-timeout",
+                     args.connect_timeout, "--interval", "0", "--json", "--allow-failures"]
+        bound = args.conns / max(args.rate, 1) + seconds(args.connect_timeout) + seconds(args.duration) + 60
+        started = time.monotonic()
+        bench = subprocess.Popen(bench_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+        # While it runs: each worker's open descriptors, the most seen at once.
+        peak: dict[int, int] = {w: 0 for w in workers}
+        peak_total = 0
+        while bench.poll() is None:
+            if time.monotonic() - started > bound:
+                bench.terminate()
+                bench.wait(timeout=15)
+                raise SystemExit(f"the bench ran past {bound:.0f} s: stopped")
+            counts = {w: open_fds(w) or 0 for w in workers}
+            for w, n in counts.items():
+                peak[w] = max(peak[w], n)
+            peak_total = max(peak_total, sum(counts.values()))
+            time.sleep(0.25)
+        out, err = bench.communicate()
+        bench_secs = time.monotonic() - started
+        result = json.loads(out)
+        bench_line = next((line for line in err.decode(errors="replace").splitlines() if "opened" in line), "")
+        say(f"bench: {bench_line.strip()}")
+        say(f"opened {result['opened']:,} of {result['conns']:,} on one port in {result['connect_secs']:.1f} s; "
+            f"failed {result['failed']}, dropped {result['dropped']}; held {result['duration_secs']:.1f} s")
+        say("open descriptors per worker, most at once: " + ", ".join(f"{peak[w]:,}" for w in workers)
+            + f" (sum of a moment's counts at most {peak_total:,})")
+        workers_alive_before = {w: alive(w) for w in workers}
+
+        # SIGTERM the master: it passes it on; each worker drains; then the master exits.
+        term_at = time.monotonic()
+        master.send_signal(signal.SIGTERM)
+        gone: dict[int, float] = {}
+        deadline = term_at + seconds(args.drain_timeout) + 20
+        while time.monotonic() < deadline and (len(gone) < len(workers) or master.poll() is None):
+            for w in workers:
+                if w not in gone and not alive(w):
+                    gone[w] = time.monotonic() - term_at
+            time.sleep(0.02)
+        master_rc = master.poll()
+        master_exit_secs = time.monotonic() - term_at if master_rc is not None else None
+        still = [w for w in workers if alive(w)]
+        if master_rc is None:
+            master.kill()
+            master.wait(timeout=10)
+        for w in still:
+            os.kill(w, signal.SIGKILL)
+        say(f"SIGTERM to the master: workers gone after "
+            + ", ".join(f"{gone[w]:.2f} s" if w in gone else "never" for w in workers)
+            + (f"; master exited {master_rc} after {master_exit_secs:.2f} s" if master_rc is not None
+               else "; master still running (killed)"))
+        time.sleep(0.3)   # the reader thread takes the last lines
+        stopped = log.find("all workers stopped")
+        say(f"master's last words: {stopped.split(' INFO ', 1)[-1].strip() if stopped else '(none)'}")
+        all_exited = not still and master_rc is not None and len(gone) == len(workers)
+
+        doc = {"provenance": prov, "binary": provenance.binary(args.bin), "redis_server": redis_version,
+               "settings": {"workers": args.workers, "threads_per_worker": 1, "conns": args.conns,
+                            "procs": args.procs, "rate": args.rate, "duration": args.duration,
+                            "serve_command": serve_cmd, "bench_command": bench_cmd},
+               "master_pid": master.pid, "worker_pids": workers, "worker_open_files_limit": limits,
+               "master_plan_line": plan, "workers_alive_at_load_end": workers_alive_before,
+               "bench": result, "bench_wall_secs": bench_secs,
+               "opened": result["opened"], "failed": result["failed"], "dropped": result["dropped"],
+               "connect_secs": result["connect_secs"],
+               "worker_open_fds_peak": {str(w): peak[w] for w in workers}, "open_fds_peak_sum": peak_total,
+               "sigterm": {"worker_gone_secs": {str(w): gone.get(w) for w in workers},
+                           "master_exit_code": master_rc, "master_exit_secs": master_exit_secs,
+                           "all_exited": all_exited},
+               "master_log": [line for _, line in log.lines]}
+        md = provenance.md_header("one port, several workers (bench/workers.py)", prov) + "\n" + "\n".join(
+            "    " + line for line in printed)
+        path = provenance.write_raw(provenance.raw_path("workers", out_dir=args.out), doc, md)
+        print(f"wrote {path}", file=sys.stderr)
+        return 0 if all_exited and result["failed"] == 0 and result["dropped"] == 0 else 1
+    finally:
+        if bench and bench.poll() is None:
+            bench.terminate()
+            bench.wait(timeout=15)
+        if master and master.poll() is None:
+            for w in children(master.pid):
+                os.kill(w, signal.SIGKILL)
+            master.kill()
+            master.wait(timeout=10)
+        redis.terminate()
+        redis.wait(timeout=10)
+        redis_dir.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
