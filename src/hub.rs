@@ -28,7 +28,7 @@ const SHARDS: usize = 64;
 const MAX_INBOX: usize = 1 << 16;
 /// How many encodings a message can cache: one per transport format
 /// (`transport::Format::COUNT`, checked there at compile time).
-pub const ENCODINGS: usize = 4;
+pub const ENCODINGS: usize = 5;
 
 /// Why a message was not handed to the loops (nothing was delivered).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -50,6 +50,7 @@ pub mod os;
 pub mod outbound;
 pub mod protocol;
 pub mod proxy;
+pub mod pusher;
 pub mod rules;
 pub mod server;
 pub mod stats;

@@ -129,6 +129,12 @@ fn check_opening(req: &Request<'_>, opening: &Opening, options: Options) {
             assert!(timeout.as_secs() <= 60 && timeout.subsec_nanos() == 0);
             assert!(sub.resume.is_some());
         }
+        Handover::Pusher { accept, .. } => {
+            assert_eq!(validate_upgrade(req).as_ref(), Ok(accept));
+            assert!(path.starts_with("/app/"), "{path}");
+            // Channels come later, over the socket.
+            assert!(opening.subscribe.is_none());
+        }
     }
     if let Some(sub) = &opening.subscribe {
         if options.tokens {

@@ -219,6 +219,16 @@ pub struct ServeArgs {
     )]
     pub trusted_proxy: Vec<Network>,
 
+    /// A Pusher Channels app, ID:KEY:SECRET (repeatable): Pusher clients connect
+    /// to /app/KEY, the signed Pusher HTTP API answers under /apps/ID. Default: none
+    #[arg(
+        long,
+        env = "THRONG_PUSHER_APP",
+        value_name = "ID:KEY:SECRET",
+        value_delimiter = ','
+    )]
+    pub pusher_app: Vec<crate::pusher::App>,
+
     /// Text prepended to every echoed text message
     #[arg(
         long,
@@ -318,6 +328,8 @@ pub struct ServeConfig {
     pub trusted_proxies: Vec<Network>,
     /// Prepended to every echoed text message. Default: empty.
     pub echo_prefix: String,
+    /// Pusher Channels apps (`--pusher-app`). Default: none.
+    pub pusher_apps: Vec<crate::pusher::App>,
     /// On SIGTERM/SIGINT, how long clients get to receive their 1001 and go before
     /// the process exits anyway. Default 10 s.
     pub drain_timeout: Duration,
@@ -383,6 +395,7 @@ impl Default for ServeConfig {
             allowed_origins: Vec::new(),
             trusted_proxies: Vec::new(),
             echo_prefix: defaults::ECHO_PREFIX.to_string(),
+            pusher_apps: Vec::new(),
             drain_timeout: builtin(parse_duration, defaults::DRAIN_TIMEOUT),
             stats_interval: builtin(parse_duration, defaults::STATS_INTERVAL),
             history_size: builtin(
@@ -455,6 +468,18 @@ impl ServeArgs {
                 "--handshake-timeout must be above 0".into(),
             ));
         }
+        for (i, app) in self.pusher_app.iter().enumerate() {
+            let earlier = &self.pusher_app[..i];
+            if earlier.iter().any(|a| a.id == app.id || a.key == app.key) {
+                return Err(ConfigError::Invalid(format!(
+                    "--pusher-app {}: another app has the same id or key",
+                    app.id
+                )));
+            }
+        }
+        if self.pusher_app.len() > usize::from(u16::MAX) {
+            return Err(ConfigError::Invalid("too many --pusher-app".into()));
+        }
         if self.history_ttl.subsec_nanos() != 0 {
             return Err(ConfigError::Invalid(format!(
                 "--history-ttl must be whole seconds (or 0 for no history), not {:?}",
@@ -485,6 +510,7 @@ impl ServeArgs {
                 .collect(),
             trusted_proxies: self.trusted_proxy,
             echo_prefix: self.echo_prefix,
+            pusher_apps: self.pusher_app,
             drain_timeout: self.drain_timeout,
             stats_interval: self.stats_interval,
             history_size: self.history_size,

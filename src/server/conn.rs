@@ -14,10 +14,10 @@ use mio::net::TcpStream;
 use super::http::{self, Next};
 use super::shared::Shared;
 use super::timer::Tick;
-use crate::outbound::Outbound;
 use crate::hub::Channel;
+use crate::outbound::Outbound;
 use crate::stats::{Counted, TurnCounts};
-use crate::transport::{After, CloseReason, Ctx, Session, Subscription};
+use crate::transport::{After, Change, CloseReason, Ctx, Session, Subscription};
 
 /// A tick value meaning "no deadline" / "no wheel entry".
 pub const NEVER: Tick = Tick::MAX;
@@ -55,7 +55,9 @@ pub enum Handled {
 }
 
 impl Mode {
-    /// Hands what the client sent to this connection's handler; answers go to `out`.
+    /// Hands what the client sent to this connection's handler; answers go to
+    /// `out`, subscriptions its transport asks for to `changes`.
+    #[allow(clippy::too_many_arguments)]
     pub fn on_input(
         &mut self,
         input: &mut [u8],
@@ -64,6 +66,7 @@ impl Mode {
         out: &mut Vec<u8>,
         counts: &mut TurnCounts,
         chosen_name: Option<&str>,
+        changes: &mut Vec<Change>,
     ) -> Handled {
         match self {
             Mode::Http(pending) => {
@@ -76,6 +79,7 @@ impl Mode {
                     config: &shared.config,
                     counts,
                     chosen_name,
+                    changes,
                 };
                 Handled::Transport(session.transport_mut().on_input(input, &mut ctx))
             }

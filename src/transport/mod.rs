@@ -16,6 +16,7 @@
 //! put its answers.
 
 pub mod poll;
+pub mod pusher;
 pub mod request;
 pub mod sse;
 pub mod websocket;
@@ -44,6 +45,8 @@ pub enum Format {
     Sse,
     /// A long-poll's whole answer carrying one message.
     Poll,
+    /// Pusher's `{"event","channel","data"}` (data messages only).
+    Pusher,
 }
 
 // Every format needs its slot in a message's encodings.
@@ -51,15 +54,20 @@ const _: () = assert!(Format::COUNT <= crate::hub::ENCODINGS);
 
 impl Format {
     /// How many formats exist: the encodings a message can cache.
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 5;
     /// Every format.
-    pub const ALL: [Format; Format::COUNT] =
-        [Format::WsRaw, Format::WsJson, Format::Sse, Format::Poll];
+    pub const ALL: [Format; Format::COUNT] = [
+        Format::WsRaw,
+        Format::WsJson,
+        Format::Sse,
+        Format::Poll,
+        Format::Pusher,
+    ];
 
     /// Whether subscribers in this format see channel events (welcome/join/leave).
     pub fn listens(self) -> bool {
         match self {
-            Format::WsRaw | Format::Poll => false,
+            Format::WsRaw | Format::Poll | Format::Pusher => false,
             Format::WsJson | Format::Sse => true,
         }
     }
@@ -67,7 +75,7 @@ impl Format {
     /// Whether its subscribers are members the channel announces (join/leave). A
     /// long-poll comes and goes with every answer: it is not.
     pub fn announced(self) -> bool {
-        self != Format::Poll
+        !matches!(self, Format::Poll | Format::Pusher)
     }
 
     /// Whether one delivery ends the subscription (a long-poll's answer).
@@ -83,6 +91,7 @@ impl Format {
             Format::WsJson => websocket::encode(true, m),
             Format::Sse => sse::encode(m),
             Format::Poll => poll::encode(m),
+            Format::Pusher => pusher::encode(m),
         })
     }
 }
@@ -136,13 +145,21 @@ pub enum Handover {
     Sse,
     /// A `GET /poll/{channel}`: answered once, at the latest after `timeout`.
     Poll { timeout: std::time::Duration },
+    /// A valid upgrade to `/app/{key}`: its accept value, and its app's place
+    /// among `--pusher-app`s or why the connection is refused once upgraded.
+    Pusher {
+        accept: [u8; 28],
+        app: Result<u16, pusher::Refusal>,
+    },
 }
 
 impl Handover {
     /// Appends the response that hands the connection over (the 101).
     pub fn write_head(&self, out: &mut Vec<u8>) {
         match self {
-            Handover::WebSocket { accept } => websocket::write_opening(out, accept),
+            Handover::WebSocket { accept } | Handover::Pusher { accept, .. } => {
+                websocket::write_opening(out, accept)
+            }
             Handover::Sse => sse::write_opening(out),
             // The answer is written whole, once there is one.
             Handover::Poll { .. } => {}
@@ -158,6 +175,9 @@ impl Handover {
                 sub,
                 ..poll::PollState::default()
             })),
+            Handover::Pusher { app, .. } => {
+                Session::Pusher(Box::new(pusher::PusherState::new(*app)))
+            }
         }
     }
 
@@ -166,7 +186,7 @@ impl Handover {
     pub fn answer_within(&self) -> Option<std::time::Duration> {
         match self {
             Handover::Poll { timeout } => Some(*timeout),
-            Handover::WebSocket { .. } | Handover::Sse => None,
+            Handover::WebSocket { .. } | Handover::Sse | Handover::Pusher { .. } => None,
         }
     }
 }
@@ -220,6 +240,22 @@ pub struct Ctx<'a> {
     pub counts: &'a mut TurnCounts,
     /// The name this chat client chose (`name=`), if it did.
     pub chosen_name: Option<&'a str>,
+    /// Subscriptions a multiplexing transport asks for; the server carries them
+    /// out once the input is handled.
+    pub changes: &'a mut Vec<Change>,
+}
+
+/// A change of a connection's subscriptions that its transport asks the server
+/// for (a Pusher `subscribe` or `unsubscribe`). After a join the server calls
+/// [`Transport::write_joined`] or [`Transport::write_join_refused`].
+#[derive(Debug)]
+pub enum Change {
+    Join {
+        subscribe: Subscribe,
+        client: u32,
+    },
+    /// Leave the channel of this name (nothing if not subscribed).
+    Leave(String),
 }
 
 /// What a handed-over connection's transport does with it. Each transport's state
@@ -234,6 +270,19 @@ pub trait Transport {
     fn add_subscription(&mut self, sub: Subscription);
     /// Gives back the subscription at `at` in [`Transport::subscriptions`].
     fn remove_subscription(&mut self, at: usize) -> Option<Subscription>;
+
+    /// The connection is handed over (its head is written) to client `client`:
+    /// appends the transport's greeting, if it has one. `Close`: the greeting
+    /// was a refusal.
+    fn write_opened(&mut self, _out: &mut Vec<u8>, _client: u32) -> After {
+        After::Nothing
+    }
+
+    /// A subscription asked for by a [`Change::Join`] was made.
+    fn write_joined(&mut self, _out: &mut Vec<u8>, _channel: &Channel, _count: u64) {}
+
+    /// A subscription asked for by a [`Change::Join`] was refused by the broker.
+    fn write_join_refused(&mut self, _out: &mut Vec<u8>, _channel: &str, _reason: &str) {}
 
     /// Handles what the client sent; answers go to `ctx.out`. Receive-only
     /// transports ignore whatever the client sends after its request.
@@ -364,6 +413,7 @@ transports! {
     WebSocket: websocket::WsState = "websocket", websocket;
     Sse: sse::SseState = "sse", sse;
     Poll: Box<poll::PollState> = "poll", poll;
+    Pusher: Box<pusher::PusherState> = "pusher", pusher;
 }
 
 // Every transport needs its slot among the per-transport counters.

@@ -50,6 +50,8 @@ pub trait Gate {
     /// Who may subscribe to `channel`: an allowed origin and, with
     /// `--token-secret`, a token granting it. `Ok(None)`: no token is asked for.
     fn admit(&self, req: &Request<'_>, channel: &str) -> Result<Option<Grant>, AuthError>;
+    /// The place among `--pusher-app`s of the app with this key.
+    fn pusher_app(&self, key: &str) -> Option<u16>;
 }
 
 /// Why a request for a transport is not opened.

@@ -278,7 +278,7 @@ pub fn encode(json: bool, message: &Message) -> Option<Bytes> {
 }
 
 /// A whole server frame around `payload`, as shareable bytes.
-fn frame_bytes(op: u8, payload: &[u8]) -> Bytes {
+pub(super) fn frame_bytes(op: u8, payload: &[u8]) -> Bytes {
     let mut head = Vec::with_capacity(10);
     encode_header(&mut head, op, payload.len());
     let mut buf = BytesMut::with_capacity(head.len() + payload.len());
@@ -470,6 +470,7 @@ mod tests {
             config,
             counts: &mut counts,
             chosen_name: None,
+            changes: &mut Vec::new(),
         };
         let after = feed(state, &mut input, &mut ctx);
         (out, after)
@@ -603,6 +604,7 @@ mod tests {
             config: &config,
             counts: &mut counts,
             chosen_name: None,
+            changes: &mut Vec::new(),
         };
         assert_eq!(feed(&mut state, &mut input, &mut ctx), After::Close);
         assert_eq!(&out[2..4], &close_code::PROTOCOL_ERROR.to_be_bytes());

@@ -36,7 +36,7 @@ use super::subscribers::{Follow, LocalSubscribers};
 use super::timer::ticks;
 use crate::hub;
 use crate::stats::{LoopCounters, TurnCounts};
-use crate::transport::{After, CloseReason};
+use crate::transport::{After, Change, CloseReason};
 use accept::Acceptor;
 use drain::Drain;
 use ring::Ring;
@@ -62,6 +62,8 @@ struct Buffers {
     out: Vec<u8>,
     /// Subscribers a fan-out could not write to, dealt with after it.
     failed: Vec<Follow>,
+    /// Subscriptions the connection being served asked for (a Pusher subscribe).
+    changes: Vec<Change>,
 }
 
 /// The loop's counters: shared with whoever reports them, and this turn's.
@@ -107,6 +109,7 @@ impl EventLoop {
                 read: vec![0; READ_BUF],
                 out: Vec::with_capacity(READ_BUF),
                 failed: Vec::new(),
+                changes: Vec::new(),
             },
             unfinished: Vec::new(),
             tally: Tally {
@@ -346,7 +349,11 @@ impl EventLoop {
             &mut self.buf.out,
             &mut self.tally.turn,
             self.subscribers.chosen_name(key),
+            &mut self.buf.changes,
         );
+        if !self.buf.changes.is_empty() {
+            self.apply_changes(key);
+        }
         self.after_input(key, handled);
     }
 

@@ -5,6 +5,7 @@
 //! file only orders them and names no transport.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::EventLoop;
@@ -13,7 +14,7 @@ use crate::protocol::http::write_error;
 use crate::server::conn::Mode;
 use crate::server::timer::{Tick, ticks};
 use crate::stats::{HandshakeFailure, LoopCounters};
-use crate::transport::{After, Opening, Subscribe};
+use crate::transport::{After, Change, Opening, Subscribe};
 
 impl EventLoop {
     /// Opens `opening` on connection `key` for `client` (its peer, or whom a
@@ -47,8 +48,19 @@ impl EventLoop {
         conn.mode = Mode::Open(session);
         let head_at = self.buf.out.len();
         opening.handover.write_head(&mut self.buf.out);
+        // The client's id: its chat name (`c<id>`), its Pusher socket id.
+        let client_id = self.shared.next_client_id();
+        if let Mode::Open(session) = &mut conn.mode {
+            let greeted = session
+                .transport_mut()
+                .write_opened(&mut self.buf.out, client_id);
+            if greeted == After::Close {
+                self.send_out(key, After::Close);
+                return;
+            }
+        }
         if let Some(subscribe) = opening.subscribe
-            && !self.subscribe(key, subscribe, head_at)
+            && !self.subscribe(key, subscribe, client_id, head_at)
         {
             return;
         }
@@ -79,8 +91,7 @@ impl EventLoop {
     /// Joins the channel `subscribe` asks for, with the transport's greeting and
     /// replay; false when that already answered or ended the connection (a
     /// long-poll answered from history, a broker refusal, a dead socket).
-    fn subscribe(&mut self, key: usize, subscribe: Subscribe, head_at: usize) -> bool {
-        let client = self.shared.next_client_id();
+    fn subscribe(&mut self, key: usize, subscribe: Subscribe, client: u32, head_at: usize) -> bool {
         let joined = self.subscribers.join(
             &*self.shared.broker,
             &self.shared.config.namespaces,
@@ -133,5 +144,58 @@ impl EventLoop {
             return false;
         }
         true
+    }
+
+    /// Carries out the subscriptions connection `key`'s transport asked for
+    /// while its input was handled, each answered by the transport.
+    pub(super) fn apply_changes(&mut self, key: usize) {
+        let mut changes = std::mem::take(&mut self.buf.changes);
+        for change in changes.drain(..) {
+            match change {
+                Change::Join { subscribe, client } => {
+                    let joined = self.subscribers.join(
+                        &*self.shared.broker,
+                        &self.shared.config.namespaces,
+                        key,
+                        &subscribe,
+                        client,
+                    );
+                    let session = self.conns.get_mut(key).and_then(|c| c.mode.session_mut());
+                    let Some(transport) = session.map(|s| s.transport_mut()) else {
+                        // Cannot happen within one input; leave rather than leak.
+                        if joined.is_ok() {
+                            self.subscribers
+                                .leave(&*self.shared.broker, key, &mut self.conns);
+                        }
+                        continue;
+                    };
+                    match joined {
+                        Ok((sub, count, _)) => {
+                            let channel = Arc::clone(&sub.channel);
+                            transport.add_subscription(sub);
+                            transport.write_joined(&mut self.buf.out, &channel, count);
+                        }
+                        Err(e) => {
+                            let channel = subscribe.channel;
+                            tracing::warn!(error = %e, channel, "subscribe failed");
+                            transport.write_join_refused(
+                                &mut self.buf.out,
+                                &channel,
+                                &e.to_string(),
+                            );
+                        }
+                    }
+                }
+                Change::Leave(channel) => {
+                    self.subscribers.leave_channel(
+                        &*self.shared.broker,
+                        key,
+                        &channel,
+                        &mut self.conns,
+                    );
+                }
+            }
+        }
+        self.buf.changes = changes;
     }
 }

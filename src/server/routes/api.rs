@@ -3,7 +3,7 @@
 //! open transports or touch connections: it reads the request and the shared
 //! state, and writes one whole answer.
 
-use super::{Outcome, RouteContext, ok, ok_json};
+use super::{Outcome, RouteContext, ok, ok_json, request_body};
 use crate::broker::Outgoing;
 use crate::metrics;
 use crate::protocol::DataKind;
@@ -82,33 +82,11 @@ pub(super) fn publish(
         http::write_error(out, 403, reason, &[]);
         return Outcome::Responded;
     }
-    if req.header("transfer-encoding").is_some() {
-        http::write_error(out, 411, "send the body with Content-Length", &[]);
-        return Outcome::Responded;
-    }
-    let length = match req.header("content-length") {
-        None => 0,
-        Some(v) => match std::str::from_utf8(v)
-            .ok()
-            .and_then(|s| s.trim().parse::<usize>().ok())
-        {
-            Some(n) => n,
-            None => {
-                http::write_error(out, 400, "Content-Length is not a number", &[]);
-                return Outcome::Responded;
-            }
-        },
+    let body = match request_body(req, ctx, out, ctx.shared.config.max_message_size) {
+        Ok(body) => body,
+        Err(no) => return no.into(),
     };
-    let max = ctx.shared.config.max_message_size;
-    if length > max {
-        let reason = format!("message is {length} bytes; --max-message-size is {max}");
-        http::write_error(out, 413, &reason, &[]);
-        return Outcome::Responded;
-    }
-    if ctx.body.len() < length {
-        return Outcome::NeedBody;
-    }
-    let body = &ctx.body[..length];
+    let length = body.len();
     let is_text = req
         .header("content-type")
         .is_some_and(|v| v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"text/"));

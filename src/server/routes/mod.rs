@@ -9,6 +9,7 @@
 //! the event loop applies admission limits and does the writing.
 
 mod api;
+mod pusher_api;
 mod subscribe;
 
 use std::net::IpAddr;
@@ -86,6 +87,9 @@ pub fn route(
     }
     if web::is_page(path) {
         return page(req, path, ctx, out);
+    }
+    if let Some(rest) = path.strip_prefix("/apps/") {
+        return pusher_api::route(req, rest, ctx, out, counts);
     }
     if let Some(channel) = path.strip_prefix("/api/publish/") {
         return api::publish(req, channel, ctx, out, counts);
@@ -177,6 +181,60 @@ pub(super) fn ok(
     } else {
         Outcome::Responded
     }
+}
+
+/// Why a request's body is not there to read.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum NoBody {
+    /// A refusal is written.
+    Refused,
+    /// More of it is to come.
+    Incomplete,
+}
+
+impl From<NoBody> for Outcome {
+    fn from(no: NoBody) -> Outcome {
+        match no {
+            NoBody::Refused => Outcome::Responded,
+            NoBody::Incomplete => Outcome::NeedBody,
+        }
+    }
+}
+
+/// The request's body once it has all arrived (`Content-Length` bytes, at most
+/// `max`); otherwise a refusal written to `out`, or more to read.
+pub(super) fn request_body<'a>(
+    req: &Request<'_>,
+    ctx: RouteContext<'a>,
+    out: &mut Vec<u8>,
+    max: usize,
+) -> Result<&'a [u8], NoBody> {
+    if req.header("transfer-encoding").is_some() {
+        http::write_error(out, 411, "send the body with Content-Length", &[]);
+        return Err(NoBody::Refused);
+    }
+    let length = match req.header("content-length") {
+        None => 0,
+        Some(v) => match std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+        {
+            Some(n) => n,
+            None => {
+                http::write_error(out, 400, "Content-Length is not a number", &[]);
+                return Err(NoBody::Refused);
+            }
+        },
+    };
+    if length > max {
+        let reason = format!("the body is {length} bytes; at most {max} are taken here");
+        http::write_error(out, 413, &reason, &[]);
+        return Err(NoBody::Refused);
+    }
+    if ctx.body.len() < length {
+        return Err(NoBody::Incomplete);
+    }
+    Ok(&ctx.body[..length])
 }
 
 pub(super) fn ok_json(

@@ -69,6 +69,10 @@ impl Gate for Rules<'_> {
         })?;
         verifier.check(token, channel, auth::now_secs()).map(Some)
     }
+
+    fn pusher_app(&self, key: &str) -> Option<u16> {
+        crate::pusher::app_by_key(&self.shared.config.pusher_apps, key).map(|(i, _)| i)
+    }
 }
 
 /// Writes a refused transport request's answer; one that asked for a transport

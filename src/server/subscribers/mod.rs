@@ -242,7 +242,10 @@ impl LocalSubscribers {
     pub fn leave(&mut self, broker: &dyn Broker, key: usize, conns: &mut Slab<Conn>) {
         self.fresh.retain(|f| f.key != key);
         let chosen = self.names.remove(&key);
-        while let Some(sub) = conns.get_mut(key).and_then(|c| c.mode.take_subscription(None)) {
+        while let Some(sub) = conns
+            .get_mut(key)
+            .and_then(|c| c.mode.take_subscription(None))
+        {
             self.end(broker, key, sub, chosen.as_deref(), conns);
         }
     }

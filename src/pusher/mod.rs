@@ -1,0 +1,257 @@
+//! Pusher Channels (protocol 7) as throng speaks it, apart from the wire: the apps
+//! (`--pusher-app ID:KEY:SECRET`), how a Pusher channel is a throng channel (one
+//! namespace per app: channel `NAME` of app `ID` is throng's `ID:NAME`), socket
+//! ids, what kind a channel is by its prefix, and the signatures ([`sign`]).
+//!
+//! The connection side is `transport::pusher`; the signed HTTP API is
+//! `server::routes::pusher_api`. This module does no I/O and touches no
+//! connection.
+
+pub mod sign;
+
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+/// Longest Pusher channel name (Pusher's limit).
+pub const MAX_CHANNEL_NAME: usize = 164;
+/// Longest app id: with `:` and a channel name it stays a valid throng channel.
+pub const MAX_APP_ID: usize = 32;
+/// What a connection is told to ping within when it has heard nothing (seconds):
+/// Pusher's default.
+pub const ACTIVITY_TIMEOUT: u32 = 120;
+/// Channels one connection may be subscribed to at once: every subscription
+/// costs memory, so a client cannot take without bound.
+pub const MAX_SUBSCRIPTIONS: usize = 100;
+/// The protocol versions spoken (`?protocol=`): 5 to 7 differ in nothing a
+/// server does differently.
+pub const PROTOCOLS: std::ops::RangeInclusive<u32> = 5..=7;
+
+/// One app: its id (in API paths), key (in connection URLs and signatures) and
+/// secret (what signs).
+#[derive(Clone, PartialEq, Eq)]
+pub struct App {
+    pub id: Box<str>,
+    pub key: Box<str>,
+    pub secret: Box<str>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secret stays out of logs.
+        f.debug_struct("App")
+            .field("id", &self.id)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a `--pusher-app` value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AppError {
+    #[error("a Pusher app is ID:KEY:SECRET, e.g. 1:app-key:app-secret")]
+    Shape,
+    #[error("a Pusher app id is 1-{MAX_APP_ID} bytes of A-Z a-z 0-9 _ -")]
+    Id,
+    #[error("a Pusher app key is 1-64 bytes of A-Z a-z 0-9 _ - .")]
+    Key,
+    #[error("a Pusher app secret is 1-128 bytes without ':' or whitespace")]
+    Secret,
+}
+
+impl FromStr for App {
+    type Err = AppError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.splitn(3, ':');
+        let (Some(id), Some(key), Some(secret)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(AppError::Shape);
+        };
+        let word = |v: &str, max: usize, extra: &str| {
+            (1..=max).contains(&v.len())
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+        };
+        if !word(id, MAX_APP_ID, "_-") {
+            return Err(AppError::Id);
+        }
+        if !word(key, 64, "_-.") {
+            return Err(AppError::Key);
+        }
+        if !(1..=128).contains(&secret.len())
+            || secret
+                .chars()
+                .any(|c| c == ':' || c.is_whitespace() || c.is_control())
+        {
+            return Err(AppError::Secret);
+        }
+        Ok(App {
+            id: id.into(),
+            key: key.into(),
+            secret: secret.into(),
+        })
+    }
+}
+
+/// Finds an app by the key a connection URL names; with its place in `apps`.
+pub fn app_by_key<'a>(apps: &'a [App], key: &str) -> Option<(u16, &'a App)> {
+    apps.iter()
+        .enumerate()
+        .find(|(_, a)| &*a.key == key)
+        .map(|(i, a)| (i as u16, a))
+}
+
+/// Finds an app by the id an API path names.
+pub fn app_by_id<'a>(apps: &'a [App], id: &str) -> Option<&'a App> {
+    apps.iter().find(|a| &*a.id == id)
+}
+
+/// The throng channel of Pusher channel `name` of app `app_id`.
+pub fn throng_channel(app_id: &str, name: &str) -> String {
+    format!("{app_id}:{name}")
+}
+
+/// The Pusher channel name of a throng channel (what follows the app id).
+pub fn pusher_name(channel: &str) -> &str {
+    channel.split_once(':').map_or(channel, |(_, name)| name)
+}
+
+/// What a channel's name makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelKind {
+    Public,
+    /// `private-`: a subscriber needs the app's signature.
+    Private,
+    /// `private-encrypted-`: private; its payloads are ciphertext the server
+    /// passes on untouched.
+    Encrypted,
+    /// `presence-`: private, and members are announced.
+    Presence,
+}
+
+impl ChannelKind {
+    pub fn of(name: &str) -> ChannelKind {
+        if name.starts_with("private-encrypted-") {
+            ChannelKind::Encrypted
+        } else if name.starts_with("private-") {
+            ChannelKind::Private
+        } else if name.starts_with("presence-") {
+            ChannelKind::Presence
+        } else {
+            ChannelKind::Public
+        }
+    }
+
+    /// Whether subscribing needs a signature.
+    pub fn signed(self) -> bool {
+        self != ChannelKind::Public
+    }
+}
+
+/// Why a Pusher channel name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelNameError {
+    #[error("channel name is empty")]
+    Empty,
+    #[error("channel name is longer than {MAX_CHANNEL_NAME} bytes")]
+    TooLong,
+    #[error("channel name has '{0}': allowed are A-Z a-z 0-9 _ - = @ , . ;")]
+    BadChar(char),
+}
+
+/// Checks a Pusher channel name: 1–164 bytes of `A-Z a-z 0-9 _ - = @ , . ;`.
+pub fn validate_channel_name(name: &str) -> Result<(), ChannelNameError> {
+    if name.is_empty() {
+        return Err(ChannelNameError::Empty);
+    }
+    if name.len() > MAX_CHANNEL_NAME {
+        return Err(ChannelNameError::TooLong);
+    }
+    match name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_-=@,.;".contains(*c)))
+    {
+        Some(c) => Err(ChannelNameError::BadChar(c)),
+        None => Ok(()),
+    }
+}
+
+/// This process's part of every socket id it gives: random, so ids differ
+/// between nodes and runs.
+fn node_tag() -> u32 {
+    static TAG: OnceLock<u32> = OnceLock::new();
+    *TAG.get_or_init(|| (crate::broker::new_epoch() % 1_000_000_000) as u32)
+}
+
+/// A connection's socket id, `NODE.CLIENT` (digits, as Pusher's SDKs check).
+pub fn socket_id(client: u32) -> String {
+    format!("{}.{client}", node_tag())
+}
+
+/// Whether `id` has the shape of a socket id (`\d+\.\d+`).
+pub fn is_socket_id(id: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    id.split_once('.')
+        .is_some_and(|(a, b)| digits(a) && digits(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apps_parse_and_refuse_with_the_reason() {
+        assert_eq!("123:key-1:s3cr:et".parse::<App>(), Err(AppError::Secret));
+        let app: App = "123:key-1:secret".parse().unwrap();
+        assert_eq!(
+            (&*app.id, &*app.key, &*app.secret),
+            ("123", "key-1", "secret")
+        );
+        assert!(!format!("{app:?}").contains("secret"));
+        assert_eq!("123:key".parse::<App>(), Err(AppError::Shape));
+        assert_eq!("1 2:key:s".parse::<App>(), Err(AppError::Id));
+        assert_eq!("1:k/y:s".parse::<App>(), Err(AppError::Key));
+        assert_eq!("1:k:a b".parse::<App>(), Err(AppError::Secret));
+        assert_eq!("1:k:".parse::<App>(), Err(AppError::Secret));
+    }
+
+    #[test]
+    fn channels_map_onto_the_apps_namespace_and_back() {
+        let channel = throng_channel("123", "private-a=b");
+        assert_eq!(channel, "123:private-a=b");
+        assert!(crate::rules::validate_channel_name(&channel).is_ok());
+        assert_eq!(pusher_name(&channel), "private-a=b");
+        let longest = throng_channel(&"9".repeat(MAX_APP_ID), &"x".repeat(MAX_CHANNEL_NAME));
+        assert!(crate::rules::validate_channel_name(&longest).is_ok());
+    }
+
+    #[test]
+    fn channel_kinds_and_names() {
+        assert_eq!(ChannelKind::of("news"), ChannelKind::Public);
+        assert_eq!(ChannelKind::of("private-x"), ChannelKind::Private);
+        assert_eq!(
+            ChannelKind::of("private-encrypted-x"),
+            ChannelKind::Encrypted
+        );
+        assert_eq!(ChannelKind::of("presence-x"), ChannelKind::Presence);
+        assert!(validate_channel_name("a-b_c=d@e,f.g;h").is_ok());
+        assert_eq!(validate_channel_name(""), Err(ChannelNameError::Empty));
+        assert_eq!(
+            validate_channel_name("a:b"),
+            Err(ChannelNameError::BadChar(':'))
+        );
+        assert_eq!(
+            validate_channel_name(&"a".repeat(165)),
+            Err(ChannelNameError::TooLong)
+        );
+    }
+
+    #[test]
+    fn socket_ids_are_two_numbers() {
+        let id = socket_id(42);
+        assert!(is_socket_id(&id), "{id}");
+        assert!(id.ends_with(".42"));
+        for bad in ["", "1", "1.", ".1", "a.1", "1.2.3", "1.2x"] {
+            assert!(!is_socket_id(bad), "{bad}");
+        }
+    }
+}

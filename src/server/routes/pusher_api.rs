@@ -1,0 +1,288 @@
+//! Pusher's HTTP API under `/apps/{id}/`, every request signed by the app
+//! (`crate::pusher::sign`): `POST events` (one channel or up to 100), `POST
+//! batch_events` (up to 10), `GET channels/{name}`. An event becomes a throng
+//! message of channel `ID:NAME` with the event's name, so throng's own
+//! subscribers get it too. Errors use Pusher's statuses (400, 401, 403, 404,
+//! 413) with a JSON body that says why. It must not touch connections.
+
+use serde_json::{Value, json};
+
+use super::{Outcome, RouteContext, ok_json, only_get, request_body};
+use crate::broker::Outgoing;
+use crate::protocol::DataKind;
+use crate::protocol::http::{self, Request};
+use crate::pusher::{self, App, ChannelKind, sign};
+use crate::rules::validate_event_name;
+use crate::stats::TurnCounts;
+
+/// Most channels one event may name (Pusher's limit).
+const MAX_CHANNELS_PER_EVENT: usize = 100;
+/// Most events one batch may carry (Pusher's limit).
+const MAX_BATCH: usize = 10;
+
+/// A refusal: status and reason.
+type Refusal = (u16, String);
+
+fn refuse(out: &mut Vec<u8>, (status, reason): Refusal) -> Outcome {
+    http::write_error(out, status, &reason, &[]);
+    Outcome::Responded
+}
+
+/// Routes `/apps/{rest}`.
+pub(super) fn route(
+    req: &Request<'_>,
+    rest: &str,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
+    let (app_id, action) = rest.split_once('/').unwrap_or((rest, ""));
+    let Some(app) = pusher::app_by_id(&ctx.shared.config.pusher_apps, app_id) else {
+        let shown: String = app_id.chars().take(40).collect();
+        return refuse(out, (404, format!("unknown app '{shown}'")));
+    };
+    // Events carry up to 100 channels or 10 events of --max-message-size each.
+    let max_body = ctx.shared.config.max_message_size.saturating_mul(MAX_BATCH) + 64 * 1024;
+    let body = if req.method == "POST" {
+        match request_body(req, ctx, out, max_body) {
+            Ok(body) => body,
+            Err(no) => return no.into(),
+        }
+    } else {
+        &[][..]
+    };
+    if let Err(refusal) = check_signature(req, app, body) {
+        return refuse(out, refusal);
+    }
+    let answer = match action {
+        "events" | "batch_events" if req.method != "POST" => {
+            http::write_error(
+                out,
+                405,
+                "method not allowed: use POST",
+                &[("Allow", "POST")],
+            );
+            return Outcome::Responded;
+        }
+        "events" => events(app, body, ctx, counts),
+        "batch_events" => batch_events(app, body, ctx, counts),
+        "channels" => Err((
+            501,
+            "listing channels is not offered by this server yet; ask for one channel: \
+             /apps/ID/channels/NAME"
+                .to_string(),
+        )),
+        _ => match action.strip_prefix("channels/") {
+            Some(name) => {
+                if !only_get(req, out) {
+                    return Outcome::Responded;
+                }
+                channel(app, name, req, ctx)
+            }
+            None => {
+                let shown: String = action.chars().take(60).collect();
+                Err((404, format!("no Pusher API route '{shown}'")))
+            }
+        },
+    };
+    match answer {
+        Ok(value) => ok_json(req, ctx, out, &value, body.len()),
+        Err(refusal) => refuse(out, refusal),
+    }
+}
+
+/// Checks the request's signature; 401 with the reason (what was expected to be
+/// signed, never the signature).
+fn check_signature(req: &Request<'_>, app: &App, body: &[u8]) -> Result<(), Refusal> {
+    let query = sign::decode_query(req.query().unwrap_or(""))
+        .ok_or((400, "the query string has a broken %-escape".to_string()))?;
+    let signed = sign::Request {
+        method: req.method,
+        path: req.path(),
+        query: &query,
+        body,
+    };
+    sign::check_request(app, &signed, crate::auth::now_secs()).map_err(|e| (401, e.to_string()))
+}
+
+/// One event as the API takes it.
+struct Event<'a> {
+    name: &'a str,
+    data: &'a str,
+    channels: Vec<&'a str>,
+}
+
+/// Reads and checks one event object.
+fn read_event<'a>(value: &'a Value, max_data: usize) -> Result<Event<'a>, Refusal> {
+    let bad = |reason: &str| (400, reason.to_string());
+    let object = value
+        .as_object()
+        .ok_or_else(|| bad("an event is a JSON object"))?;
+    let name = object
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("an event needs \"name\", a string"))?;
+    validate_event_name(name).map_err(|e| bad(&e.to_string()))?;
+    let data = object
+        .get("data")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("an event needs \"data\", a string (JSON text, as the SDKs send)"))?;
+    if data.len() > max_data {
+        return Err((
+            413,
+            format!("event data is {} bytes; at most {max_data}", data.len()),
+        ));
+    }
+    let channels: Vec<&str> = match (object.get("channel"), object.get("channels")) {
+        (Some(Value::String(one)), None) => vec![one.as_str()],
+        (None, Some(Value::Array(many))) => many
+            .iter()
+            .map(|c| c.as_str().ok_or_else(|| bad("\"channels\" holds strings")))
+            .collect::<Result<_, _>>()?,
+        _ => {
+            return Err(bad(
+                "an event needs \"channel\" (a string) or \"channels\" (a list)",
+            ));
+        }
+    };
+    if channels.is_empty() || channels.len() > MAX_CHANNELS_PER_EVENT {
+        return Err(bad(&format!(
+            "an event goes to 1 to {MAX_CHANNELS_PER_EVENT} channels, not {}",
+            channels.len()
+        )));
+    }
+    for name in &channels {
+        pusher::validate_channel_name(name).map_err(|e| bad(&e.to_string()))?;
+    }
+    if let Some(socket_id) = object.get("socket_id") {
+        let valid = socket_id.as_str().is_some_and(pusher::is_socket_id);
+        return Err(bad(if valid {
+            "socket_id (leaving a connection out) is not offered by this server yet"
+        } else {
+            "socket_id must look like 123.456"
+        }));
+    }
+    Ok(Event {
+        name,
+        data,
+        channels,
+    })
+}
+
+/// Publishes `event` to each of its channels; 503 when the broker cannot take it.
+fn publish(
+    app: &App,
+    event: &Event<'_>,
+    ctx: RouteContext<'_>,
+    counts: &mut TurnCounts,
+) -> Result<(), Refusal> {
+    for name in &event.channels {
+        let channel = pusher::throng_channel(&app.id, name);
+        let message = Outgoing {
+            payload: event.data.as_bytes(),
+            kind: DataKind::Text,
+            from: None,
+            event: Some(event.name),
+        };
+        ctx.shared
+            .broker
+            .publish(&channel, message)
+            .map_err(|e| (503, e.to_string()))?;
+        counts.published += 1;
+    }
+    Ok(())
+}
+
+fn parse(body: &[u8]) -> Result<Value, Refusal> {
+    serde_json::from_slice(body).map_err(|e| (400, format!("the body is not JSON: {e}")))
+}
+
+/// `POST /apps/ID/events`: `{}` once published to every channel.
+fn events(
+    app: &App,
+    body: &[u8],
+    ctx: RouteContext<'_>,
+    counts: &mut TurnCounts,
+) -> Result<Value, Refusal> {
+    let value = parse(body)?;
+    let event = read_event(&value, ctx.shared.config.max_message_size)?;
+    publish(app, &event, ctx, counts)?;
+    Ok(json!({}))
+}
+
+/// `POST /apps/ID/batch_events`: `{"batch":[…]}`, every event checked before
+/// any is published.
+fn batch_events(
+    app: &App,
+    body: &[u8],
+    ctx: RouteContext<'_>,
+    counts: &mut TurnCounts,
+) -> Result<Value, Refusal> {
+    let value = parse(body)?;
+    let batch = value
+        .get("batch")
+        .and_then(Value::as_array)
+        .ok_or((400, "a batch is {\"batch\":[events]}".to_string()))?;
+    if batch.len() > MAX_BATCH {
+        return Err((
+            400,
+            format!(
+                "a batch holds at most {MAX_BATCH} events, not {}",
+                batch.len()
+            ),
+        ));
+    }
+    let max_data = ctx.shared.config.max_message_size;
+    let events = batch
+        .iter()
+        .map(|e| read_event(e, max_data))
+        .collect::<Result<Vec<_>, _>>()?;
+    for event in &events {
+        if event.channels.len() != 1 {
+            return Err((400, "a batch event names one \"channel\"".to_string()));
+        }
+    }
+    for event in &events {
+        publish(app, event, ctx, counts)?;
+    }
+    Ok(json!({ "batch": events.iter().map(|_| json!({})).collect::<Vec<_>>() }))
+}
+
+/// `GET /apps/ID/channels/NAME[?info=subscription_count]`: whether anyone is
+/// subscribed (cluster-wide), and how many.
+fn channel(
+    app: &App,
+    name: &str,
+    req: &Request<'_>,
+    ctx: RouteContext<'_>,
+) -> Result<Value, Refusal> {
+    pusher::validate_channel_name(name).map_err(|e| (400, e.to_string()))?;
+    let query = sign::decode_query(req.query().unwrap_or("")).unwrap_or_default();
+    let info: Vec<&str> = query
+        .iter()
+        .filter(|(k, _)| k == "info")
+        .flat_map(|(_, v)| v.split(','))
+        .collect();
+    if info.contains(&"user_count") && ChannelKind::of(name) != ChannelKind::Presence {
+        return Err((400, "user_count is only for presence channels".to_string()));
+    }
+    if info.contains(&"user_count") {
+        return Err((
+            501,
+            "presence channels are not offered by this server yet".to_string(),
+        ));
+    }
+    if !ctx.shared.broker.healthy() {
+        return Err((503, "broker unavailable, retry later".to_string()));
+    }
+    let subscribers = ctx
+        .shared
+        .broker
+        .channel_info(&pusher::throng_channel(&app.id, name))
+        .subscribers;
+    let mut answer = json!({ "occupied": subscribers > 0 });
+    if info.contains(&"subscription_count") {
+        answer["subscription_count"] = Value::from(subscribers);
+    }
+    Ok(answer)
+}

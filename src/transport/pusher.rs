@@ -1,0 +1,446 @@
+//! The Pusher Channels protocol (versions 5–7, as pusher-js 8 speaks it) as a
+//! transport: `ws://HOST/app/KEY?protocol=7`, one WebSocket carrying any number
+//! of channel subscriptions. It greets with `pusher:connection_established`
+//! (a socket id and the activity timeout), answers `pusher:ping`, subscribes and
+//! unsubscribes (public channels; `private-` and `private-encrypted-` with the
+//! app's signature), and delivers each message as
+//! `{"event","channel","data"}`, encoded once per message and shared by every
+//! Pusher subscriber. Refusals are Pusher's: `pusher:error` with its codes (4001
+//! unknown app, 4007 protocol, 4200–4299 reconnect) and
+//! `pusher:subscription_error`.
+//!
+//! WebSocket framing is `protocol`'s and what a Pusher name means is
+//! `crate::pusher`'s. This module asks the server for subscriptions through
+//! [`Change`]s and must not own the socket, keep time or touch the hub.
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use smallvec::SmallVec;
+
+use super::request::{Endpoint, Gate, Path, Refused, query_param};
+use super::websocket::{frame_bytes, write_heartbeat};
+use super::{
+    After, Change, CloseReason, Ctx, Format, Handover, Opening, Subscribe, Subscription, Transport,
+    json_data,
+};
+use crate::broker::{Replay, Resume};
+use crate::hub::{Body, Channel, Message};
+use crate::protocol::http::Request;
+use crate::protocol::{DataKind, Event, Flow, encode_close, encode_frame, opcode};
+use crate::pusher::{self, ChannelKind, sign};
+
+/// Pusher's error codes this server sends.
+pub mod code {
+    /// The app key is unknown: do not reconnect.
+    pub const UNKNOWN_APP: u16 = 4001;
+    /// The protocol version is not spoken: do not reconnect.
+    pub const PROTOCOL: u16 = 4007;
+    /// Over capacity (a slow consumer, the broker away): reconnect after a pause.
+    pub const OVER_CAPACITY: u16 = 4100;
+    /// Reconnect now (the server is going away).
+    pub const RECONNECT: u16 = 4200;
+    /// Nothing heard within the activity timeout: reconnect now.
+    pub const NO_PONG: u16 = 4201;
+}
+
+/// Why a Pusher connection is refused right after its upgrade (Pusher answers
+/// the handshake, then says why in `pusher:error` and closes with that code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: u16,
+    pub message: &'static str,
+}
+
+/// An open Pusher connection: a decoder only while a frame is half received, its
+/// subscriptions (one held inline), its app and its client id (its socket id's
+/// second number). Boxed in its session, so a plain WebSocket's record does not
+/// grow for it.
+#[derive(Debug)]
+pub struct PusherState {
+    decoder: Option<Box<crate::protocol::Decoder>>,
+    subs: SmallVec<[Subscription; 1]>,
+    /// Its app's place among `--pusher-app`s.
+    app: u16,
+    client: u32,
+    /// Said at the upgrade; the connection is closed once it is written.
+    refusal: Option<Refusal>,
+}
+
+impl PusherState {
+    pub fn new(app: Result<u16, Refusal>) -> Self {
+        let (app, refusal) = match app {
+            Ok(app) => (app, None),
+            Err(refusal) => (0, Some(refusal)),
+        };
+        PusherState {
+            decoder: None,
+            subs: SmallVec::new(),
+            app,
+            client: 0,
+            refusal,
+        }
+    }
+
+    fn socket_id(&self) -> String {
+        pusher::socket_id(self.client)
+    }
+}
+
+/// `/app/{key}?protocol=7&client=…&version=…`.
+pub const ENDPOINTS: &[Endpoint] = &[Endpoint {
+    path: Path::Prefix("/app/"),
+    open,
+}];
+
+fn open(req: &Request<'_>, key: &str, gate: &dyn Gate) -> Result<Opening, Refused> {
+    gate.check_origin(req).map_err(Refused::Auth)?;
+    if !req.wants_upgrade() {
+        if req.method != "GET" {
+            return Err(Refused::Method { counted: false });
+        }
+        return Err(Refused::NotUpgrade);
+    }
+    let accept = crate::protocol::handshake::validate_upgrade(req).map_err(Refused::Handshake)?;
+    let protocol = query_param(req, "protocol").and_then(|p| p.parse::<u32>().ok());
+    let app = if !protocol.is_some_and(|p| pusher::PROTOCOLS.contains(&p)) {
+        Err(Refusal {
+            code: code::PROTOCOL,
+            message: "Unsupported protocol version: this server speaks protocols 5 to 7",
+        })
+    } else {
+        gate.pusher_app(key).ok_or(Refusal {
+            code: code::UNKNOWN_APP,
+            message: "App key not in this cluster",
+        })
+    };
+    Ok(Opening {
+        handover: Handover::Pusher { accept, app },
+        subscribe: None,
+    })
+}
+
+impl Transport for Box<PusherState> {
+    fn subscriptions(&self) -> &[Subscription] {
+        &self.subs
+    }
+
+    fn subscriptions_mut(&mut self) -> &mut [Subscription] {
+        &mut self.subs
+    }
+
+    fn add_subscription(&mut self, sub: Subscription) {
+        self.subs.push(sub);
+    }
+
+    fn remove_subscription(&mut self, at: usize) -> Option<Subscription> {
+        (at < self.subs.len()).then(|| self.subs.swap_remove(at))
+    }
+
+    fn write_opened(&mut self, out: &mut Vec<u8>, client: u32) -> After {
+        self.client = client;
+        if let Some(refusal) = self.refusal {
+            write_error(out, Some(refusal.code), refusal.message);
+            encode_close(out, refusal.code, refusal.message);
+            return After::Close;
+        }
+        let data = json!({
+            "socket_id": self.socket_id(),
+            "activity_timeout": pusher::ACTIVITY_TIMEOUT,
+        });
+        write_event(
+            out,
+            "pusher:connection_established",
+            None,
+            &data.to_string(),
+        );
+        After::Nothing
+    }
+
+    fn on_input(&mut self, input: &mut [u8], ctx: &mut Ctx<'_>) -> After {
+        feed(self, input, ctx)
+    }
+
+    fn write_joined(&mut self, out: &mut Vec<u8>, channel: &Channel, _count: u64) {
+        let name = pusher::pusher_name(channel.name());
+        write_event(
+            out,
+            "pusher_internal:subscription_succeeded",
+            Some(name),
+            "{}",
+        );
+    }
+
+    fn write_join_refused(&mut self, out: &mut Vec<u8>, channel: &str, reason: &str) {
+        let name = pusher::pusher_name(channel);
+        write_subscription_error(out, name, "ServiceUnavailable", reason, 503);
+    }
+
+    /// Pusher subscriptions do not resume: nothing to replay.
+    fn write_replay(&mut self, _out: &mut Vec<u8>, _replay: Replay, _resume: Resume) -> After {
+        After::Nothing
+    }
+
+    fn expects_input(&self) -> bool {
+        true
+    }
+
+    fn write_heartbeat(&self, out: &mut Vec<u8>) -> After {
+        write_heartbeat(out);
+        After::Nothing
+    }
+
+    fn write_close(&mut self, out: &mut Vec<u8>, reason: CloseReason) {
+        let (code, message) = match reason {
+            CloseReason::Shutdown => (code::RECONNECT, "server shutting down; reconnect"),
+            CloseReason::IdleTimeout => (code::NO_PONG, "nothing heard in time; reconnect"),
+            CloseReason::SlowConsumer => (code::OVER_CAPACITY, "slow consumer; reconnect later"),
+            CloseReason::TokenExpired => (code::RECONNECT, "authorization expired; reconnect"),
+            CloseReason::Unavailable => (code::OVER_CAPACITY, "broker unavailable, retry later"),
+        };
+        write_error(out, Some(code), message);
+        encode_close(out, code, message);
+        self.decoder = None;
+    }
+
+    /// The 101 is out: the refusal is Pusher's.
+    fn write_unavailable(&mut self, out: &mut Vec<u8>, _head_at: usize) {
+        Transport::write_close(self, out, CloseReason::Unavailable);
+    }
+
+    fn stop_reading(&mut self) {
+        self.decoder = None;
+    }
+}
+
+/// `{"event":…,"channel":…,"data":…}` as a text frame; `data` is a JSON text
+/// carried as a string, as Pusher sends it.
+fn write_event(out: &mut Vec<u8>, event: &str, channel: Option<&str>, data: &str) {
+    let mut body = json!({ "event": event, "data": data });
+    if let Some(channel) = channel {
+        body["channel"] = Value::from(channel);
+    }
+    encode_frame(out, opcode::TEXT, body.to_string().as_bytes());
+}
+
+/// `pusher:error` with Pusher's code (`None`: a refusal that keeps the connection).
+fn write_error(out: &mut Vec<u8>, code: Option<u16>, message: &str) {
+    let body = json!({
+        "event": "pusher:error",
+        "data": { "code": code, "message": message },
+    });
+    encode_frame(out, opcode::TEXT, body.to_string().as_bytes());
+}
+
+fn write_subscription_error(
+    out: &mut Vec<u8>,
+    channel: &str,
+    kind: &str,
+    error: &str,
+    status: u16,
+) {
+    let body = json!({
+        "event": "pusher:subscription_error",
+        "channel": channel,
+        "data": { "type": kind, "error": error, "status": status },
+    });
+    encode_frame(out, opcode::TEXT, body.to_string().as_bytes());
+}
+
+/// A message as Pusher subscribers get it: `{"event","channel","data"}` with the
+/// payload as the data string (an event published without a name is
+/// `"message"`); `None` for channel events, which Pusher clients do not see.
+pub fn encode(message: &Message) -> Option<Bytes> {
+    let Body::Data {
+        payload,
+        kind,
+        event,
+        ..
+    } = &message.body
+    else {
+        return None;
+    };
+    let channel = pusher::pusher_name(message.channel.name());
+    let event = event.as_deref().unwrap_or("message");
+    let mut body = Vec::with_capacity(payload.len() + channel.len() + event.len() + 48);
+    body.extend_from_slice(b"{\"event\":");
+    let _ = serde_json::to_writer(&mut body, event);
+    // Channel names are validated to need no escaping.
+    body.extend_from_slice(b",\"channel\":\"");
+    body.extend_from_slice(channel.as_bytes());
+    body.extend_from_slice(b"\",\"data\":");
+    json_data(&mut body, payload, *kind);
+    body.push(b'}');
+    Some(frame_bytes(opcode::TEXT, &body))
+}
+
+/// Runs the decoder over `data`, handling each Pusher message; answers go to
+/// `ctx.out`, subscriptions asked for to `ctx.changes`.
+fn feed(state: &mut PusherState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
+    let mut decoder = state.decoder.take().map(|b| *b).unwrap_or_default();
+    let max_message = ctx.config.max_message_size;
+    let mut after = After::Nothing;
+    let result = decoder.feed(data, max_message, |event| match event {
+        Event::Message {
+            kind: DataKind::Text,
+            payload,
+        } => {
+            on_message(state, payload, ctx);
+            Flow::Continue
+        }
+        Event::Message { .. } => {
+            write_error(ctx.out, None, "binary messages are not Pusher messages");
+            Flow::Continue
+        }
+        Event::Ping(payload) => {
+            encode_frame(ctx.out, opcode::PONG, payload);
+            Flow::Continue
+        }
+        Event::Pong(_) => Flow::Continue,
+        Event::Close { code, .. } => {
+            match code {
+                Some(code) => encode_close(ctx.out, code, ""),
+                None => encode_frame(ctx.out, opcode::CLOSE, b""),
+            }
+            after = After::Close;
+            Flow::Stop
+        }
+    });
+    match result {
+        Ok(stats) => {
+            ctx.counts.frames_in += stats.frames;
+            ctx.counts.messages_in += stats.messages;
+            if after == After::Nothing && !decoder.is_idle() {
+                state.decoder = Some(Box::new(decoder));
+            }
+            after
+        }
+        Err(error) => {
+            tracing::debug!(%error, "protocol error");
+            encode_close(ctx.out, error.close_code(), &error.to_string());
+            After::Close
+        }
+    }
+}
+
+/// One Pusher message from the client. A malformed one gets `pusher:error` and
+/// the connection goes on.
+fn on_message(state: &mut PusherState, text: &[u8], ctx: &mut Ctx<'_>) {
+    let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(text) else {
+        write_error(ctx.out, None, "a Pusher message is a JSON object");
+        return;
+    };
+    let Some(event) = message.get("event").and_then(Value::as_str) else {
+        write_error(ctx.out, None, "a Pusher message has an \"event\" string");
+        return;
+    };
+    // `data` comes as an object, or as JSON text in a string (older clients).
+    let parsed;
+    let data = match message.get("data") {
+        Some(Value::String(text)) => {
+            parsed = serde_json::from_str::<Value>(text).unwrap_or(Value::Null);
+            &parsed
+        }
+        Some(data) => data,
+        None => &Value::Null,
+    };
+    match event {
+        "pusher:ping" => write_event(ctx.out, "pusher:pong", None, "{}"),
+        "pusher:pong" => {}
+        "pusher:subscribe" => subscribe(state, data, ctx),
+        "pusher:unsubscribe" => {
+            if let Some(name) = data.get("channel").and_then(Value::as_str)
+                && let Some(app) = ctx.config.pusher_apps.get(usize::from(state.app))
+                && pusher::validate_channel_name(name).is_ok()
+            {
+                let channel = pusher::throng_channel(&app.id, name);
+                ctx.changes.push(Change::Leave(channel));
+            }
+        }
+        "pusher:signin" => write_error(
+            ctx.out,
+            None,
+            "user authentication (pusher:signin) is not offered by this server yet",
+        ),
+        client if client.starts_with("client-") => write_error(
+            ctx.out,
+            None,
+            "client events are not enabled for this app on this server",
+        ),
+        other => {
+            let shown: String = other.chars().take(64).collect();
+            write_error(ctx.out, None, &format!("unknown event '{shown}'"));
+        }
+    }
+}
+
+/// `pusher:subscribe`: checks the channel's name and signature, then asks the
+/// server to join it; the answer (`subscription_succeeded`) follows the join.
+fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
+    let Some(name) = data.get("channel").and_then(Value::as_str) else {
+        write_error(ctx.out, None, "pusher:subscribe needs data.channel");
+        return;
+    };
+    let refuse = |out: &mut Vec<u8>, kind: &str, error: &str, status: u16| {
+        let shown: String = name.chars().take(pusher::MAX_CHANNEL_NAME).collect();
+        write_subscription_error(out, &shown, kind, error, status);
+    };
+    if let Err(e) = pusher::validate_channel_name(name) {
+        refuse(ctx.out, "InvalidChannel", &e.to_string(), 400);
+        return;
+    }
+    let Some(app) = ctx.config.pusher_apps.get(usize::from(state.app)) else {
+        refuse(ctx.out, "AppNotFound", "this connection's app is gone", 404);
+        return;
+    };
+    let channel = pusher::throng_channel(&app.id, name);
+    if state.subs.iter().any(|s| s.channel.name() == channel) {
+        // Already subscribed: say so again rather than join twice.
+        write_event(
+            ctx.out,
+            "pusher_internal:subscription_succeeded",
+            Some(name),
+            "{}",
+        );
+        return;
+    }
+    let pending = ctx
+        .changes
+        .iter()
+        .filter(|c| matches!(c, Change::Join { .. }))
+        .count();
+    if state.subs.len() + pending >= pusher::MAX_SUBSCRIPTIONS {
+        let error = format!(
+            "a connection holds at most {} subscriptions",
+            pusher::MAX_SUBSCRIPTIONS
+        );
+        refuse(ctx.out, "LimitReached", &error, 429);
+        return;
+    }
+    let kind = ChannelKind::of(name);
+    if kind == ChannelKind::Presence {
+        refuse(
+            ctx.out,
+            "NotImplemented",
+            "presence channels are not offered by this server yet",
+            501,
+        );
+        return;
+    }
+    if kind.signed() {
+        let auth = data.get("auth").and_then(Value::as_str);
+        if let Err(e) = sign::check_channel_auth(app, &state.socket_id(), name, None, auth) {
+            refuse(ctx.out, "AuthError", &e.to_string(), 401);
+            return;
+        }
+    }
+    ctx.changes.push(Change::Join {
+        subscribe: Subscribe {
+            channel,
+            format: Format::Pusher,
+            resume: None,
+            name: None,
+            expires: None,
+        },
+        client: state.client,
+    });
+}

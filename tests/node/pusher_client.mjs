@@ -1,0 +1,79 @@
+// A Pusher Channels client made of pusher-js (npm), driven by the Python tests:
+// commands come as JSON lines on stdin, everything the client sees goes out as
+// JSON lines on stdout. Private channels are authorized by the official Node
+// server SDK (`pusher`), signing with the app's secret as an app server would.
+//
+//   node pusher_client.mjs '{"host":"127.0.0.1","port":N,"key":"K","appId":"1","secret":"S"}'
+//   stdin:  {"op":"subscribe","channel":"news","events":["price"]}
+//           {"op":"unsubscribe","channel":"news"}
+//           {"op":"disconnect"}
+//   stdout: {"type":"state","current":"connected","socket_id":"…"}
+//           {"type":"subscribed","channel":"news"}
+//           {"type":"event","channel":"news","event":"price","data":…}
+//           {"type":"subscription_error","channel":"…","error":…}
+//           {"type":"error","error":…}
+import readline from "node:readline";
+import Pusher from "pusher-js";
+import PusherServer from "pusher";
+
+const opts = JSON.parse(process.argv[2]);
+const out = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
+const server = new PusherServer({
+  appId: opts.appId,
+  key: opts.key,
+  secret: opts.secret,
+  host: opts.host,
+  port: String(opts.port),
+  useTLS: false,
+});
+
+const client = new Pusher(opts.key, {
+  cluster: "local",
+  wsHost: opts.host,
+  wsPort: opts.port,
+  forceTLS: false,
+  enabledTransports: ["ws"],
+  disableStats: true,
+  channelAuthorization: {
+    customHandler: ({ socketId, channelName }, callback) => {
+      if (opts.badAuth) {
+        callback(null, { auth: `${opts.key}:${"0".repeat(64)}` });
+        return;
+      }
+      callback(null, server.authorizeChannel(socketId, channelName));
+    },
+  },
+});
+
+client.connection.bind("state_change", ({ current }) => {
+  out({ type: "state", current, socket_id: client.connection.socket_id ?? null });
+});
+client.connection.bind("error", (err) => {
+  out({ type: "error", error: err?.data ?? err?.error?.data ?? String(err?.type ?? err) });
+});
+
+const rl = readline.createInterface({ input: process.stdin });
+rl.on("line", (line) => {
+  const cmd = JSON.parse(line);
+  if (cmd.op === "subscribe") {
+    const channel = client.subscribe(cmd.channel);
+    channel.bind("pusher:subscription_succeeded", () =>
+      out({ type: "subscribed", channel: cmd.channel }));
+    channel.bind("pusher:subscription_error", (error) =>
+      out({ type: "subscription_error", channel: cmd.channel, error }));
+    channel.bind_global((event, data) => {
+      if (event.startsWith("pusher:")) return;
+      out({ type: "event", channel: cmd.channel, event, data });
+    });
+  } else if (cmd.op === "unsubscribe") {
+    client.unsubscribe(cmd.channel);
+    out({ type: "unsubscribed", channel: cmd.channel });
+  } else if (cmd.op === "disconnect") {
+    client.disconnect();
+    setTimeout(() => process.exit(0), 100);
+  }
+});
+rl.on("close", () => {
+  client.disconnect();
+  setTimeout(() => process.exit(0), 100);
+});
