@@ -60,6 +60,10 @@ fi
 # Python `playwright` package with executable_path=/usr/bin/chromium: Playwright's
 # own browser download (`playwright install`) is never used.
 [[ -x /usr/bin/chromium ]] || apt_install chromium
+# Node for the clients throng did not write that live on npm (pusher-js and the
+# official Pusher Node SDK, tests/node), installed from its lock file.
+have node || apt_install nodejs
+have npm || apt_install npm
 cargo --version; go version; python3 --version
 
 step "cargo fmt --check"
@@ -77,10 +81,13 @@ cargo test --release
 
 step "python integration tests (websockets, Playwright + Chromium)"
 PYVENV="$ROOT/tests/python/.venv"
-if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets, httpx, prometheus_client, playwright, jwt' 2>/dev/null; then
+if [[ ! -x $PYVENV/bin/pytest ]] || ! "$PYVENV/bin/python" -c 'import websockets, httpx, prometheus_client, playwright, jwt, pusher' 2>/dev/null; then
     python3 -m venv "$PYVENV"
     "$PYVENV/bin/pip" install -q --upgrade pip
     "$PYVENV/bin/pip" install -q -r tests/python/requirements.txt
+fi
+if [[ ! -d tests/node/node_modules/pusher-js || tests/node/package-lock.json -nt tests/node/node_modules ]]; then
+    (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
 "$PYVENV/bin/pytest" -q tests/python
 

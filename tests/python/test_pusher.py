@@ -1,0 +1,356 @@
+"""The Pusher Channels protocol (issue 26), tested with clients throng did not
+write: pusher-js 8 from npm (in Node, tests/node/pusher_client.mjs), the official
+Node server SDK `pusher` signing private-channel auth, and the official Python SDK
+`pusher` (PyPI) publishing and querying through the signed HTTP API. Bad input
+comes from raw sockets and hand-signed requests: each gets Pusher's error and
+disturbs nothing else. Two nodes through a real Redis deliver each other's events."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import queue
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pusher
+import pytest
+
+from conftest import free_port
+from procs import stop_process
+from rawws import assert_json_error, http_request, publish_ok, settled
+from test_redis import Redis, wait_healthy
+from wsutil import expect_closed, received_close_code, recv_json, run, ws_connect
+
+NODE_DIR = Path(__file__).resolve().parent.parent / "node"
+APP_ID, KEY, SECRET = "4242", "app-key", "app-secret"
+APP = f"{APP_ID}:{KEY}:{SECRET}"
+
+
+class PusherJs:
+    """pusher-js in a Node process, commanded over stdin, reporting over stdout."""
+
+    def __init__(self, port: int, bad_auth: bool = False, key: str = KEY) -> None:
+        assert shutil.which("node"), "node is not installed (scripts/test.sh installs it)"
+        assert (NODE_DIR / "node_modules" / "pusher-js").is_dir(), "run npm ci in tests/node"
+        opts = {"host": "127.0.0.1", "port": port, "key": key, "appId": APP_ID, "secret": SECRET,
+                "badAuth": bad_auth}
+        self.proc = subprocess.Popen(
+            ["node", str(NODE_DIR / "pusher_client.mjs"), json.dumps(opts)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=NODE_DIR,
+        )
+        self.seen: queue.Queue = queue.Queue()
+        self.log: list[dict] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.seen.put(json.loads(line))
+            except json.JSONDecodeError:
+                self.seen.put({"type": "unreadable", "line": line})
+
+    def send(self, **cmd) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, want, timeout: float = 10.0) -> dict:
+        """The next report for which want(report) holds; earlier ones are kept in log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                stderr = ""
+                raise AssertionError(f"pusher-js did not report what was expected in {timeout}s; saw {self.log}{stderr}")
+            try:
+                report = self.seen.get(timeout=left)
+            except queue.Empty:
+                continue
+            self.log.append(report)
+            if want(report):
+                return report
+
+    def connected(self) -> str:
+        report = self.expect(lambda r: r["type"] == "state" and r["current"] == "connected")
+        return report["socket_id"]
+
+    def subscribe(self, channel: str) -> dict:
+        self.send(op="subscribe", channel=channel)
+        return self.expect(lambda r: r.get("channel") == channel and r["type"] in ("subscribed", "subscription_error"))
+
+    def event(self, channel: str, event: str, timeout: float = 10.0) -> dict:
+        return self.expect(lambda r: r["type"] == "event" and r["channel"] == channel and r["event"] == event, timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send(op="disconnect")
+                self.proc.wait(timeout=5)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        stop_process(self.proc)
+
+
+@pytest.fixture
+def clients():
+    made: list[PusherJs] = []
+
+    def make(port: int, **kw) -> PusherJs:
+        c = PusherJs(port, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture
+def app_server(start_server):
+    return start_server("--pusher-app", APP)
+
+
+def sdk(port: int, secret: str = SECRET, app_id: str = APP_ID) -> pusher.Pusher:
+    return pusher.Pusher(app_id=app_id, key=KEY, secret=secret, host="127.0.0.1", port=port, ssl=False)
+
+
+def signed(method: str, path: str, body: bytes = b"", timestamp: int | None = None,
+           secret: str = SECRET, extra: dict | None = None) -> str:
+    """path?query signed as Pusher's HTTP API reference says, written here."""
+    params = {"auth_key": KEY, "auth_timestamp": str(timestamp or int(time.time())), "auth_version": "1.0"}
+    if body:
+        params["body_md5"] = hashlib.md5(body).hexdigest()
+    params.update(extra or {})
+    query = "&".join(f"{k}={params[k]}" for k in sorted(params))
+    signature = hmac.new(secret.encode(), f"{method}\n{path}\n{query}".encode(), hashlib.sha256).hexdigest()
+    return f"{path}?{query}&auth_signature={signature}"
+
+
+def post_signed(port: int, path: str, body: bytes, **kw):
+    return http_request(port, "POST", signed("POST", path, body, **kw), body,
+                        [("Content-Type", "application/json")])
+
+
+# ------------------------------------------------------------------ connecting
+
+
+def test_pusher_js_connects_and_is_given_a_socket_id(app_server, clients):
+    c = clients(app_server.port)
+    socket_id = c.connected()
+    assert re.fullmatch(r"\d+\.\d+", socket_id), socket_id
+
+
+@pytest.mark.parametrize(
+    "path,code",
+    [("/app/no-such-key?protocol=7", 4001), (f"/app/{KEY}?protocol=4", 4007), (f"/app/{KEY}", 4007)],
+    ids=["unknown-key", "old-protocol", "no-protocol"],
+)
+def test_refused_connections_get_pushers_error_code_and_close(app_server, path, code):
+    async def body():
+        async with ws_connect(f"ws://127.0.0.1:{app_server.port}{path}") as ws:
+            error = await recv_json(ws)
+            assert error["event"] == "pusher:error" and error["data"]["code"] == code, error
+            closed = await expect_closed(ws)
+            assert received_close_code(closed) == code
+
+    run(body())
+
+
+def test_pusher_ping_is_answered_and_bad_frames_get_errors_without_closing(app_server):
+    async def body():
+        async with ws_connect(f"ws://127.0.0.1:{app_server.port}/app/{KEY}?protocol=7") as ws:
+            hello = await recv_json(ws)
+            assert hello["event"] == "pusher:connection_established"
+            data = json.loads(hello["data"])
+            assert data["activity_timeout"] == 120 and re.fullmatch(r"\d+\.\d+", data["socket_id"])
+            for bad, says in [("not json", "JSON object"), ("[1,2]", "JSON object"),
+                              ('{"data":{}}', "event"), ('{"event":"nope:x"}', "unknown event"),
+                              ('{"event":"pusher:subscribe","data":{}}', "data.channel"),
+                              ('{"event":"client-x","channel":"private-a","data":{}}', "client events")]:
+                await ws.send(bad)
+                error = await recv_json(ws)
+                assert error["event"] == "pusher:error" and says in error["data"]["message"], (bad, error)
+            await ws.send(b"\x00\x01")
+            error = await recv_json(ws)
+            assert error["event"] == "pusher:error" and "binary" in error["data"]["message"]
+            await ws.send(json.dumps({"event": "pusher:ping", "data": {}}))
+            assert (await recv_json(ws))["event"] == "pusher:pong"
+
+    run(body())
+
+
+# ------------------------------------------------------------------ channels
+
+
+def test_events_from_the_python_sdk_reach_pusher_js_on_public_and_private_channels(app_server, clients):
+    c = clients(app_server.port)
+    c.connected()
+    assert c.subscribe("prices")["type"] == "subscribed"
+    assert c.subscribe("private-orders")["type"] == "subscribed"
+    api = sdk(app_server.port)
+    assert api.trigger("prices", "tick", {"symbol": "ACME", "price": 12.5}) == {}
+    assert c.event("prices", "tick")["data"] == {"symbol": "ACME", "price": 12.5}
+    api.trigger(["prices", "private-orders"], "both", "plain text")
+    assert c.event("prices", "both")["data"] == "plain text"
+    assert c.event("private-orders", "both")["data"] == "plain text"
+    api.trigger_batch([{"channel": "prices", "name": "b1", "data": "1"},
+                       {"channel": "private-orders", "name": "b2", "data": "2"}])
+    assert c.event("prices", "b1")["data"] == 1
+    assert c.event("private-orders", "b2")["data"] == 2
+
+
+def test_a_wrong_channel_signature_is_refused_and_the_connection_goes_on(app_server, clients):
+    c = clients(app_server.port, bad_auth=True)
+    c.connected()
+    refused = c.subscribe("private-secret")
+    assert refused["type"] == "subscription_error", refused
+    assert refused["error"]["status"] == 401 and "signature" in refused["error"]["error"]
+    assert c.subscribe("public")["type"] == "subscribed"
+    sdk(app_server.port).trigger("public", "still", "here")
+    assert c.event("public", "still")["data"] == "here"
+    assert sdk(app_server.port).channel_info("private-secret", ["subscription_count"]) == {
+        "occupied": False, "subscription_count": 0}
+
+
+def test_unsubscribed_channels_get_nothing_more_and_counts_follow(app_server, clients):
+    c = clients(app_server.port)
+    c.connected()
+    c.subscribe("a")
+    c.subscribe("b")
+    api = sdk(app_server.port)
+    assert api.channel_info("a", ["subscription_count"])["subscription_count"] == 1
+    c.send(op="unsubscribe", channel="a")
+    c.expect(lambda r: r["type"] == "unsubscribed")
+    settled(lambda: api.channel_info("a", ["subscription_count"]), lambda v: v["subscription_count"] == 0)
+    api.trigger("a", "late", "x")
+    api.trigger("b", "marker", "y")
+    c.event("b", "marker")
+    assert not [r for r in c.log if r.get("event") == "late"]
+
+
+def test_presence_channels_are_refused_with_a_reason_until_they_exist(app_server):
+    async def body():
+        async with ws_connect(f"ws://127.0.0.1:{app_server.port}/app/{KEY}?protocol=7") as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps({"event": "pusher:subscribe",
+                                      "data": {"channel": "presence-room", "auth": "x", "channel_data": "{}"}}))
+            refused = await recv_json(ws)
+            assert refused["event"] == "pusher:subscription_error" and refused["channel"] == "presence-room"
+            assert refused["data"]["status"] == 501, refused
+
+    run(body())
+
+
+# ------------------------------------------------------------------ one product
+
+
+def test_pusher_events_reach_throngs_own_subscribers_and_back(app_server, clients):
+    c = clients(app_server.port)
+    c.connected()
+    c.subscribe("news")
+
+    async def body():
+        url = f"ws://127.0.0.1:{app_server.port}/ws/{APP_ID}:news?format=json"
+        async with ws_connect(url) as ws:
+            settled(lambda: sdk(app_server.port).channel_info("news", ["subscription_count"]),
+                    lambda v: v["subscription_count"] == 2)
+            sdk(app_server.port).trigger("news", "headline", {"title": "hello"})
+            got = await recv_json(ws)
+            assert got["channel"] == f"{APP_ID}:news" and got["name"] == "headline"
+            assert json.loads(got["data"]) == {"title": "hello"}
+            assert c.event("news", "headline")["data"] == {"title": "hello"}
+            publish_ok(app_server.port, f"{APP_ID}:news?event=from-throng", "plain")
+            assert (await recv_json(ws))["name"] == "from-throng"
+            assert c.event("news", "from-throng")["data"] == "plain"
+            publish_ok(app_server.port, f"{APP_ID}:news", "unnamed")
+            assert c.event("news", "message")["data"] == "unnamed"
+
+    run(body())
+
+
+# ------------------------------------------------------------------ the HTTP API
+
+
+def test_the_api_refuses_bad_signatures_stale_times_and_unknown_apps(app_server):
+    port = app_server.port
+    body = json.dumps({"name": "e", "channel": "c", "data": "{}"}).encode()
+    with pytest.raises(pusher.errors.PusherBadAuth):
+        sdk(port, secret="wrong").trigger("c", "e", {})
+    assert_json_error(post_signed(port, f"/apps/{APP_ID}/events", body, secret="wrong"), 401, "signature")
+    stale = post_signed(port, f"/apps/{APP_ID}/events", body, timestamp=int(time.time()) - 601)
+    assert_json_error(stale, 401, "not within 600 s")
+    unsigned = http_request(port, "POST", f"/apps/{APP_ID}/events", body, [("Content-Type", "application/json")])
+    assert_json_error(unsigned, 401, "auth_key")
+    tampered_path = signed("POST", f"/apps/{APP_ID}/events", body)
+    tampered = http_request(port, "POST", tampered_path, body.replace(b'"c"', b'"d"'))
+    assert_json_error(tampered, 401, "body_md5")
+    assert_json_error(post_signed(port, "/apps/999/events", body), 404, "unknown app")
+    assert post_signed(port, f"/apps/{APP_ID}/events", body).status == 200
+
+
+@pytest.mark.parametrize(
+    "event,status,says",
+    [
+        ("not json", 400, "not JSON"),
+        ({"channel": "c", "data": "x"}, 400, "name"),
+        ({"name": "e", "channel": "c", "data": {"not": "a string"}}, 400, "data"),
+        ({"name": "e", "channel": "bad:name", "data": "x"}, 400, "channel name"),
+        ({"name": "e", "channels": [f"c{i}" for i in range(101)], "data": "x"}, 400, "1 to 100"),
+        ({"name": "e", "channel": "c", "data": "x", "socket_id": "1.2"}, 400, "socket_id"),
+        ({"name": "e", "channel": "c", "data": "x" * 70_000}, 413, "event data"),
+    ],
+    ids=["not-json", "no-name", "data-not-string", "bad-channel", "101-channels", "socket-id", "oversized"],
+)
+def test_bad_events_get_pushers_status_and_the_reason(app_server, event, status, says):
+    body = (event if isinstance(event, str) else json.dumps(event)).encode()
+    assert_json_error(post_signed(app_server.port, f"/apps/{APP_ID}/events", body), status, says)
+
+
+def test_a_batch_over_ten_is_refused_whole(app_server, clients):
+    c = clients(app_server.port)
+    c.connected()
+    c.subscribe("batch")
+    events = [{"channel": "batch", "name": f"e{i}", "data": "x"} for i in range(11)]
+    body = json.dumps({"batch": events}).encode()
+    assert_json_error(post_signed(app_server.port, f"/apps/{APP_ID}/batch_events", body), 400, "at most 10")
+    sdk(app_server.port).trigger("batch", "marker", "m")
+    c.event("batch", "marker")
+    assert not [r for r in c.log if r.get("event", "").startswith("e")]
+
+
+# ------------------------------------------------------------------ two nodes
+
+
+@pytest.fixture
+def redis_nodes(start_server):
+    r = Redis()
+    a = start_server("--pusher-app", APP, "--broker", r.url)
+    b = start_server("--pusher-app", APP, "--broker", r.url)
+    for node in (a, b):
+        wait_healthy(node.port)
+    yield a, b
+    r.stop()
+    r.dir.cleanup()
+
+
+def test_an_event_published_through_node_b_reaches_node_as_pusher_clients(redis_nodes, clients):
+    a, b = redis_nodes
+    on_a = clients(a.port)
+    on_b = clients(b.port)
+    on_a.connected()
+    on_b.connected()
+    on_a.subscribe("private-cluster")
+    on_b.subscribe("private-cluster")
+    settled(lambda: sdk(b.port).channel_info("private-cluster", ["subscription_count"]),
+            lambda v: v["subscription_count"] == 2, timeout=10)
+    sdk(b.port).trigger("private-cluster", "across", {"n": 1})
+    assert on_a.event("private-cluster", "across")["data"] == {"n": 1}
+    assert on_b.event("private-cluster", "across")["data"] == {"n": 1}
