@@ -147,6 +147,7 @@ pub fn tick(view: View<'_>) {
             kind: DataKind::Text,
             from: None,
             event: None,
+            skip: None,
         });
 }
 

@@ -76,6 +76,9 @@ pub struct Stored {
     pub from: Option<Box<str>>,
     /// Its event name (a Pusher event's).
     pub event: Option<Box<str>>,
+    /// The connection it leaves out (kept by the Redis broker, which gives kept
+    /// messages to live subscribers after a reconnect; never here).
+    pub skip: Option<crate::hub::SocketId>,
 }
 
 /// One kept message's place in the byte ring: with [`FROM`] set, a length byte
@@ -272,6 +275,7 @@ impl History {
                 kind: entry.kind(),
                 from,
                 event,
+                skip: None,
             });
             offset = end;
         }

@@ -78,6 +78,33 @@ impl Channel {
     }
 }
 
+/// A connection as every node of a cluster names it (a Pusher socket id,
+/// `NODE.CLIENT`): the tag of the process that holds it and its client id. A
+/// message may name one to leave it out (the sender of a client event, a
+/// publisher's own socket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SocketId {
+    pub node: u32,
+    pub client: u32,
+}
+
+impl SocketId {
+    /// Client `client` of this process.
+    pub fn local(client: u32) -> SocketId {
+        SocketId {
+            node: this_node(),
+            client,
+        }
+    }
+}
+
+/// This process's tag in socket ids: random, so tags differ between nodes,
+/// `--workers` and runs.
+pub fn this_node() -> u32 {
+    static TAG: OnceLock<u32> = OnceLock::new();
+    *TAG.get_or_init(|| (crate::broker::new_epoch() % 1_000_000_000) as u32)
+}
+
 /// Identifies one connection of one loop, to leave it out of its own join event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnRef {
@@ -99,6 +126,8 @@ pub enum Body {
         from: Option<Box<str>>,
         /// Its event name (see `broker::Outgoing::event`).
         event: Option<Box<str>>,
+        /// A connection that must not get it (see `broker::Outgoing::skip`).
+        skip: Option<SocketId>,
     },
     /// A channel event (a member joined or left), shown only in formats with events.
     Event {
@@ -122,6 +151,14 @@ pub struct Message {
 }
 
 impl Message {
+    /// The connection this message leaves out, if it names one.
+    pub fn skip(&self) -> Option<SocketId> {
+        match &self.body {
+            Body::Data { skip, .. } => *skip,
+            Body::Event { .. } => None,
+        }
+    }
+
     /// The encoding in `slot`, made by `encode` on first use and then shared;
     /// `None` when that format does not show this message.
     pub fn encoded(
@@ -383,6 +420,7 @@ mod tests {
             kind: DataKind::Text,
             from: None,
             event: None,
+            skip: None,
         }
     }
 

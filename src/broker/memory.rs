@@ -153,6 +153,7 @@ impl Broker for MemoryBroker {
                     kind: message.kind,
                     from: message.from.map(Box::from),
                     event: message.event.map(Box::from),
+                    skip: message.skip,
                 })?;
         }
         log.seq = seq;
@@ -306,6 +307,7 @@ mod tests {
             kind: DataKind::Text,
             from: None,
             event: None,
+            skip: None,
         }
     }
 
@@ -397,6 +399,7 @@ mod tests {
             kind: DataKind::Text,
             from: Some("c42"),
             event: None,
+            skip: None,
         };
         broker.publish("chat:r", said).unwrap();
         broker.publish("chat:r", text("pushed")).unwrap();

@@ -46,8 +46,12 @@ pub struct Outgoing<'a> {
     /// The chat client that sent it, shown to json subscribers as `from`.
     pub from: Option<&'a str>,
     /// Its event name (a Pusher event's, or `?event=` on the publish API): what
-    /// Pusher clients bind to, shown to json subscribers as `event`.
+    /// Pusher clients bind to, shown to json subscribers as `name`.
     pub event: Option<&'a str>,
+    /// A connection anywhere in the cluster that must not get it (a client
+    /// event's sender, or the `socket_id` a Pusher API publish names). Not kept
+    /// in history: a reader catching up later is not that live connection.
+    pub skip: Option<crate::hub::SocketId>,
 }
 
 impl Outgoing<'_> {

@@ -101,6 +101,14 @@ fn parse_io_uring(s: &str) -> Result<bool, String> {
     }
 }
 
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}' is not on or off")),
+    }
+}
+
 fn parse_redis_subscribe(s: &str) -> Result<crate::broker::Subscribe, String> {
     match s {
         "channels" => Ok(crate::broker::Subscribe::Channels),
@@ -229,6 +237,11 @@ pub struct ServeArgs {
     )]
     pub pusher_app: Vec<crate::pusher::App>,
 
+    /// Whether Pusher clients may send client events (client-*) on the private and
+    /// presence channels they are subscribed to (on|off; off, as Pusher's default)
+    #[arg(long, env = "THRONG_PUSHER_CLIENT_EVENTS", value_name = "ON|OFF", default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub pusher_client_events: bool,
+
     /// Text prepended to every echoed text message
     #[arg(
         long,
@@ -330,6 +343,9 @@ pub struct ServeConfig {
     pub echo_prefix: String,
     /// Pusher Channels apps (`--pusher-app`). Default: none.
     pub pusher_apps: Vec<crate::pusher::App>,
+    /// Pusher clients may send client events (`--pusher-client-events on`).
+    /// Default: off.
+    pub pusher_client_events: bool,
     /// On SIGTERM/SIGINT, how long clients get to receive their 1001 and go before
     /// the process exits anyway. Default 10 s.
     pub drain_timeout: Duration,
@@ -396,6 +412,7 @@ impl Default for ServeConfig {
             trusted_proxies: Vec::new(),
             echo_prefix: defaults::ECHO_PREFIX.to_string(),
             pusher_apps: Vec::new(),
+            pusher_client_events: false,
             drain_timeout: builtin(parse_duration, defaults::DRAIN_TIMEOUT),
             stats_interval: builtin(parse_duration, defaults::STATS_INTERVAL),
             history_size: builtin(
@@ -511,6 +528,7 @@ impl ServeArgs {
             trusted_proxies: self.trusted_proxy,
             echo_prefix: self.echo_prefix,
             pusher_apps: self.pusher_app,
+            pusher_client_events: self.pusher_client_events,
             drain_timeout: self.drain_timeout,
             stats_interval: self.stats_interval,
             history_size: self.history_size,

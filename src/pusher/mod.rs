@@ -9,8 +9,8 @@
 
 pub mod sign;
 
+use crate::hub::SocketId;
 use std::str::FromStr;
-use std::sync::OnceLock;
 
 /// Longest Pusher channel name (Pusher's limit).
 pub const MAX_CHANNEL_NAME: usize = 164;
@@ -175,23 +175,25 @@ pub fn validate_channel_name(name: &str) -> Result<(), ChannelNameError> {
     }
 }
 
-/// This process's part of every socket id it gives: random, so ids differ
-/// between nodes and runs.
-fn node_tag() -> u32 {
-    static TAG: OnceLock<u32> = OnceLock::new();
-    *TAG.get_or_init(|| (crate::broker::new_epoch() % 1_000_000_000) as u32)
-}
-
 /// A connection's socket id, `NODE.CLIENT` (digits, as Pusher's SDKs check).
 pub fn socket_id(client: u32) -> String {
-    format!("{}.{client}", node_tag())
+    let id = SocketId::local(client);
+    format!("{}.{}", id.node, id.client)
 }
 
-/// Whether `id` has the shape of a socket id (`\d+\.\d+`).
-pub fn is_socket_id(id: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
-    id.split_once('.')
-        .is_some_and(|(a, b)| digits(a) && digits(b))
+/// Reads a socket id (`\d+\.\d+`, both parts 32-bit as this server makes them).
+pub fn parse_socket_id(id: &str) -> Option<SocketId> {
+    let (node, client) = id.split_once('.')?;
+    let number = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| s.parse::<u32>().ok())
+            .flatten()
+    };
+    Some(SocketId {
+        node: number(node)?,
+        client: number(client)?,
+    })
 }
 
 #[cfg(test)]
@@ -248,10 +250,20 @@ mod tests {
     #[test]
     fn socket_ids_are_two_numbers() {
         let id = socket_id(42);
-        assert!(is_socket_id(&id), "{id}");
+        assert_eq!(parse_socket_id(&id), Some(SocketId::local(42)), "{id}");
         assert!(id.ends_with(".42"));
-        for bad in ["", "1", "1.", ".1", "a.1", "1.2.3", "1.2x"] {
-            assert!(!is_socket_id(bad), "{bad}");
+        for bad in [
+            "",
+            "1",
+            "1.",
+            ".1",
+            "a.1",
+            "1.2.3",
+            "1.2x",
+            "+1.2",
+            "1.99999999999",
+        ] {
+            assert_eq!(parse_socket_id(bad), None, "{bad}");
         }
     }
 }

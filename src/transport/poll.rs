@@ -182,6 +182,7 @@ pub fn encode(message: &Message) -> Option<Bytes> {
         kind,
         from,
         event,
+        ..
     } = &message.body
     else {
         return None;
@@ -323,6 +324,7 @@ mod tests {
             kind: DataKind::Text,
             from: Some("c5"),
             event: None,
+            skip: None,
         };
         broker.publish("chat:r", said).unwrap();
         let mut batch = Vec::new();

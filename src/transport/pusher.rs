@@ -23,8 +23,8 @@ use super::{
     After, Change, CloseReason, Ctx, Format, Handover, Opening, Subscribe, Subscription, Transport,
     json_data,
 };
-use crate::broker::{Replay, Resume};
-use crate::hub::{Body, Channel, Message};
+use crate::broker::{Outgoing, Replay, Resume};
+use crate::hub::{Body, Channel, Message, SocketId};
 use crate::protocol::http::Request;
 use crate::protocol::{DataKind, Event, Flow, encode_close, encode_frame, opcode};
 use crate::pusher::{self, ChannelKind, sign};
@@ -41,7 +41,12 @@ pub mod code {
     pub const RECONNECT: u16 = 4200;
     /// Nothing heard within the activity timeout: reconnect now.
     pub const NO_PONG: u16 = 4201;
+    /// A client event over the rate limit (dropped; the connection goes on).
+    pub const RATE_LIMIT: u16 = 4301;
 }
+
+/// Client events one connection may send in a second (Pusher's limit).
+pub const CLIENT_EVENTS_PER_SECOND: u8 = 10;
 
 /// Why a Pusher connection is refused right after its upgrade (Pusher answers
 /// the handshake, then says why in `pusher:error` and closes with that code).
@@ -64,6 +69,9 @@ pub struct PusherState {
     client: u32,
     /// Said at the upgrade; the connection is closed once it is written.
     refusal: Option<Refusal>,
+    /// Client events sent in second `events_second` (process seconds).
+    events_second: u32,
+    events_sent: u8,
 }
 
 impl PusherState {
@@ -78,6 +86,8 @@ impl PusherState {
             app,
             client: 0,
             refusal,
+            events_second: 0,
+            events_sent: 0,
         }
     }
 
@@ -361,11 +371,7 @@ fn on_message(state: &mut PusherState, text: &[u8], ctx: &mut Ctx<'_>) {
             None,
             "user authentication (pusher:signin) is not offered by this server yet",
         ),
-        client if client.starts_with("client-") => write_error(
-            ctx.out,
-            None,
-            "client events are not enabled for this app on this server",
-        ),
+        client if client.starts_with("client-") => client_event(state, &message, client, ctx),
         other => {
             let shown: String = other.chars().take(64).collect();
             write_error(ctx.out, None, &format!("unknown event '{shown}'"));
@@ -443,4 +449,75 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
         },
         client: state.client,
     });
+}
+
+/// A client event (`client-*`): forwarded to the other subscribers of a private
+/// or presence channel this connection is in, when the server allows them, at
+/// most [`CLIENT_EVENTS_PER_SECOND`]; its data as the client sent it.
+fn client_event(
+    state: &mut PusherState,
+    message: &serde_json::Map<String, Value>,
+    event: &str,
+    ctx: &mut Ctx<'_>,
+) {
+    if !ctx.config.pusher_client_events {
+        let reason = "client events are not enabled on this server (--pusher-client-events on)";
+        write_error(ctx.out, None, reason);
+        return;
+    }
+    if let Err(e) = crate::rules::validate_event_name(event) {
+        write_error(ctx.out, None, &e.to_string());
+        return;
+    }
+    let Some(name) = message.get("channel").and_then(Value::as_str) else {
+        write_error(ctx.out, None, "a client event needs \"channel\"");
+        return;
+    };
+    if !ChannelKind::of(name).signed() {
+        let reason = "client events are only for private and presence channels";
+        write_error(ctx.out, None, reason);
+        return;
+    }
+    let Some(app) = ctx.config.pusher_apps.get(usize::from(state.app)) else {
+        return;
+    };
+    let channel = pusher::throng_channel(&app.id, name);
+    if !state.subs.iter().any(|s| s.channel.name() == channel) {
+        let shown: String = name.chars().take(pusher::MAX_CHANNEL_NAME).collect();
+        write_error(ctx.out, None, &format!("not subscribed to '{shown}'"));
+        return;
+    }
+    let now = crate::history::now_secs();
+    if state.events_second != now {
+        state.events_second = now;
+        state.events_sent = 0;
+    }
+    if state.events_sent >= CLIENT_EVENTS_PER_SECOND {
+        let reason = format!("client event rejected: at most {CLIENT_EVENTS_PER_SECOND} a second");
+        write_error(ctx.out, Some(code::RATE_LIMIT), &reason);
+        return;
+    }
+    state.events_sent += 1;
+    let data = message.get("data").unwrap_or(&Value::Null);
+    let payload = data.to_string();
+    if payload.len() > ctx.config.max_message_size {
+        let reason = format!(
+            "client event data is {} bytes; at most {}",
+            payload.len(),
+            ctx.config.max_message_size
+        );
+        write_error(ctx.out, None, &reason);
+        return;
+    }
+    let outgoing = Outgoing {
+        payload: payload.as_bytes(),
+        kind: DataKind::Text,
+        from: None,
+        event: Some(event),
+        skip: Some(SocketId::local(state.client)),
+    };
+    match ctx.broker.publish(&channel, outgoing) {
+        Ok(_) => ctx.counts.published += 1,
+        Err(e) => write_error(ctx.out, Some(code::OVER_CAPACITY), &e.to_string()),
+    }
 }

@@ -374,6 +374,7 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                     kind,
                     from: from.as_deref(),
                     event: None,
+                    skip: None,
                 };
                 match broker.publish(channel, message) {
                     Ok(_) => {
@@ -559,6 +560,7 @@ mod tests {
             kind: DataKind::Text,
             from: from.map(Box::from),
             event: None,
+            skip: None,
         };
         let replay = || Replay {
             messages: vec![stored(1, b"hi", Some("c3")), stored(2, b"ho", None)],

@@ -5,6 +5,7 @@
 //
 //   node pusher_client.mjs '{"host":"127.0.0.1","port":N,"key":"K","appId":"1","secret":"S"}'
 //   stdin:  {"op":"subscribe","channel":"news","events":["price"]}
+//           {"op":"trigger","channel":"private-a","event":"client-x","data":{…}}
 //           {"op":"unsubscribe","channel":"news"}
 //           {"op":"disconnect"}
 //   stdout: {"type":"state","current":"connected","socket_id":"…"}
@@ -65,6 +66,9 @@ rl.on("line", (line) => {
       if (event.startsWith("pusher:")) return;
       out({ type: "event", channel: cmd.channel, event, data });
     });
+  } else if (cmd.op === "trigger") {
+    const sent = client.channel(cmd.channel)?.trigger(cmd.event, cmd.data) ?? false;
+    out({ type: "triggered", channel: cmd.channel, event: cmd.event, sent });
   } else if (cmd.op === "unsubscribe") {
     client.unsubscribe(cmd.channel);
     out({ type: "unsubscribed", channel: cmd.channel });

@@ -89,6 +89,10 @@ class PusherJs:
     def event(self, channel: str, event: str, timeout: float = 10.0) -> dict:
         return self.expect(lambda r: r["type"] == "event" and r["channel"] == channel and r["event"] == event, timeout)
 
+    def got(self, event: str) -> list[dict]:
+        """Every delivery of `event` seen so far."""
+        return [r for r in self.log if r["type"] == "event" and r["event"] == event]
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -233,7 +237,7 @@ def test_unsubscribed_channels_get_nothing_more_and_counts_follow(app_server, cl
     api.trigger("a", "late", "x")
     api.trigger("b", "marker", "y")
     c.event("b", "marker")
-    assert not [r for r in c.log if r.get("event") == "late"]
+    assert not c.got("late")
 
 
 def test_presence_channels_are_refused_with_a_reason_until_they_exist(app_server):
@@ -247,6 +251,104 @@ def test_presence_channels_are_refused_with_a_reason_until_they_exist(app_server
             assert refused["data"]["status"] == 501, refused
 
     run(body())
+
+
+# ------------------------------------------------------------------ client events and socket_id
+
+
+def channel_auth(socket_id: str, channel: str) -> str:
+    signature = hmac.new(SECRET.encode(), f"{socket_id}:{channel}".encode(), hashlib.sha256).hexdigest()
+    return f"{KEY}:{signature}"
+
+
+async def raw_pusher(port: int, private: str | None = None):
+    """A raw Pusher connection (websockets), subscribed to `private` if given."""
+    ws = await ws_connect(f"ws://127.0.0.1:{port}/app/{KEY}?protocol=7")
+    hello = await recv_json(ws)
+    socket_id = json.loads(hello["data"])["socket_id"]
+    if private:
+        await ws.send(json.dumps({"event": "pusher:subscribe",
+                                  "data": {"channel": private, "auth": channel_auth(socket_id, private)}}))
+        joined = await recv_json(ws)
+        assert joined["event"] == "pusher_internal:subscription_succeeded", joined
+    return ws, socket_id
+
+
+@pytest.fixture
+def events_server(start_server):
+    return start_server("--pusher-app", APP, "--pusher-client-events", "on")
+
+
+def test_client_events_reach_the_others_but_not_the_sender(events_server, clients):
+    a, b = clients(events_server.port), clients(events_server.port)
+    a.connected()
+    b.connected()
+    assert a.subscribe("private-chat")["type"] == "subscribed"
+    assert b.subscribe("private-chat")["type"] == "subscribed"
+    a.send(op="trigger", channel="private-chat", event="client-typing", data={"who": "a"})
+    assert a.expect(lambda r: r["type"] == "triggered")["sent"] is True
+    assert b.event("private-chat", "client-typing")["data"] == {"who": "a"}
+    sdk(events_server.port).trigger("private-chat", "marker", "m")
+    a.event("private-chat", "marker")
+    assert not a.got("client-typing")
+
+
+def test_client_events_are_refused_where_pusher_refuses_them(start_server, events_server):
+    off = start_server("--pusher-app", APP)
+
+    async def body():
+        ws, _ = await raw_pusher(off.port, private="private-x")
+        await ws.send(json.dumps({"event": "client-x", "channel": "private-x", "data": {}}))
+        assert "not enabled" in (await recv_json(ws))["data"]["message"]
+        await ws.close()
+        ws, _ = await raw_pusher(events_server.port, private="private-x")
+        for channel, says in [("public", "only for private"), ("private-other", "not subscribed")]:
+            await ws.send(json.dumps({"event": "client-x", "channel": channel, "data": {}}))
+            error = await recv_json(ws)
+            assert error["event"] == "pusher:error" and says in error["data"]["message"], error
+        await ws.close()
+
+    run(body())
+
+
+def test_client_events_over_ten_a_second_are_refused_to_the_sender_never_lost_silently(events_server):
+    async def body():
+        sender, _ = await raw_pusher(events_server.port, private="private-rate")
+        receiver, _ = await raw_pusher(events_server.port, private="private-rate")
+        for i in range(25):
+            await sender.send(json.dumps({"event": "client-n", "channel": "private-rate", "data": {"i": i}}))
+        refused = delivered = 0
+        while refused + delivered < 25:
+            if refused < 25 - delivered:
+                try:
+                    error = await recv_json(sender, timeout=0.5)
+                    assert error["event"] == "pusher:error" and error["data"]["code"] == 4301, error
+                    refused += 1
+                    continue
+                except asyncio.TimeoutError:
+                    pass
+            got = await recv_json(receiver)
+            assert got["event"] == "client-n"
+            delivered += 1
+        # Up to 10 in each second the burst touched: at most two seconds' worth.
+        assert refused >= 5 and delivered <= 20, (refused, delivered)
+        await sender.close()
+        await receiver.close()
+
+    run(body(), timeout=60)
+
+
+def test_a_publish_naming_a_socket_id_leaves_that_connection_out(app_server, clients):
+    a, b = clients(app_server.port), clients(app_server.port)
+    socket_a = a.connected()
+    b.connected()
+    a.subscribe("room")
+    b.subscribe("room")
+    sdk(app_server.port).trigger("room", "not-for-a", {"x": 1}, socket_id=socket_a)
+    assert b.event("room", "not-for-a")["data"] == {"x": 1}
+    sdk(app_server.port).trigger("room", "marker", "m")
+    a.event("room", "marker")
+    assert not a.got("not-for-a")
 
 
 # ------------------------------------------------------------------ one product
@@ -304,7 +406,7 @@ def test_the_api_refuses_bad_signatures_stale_times_and_unknown_apps(app_server)
         ({"name": "e", "channel": "c", "data": {"not": "a string"}}, 400, "data"),
         ({"name": "e", "channel": "bad:name", "data": "x"}, 400, "channel name"),
         ({"name": "e", "channels": [f"c{i}" for i in range(101)], "data": "x"}, 400, "1 to 100"),
-        ({"name": "e", "channel": "c", "data": "x", "socket_id": "1.2"}, 400, "socket_id"),
+        ({"name": "e", "channel": "c", "data": "x", "socket_id": "1.2.3"}, 400, "socket_id"),
         ({"name": "e", "channel": "c", "data": "x" * 70_000}, 413, "event data"),
     ],
     ids=["not-json", "no-name", "data-not-string", "bad-channel", "101-channels", "socket-id", "oversized"],
@@ -323,7 +425,7 @@ def test_a_batch_over_ten_is_refused_whole(app_server, clients):
     assert_json_error(post_signed(app_server.port, f"/apps/{APP_ID}/batch_events", body), 400, "at most 10")
     sdk(app_server.port).trigger("batch", "marker", "m")
     c.event("batch", "marker")
-    assert not [r for r in c.log if r.get("event", "").startswith("e")]
+    assert not [r for r in c.log if r["type"] == "event" and r["event"].startswith("e")]
 
 
 # ------------------------------------------------------------------ two nodes
@@ -345,7 +447,7 @@ def test_an_event_published_through_node_b_reaches_node_as_pusher_clients(redis_
     a, b = redis_nodes
     on_a = clients(a.port)
     on_b = clients(b.port)
-    on_a.connected()
+    socket_a = on_a.connected()
     on_b.connected()
     on_a.subscribe("private-cluster")
     on_b.subscribe("private-cluster")
@@ -354,3 +456,9 @@ def test_an_event_published_through_node_b_reaches_node_as_pusher_clients(redis_
     sdk(b.port).trigger("private-cluster", "across", {"n": 1})
     assert on_a.event("private-cluster", "across")["data"] == {"n": 1}
     assert on_b.event("private-cluster", "across")["data"] == {"n": 1}
+    # socket_id names a connection on the other node: left out there too.
+    sdk(b.port).trigger("private-cluster", "not-for-a", "x", socket_id=socket_a)
+    assert on_b.event("private-cluster", "not-for-a")["data"] == "x"
+    sdk(b.port).trigger("private-cluster", "marker", "m")
+    on_a.event("private-cluster", "marker")
+    assert not on_a.got("not-for-a")

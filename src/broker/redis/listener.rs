@@ -249,14 +249,19 @@ impl Listener {
                 } else {
                     DataKind::Binary
                 };
-                self.deliver(&channel, 0, 0, (kind, Tags::default(), payload));
+                self.deliver(&channel, 0, 0, Decoded::foreign(kind, payload));
             }
             None => tracing::debug!(channel = name, "unreadable message on redis; skipped"),
         }
     }
 
     fn deliver(&self, channel: &Arc<Channel>, seq: u64, epoch: u64, message: Decoded<'_>) -> bool {
-        let (kind, tags, payload) = message;
+        let Decoded {
+            kind,
+            tags,
+            skip,
+            payload,
+        } = message;
         let result = self
             .shared
             .hub
@@ -267,6 +272,7 @@ impl Listener {
                 kind,
                 from: tags.from.map(Box::from),
                 event: tags.event.map(Box::from),
+                skip,
             });
         match result {
             Ok(_) => true,
@@ -305,7 +311,12 @@ impl Listener {
                     from: stored.from.as_deref(),
                     event: stored.event.as_deref(),
                 };
-                let message = (stored.kind, tags, &stored.payload[..]);
+                let message = Decoded {
+                    kind: stored.kind,
+                    tags,
+                    skip: stored.skip,
+                    payload: &stored.payload[..],
+                };
                 if self.deliver(&channel, stored.seq, now_epoch, message) {
                     newest = (now_epoch, stored.seq);
                 }

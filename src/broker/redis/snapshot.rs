@@ -95,7 +95,8 @@ pub(super) fn parse_entry(entry: Value) -> Option<(Stored, u64)> {
         }
     }
     let message = message?;
-    let (kind, tags, payload) = decode_message(&message)?;
+    let decoded = decode_message(&message)?;
+    let (kind, tags, payload) = (decoded.kind, decoded.tags, decoded.payload);
     Some((
         Stored {
             seq,
@@ -103,6 +104,7 @@ pub(super) fn parse_entry(entry: Value) -> Option<(Stored, u64)> {
             kind,
             from: tags.from.map(Box::from),
             event: tags.event.map(Box::from),
+            skip: decoded.skip,
         },
         time,
     ))

@@ -7,7 +7,7 @@
 
 use super::Outgoing;
 use crate::history::Tags;
-use crate::hub::ConnRef;
+use crate::hub::{ConnRef, SocketId};
 use crate::protocol::DataKind;
 
 /// What a node's own messages start with on the pubsub channel; anything else came
@@ -20,10 +20,13 @@ pub(super) const WAKE_PREFIX: &str = "throng:wake:";
 
 /// The kind byte's flag for a message with an event name.
 const WITH_EVENT: u8 = 0x80;
+/// The kind byte's flag for a message that leaves a connection out.
+const WITH_SKIP: u8 = 0x40;
 
-/// A message as kept and published: kind, the sender's name, the event name (when
-/// it has one, flagged in the kind byte, so messages without stay as they were),
-/// the payload. Names are cut at 255 bytes, what their length byte can say.
+/// A message as kept and published: kind, the sender's name, the event name and
+/// the connection it leaves out (each only when it has one, flagged in the kind
+/// byte, so messages without stay as they were), the payload. Names are cut at
+/// 255 bytes, what their length byte can say.
 pub(super) fn encode_message(message: &Outgoing<'_>) -> Vec<u8> {
     let cut = |name: Option<&str>| -> Vec<u8> {
         let name = name.unwrap_or("").as_bytes();
@@ -35,38 +38,79 @@ pub(super) fn encode_message(message: &Outgoing<'_>) -> Vec<u8> {
         DataKind::Text => 0,
         DataKind::Binary => 1,
     };
-    out.push(if message.event.is_some() {
-        kind | WITH_EVENT
-    } else {
-        kind
-    });
+    let mut flags = kind;
+    if message.event.is_some() {
+        flags |= WITH_EVENT;
+    }
+    if message.skip.is_some() {
+        flags |= WITH_SKIP;
+    }
+    out.push(flags);
     out.push(from.len() as u8);
     out.extend_from_slice(&from);
     if message.event.is_some() {
         out.push(event.len() as u8);
         out.extend_from_slice(&event);
     }
+    if let Some(skip) = message.skip {
+        out.extend_from_slice(&skip.node.to_be_bytes());
+        out.extend_from_slice(&skip.client.to_be_bytes());
+    }
     out.extend_from_slice(message.payload);
     out
 }
 
-/// A decoded message: kind, sender and event name, payload.
-pub(super) type Decoded<'a> = (DataKind, Tags<'a>, &'a [u8]);
+/// A decoded message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Decoded<'a> {
+    pub kind: DataKind,
+    pub tags: Tags<'a>,
+    pub skip: Option<SocketId>,
+    pub payload: &'a [u8],
+}
 
 pub(super) fn decode_message(bytes: &[u8]) -> Option<Decoded<'_>> {
-    let (&kind_byte, rest) = bytes.split_first()?;
-    let kind = match kind_byte & !WITH_EVENT {
+    let (&flags, rest) = bytes.split_first()?;
+    let kind = match flags & !(WITH_EVENT | WITH_SKIP) {
         0 => DataKind::Text,
         1 => DataKind::Binary,
         _ => return None,
     };
     let (from, rest) = length_prefixed(rest)?;
-    let (event, payload) = if kind_byte & WITH_EVENT != 0 {
+    let (event, rest) = if flags & WITH_EVENT != 0 {
         length_prefixed(rest)?
     } else {
         (None, rest)
     };
-    Some((kind, Tags { from, event }, payload))
+    let (skip, payload) = if flags & WITH_SKIP != 0 {
+        let (id, rest) = rest.split_at_checked(8)?;
+        let (node, client) = id.split_at(4);
+        let skip = SocketId {
+            node: u32::from_be_bytes(node.try_into().ok()?),
+            client: u32::from_be_bytes(client.try_into().ok()?),
+        };
+        (Some(skip), rest)
+    } else {
+        (None, rest)
+    };
+    Some(Decoded {
+        kind,
+        tags: Tags { from, event },
+        skip,
+        payload,
+    })
+}
+
+impl<'a> Decoded<'a> {
+    /// What another program published: the payload alone.
+    pub fn foreign(kind: DataKind, payload: &'a [u8]) -> Self {
+        Decoded {
+            kind,
+            tags: Tags::default(),
+            skip: None,
+            payload,
+        }
+    }
 }
 
 /// A name after its length byte (`None` when empty or not UTF-8), and the rest.
@@ -182,15 +226,24 @@ mod tests {
             kind: DataKind::Text,
             from: Some("c7"),
             event: None,
+            skip: None,
         };
         let bytes = encode_message(&m);
         let c7 = Tags {
             from: Some("c7"),
             event: None,
         };
+        let decoded = |kind, tags, skip, payload| {
+            Some(Decoded {
+                kind,
+                tags,
+                skip,
+                payload,
+            })
+        };
         assert_eq!(
             decode_message(&bytes),
-            Some((DataKind::Text, c7, &b"hi"[..]))
+            decoded(DataKind::Text, c7, None, &b"hi"[..])
         );
         let e = Outgoing {
             event: Some("price"),
@@ -202,17 +255,33 @@ mod tests {
         };
         assert_eq!(
             decode_message(&encode_message(&e)),
-            Some((DataKind::Text, both, &b"hi"[..]))
+            decoded(DataKind::Text, both, None, &b"hi"[..])
         );
+        let sender = SocketId {
+            node: 7,
+            client: u32::MAX,
+        };
+        let skipping = Outgoing {
+            skip: Some(sender),
+            ..e
+        };
+        assert_eq!(
+            decode_message(&encode_message(&skipping)),
+            decoded(DataKind::Text, both, Some(sender), &b"hi"[..])
+        );
+        let mut short = encode_message(&skipping);
+        short.truncate(short.len() - 2 - 3);
+        assert_eq!(decode_message(&short), None);
         let b = Outgoing {
             payload: &[0, 255],
             kind: DataKind::Binary,
             from: None,
             event: None,
+            skip: None,
         };
         assert_eq!(
             decode_message(&encode_message(&b)),
-            Some((DataKind::Binary, Tags::default(), &[0u8, 255][..]))
+            decoded(DataKind::Binary, Tags::default(), None, &[0u8, 255][..])
         );
         assert_eq!(decode_message(&[0x80, 0, 3, b'a']), None);
         assert_eq!(decode_message(&[9, 0]), None);
@@ -228,13 +297,14 @@ mod tests {
             kind: DataKind::Text,
             from: None,
             event: None,
+            skip: None,
         }));
         assert_eq!(
             parse_incoming(&data),
             Some(Incoming::Data {
                 seq: 12,
                 epoch: 255,
-                message: (DataKind::Text, Tags::default(), &b"x"[..])
+                message: Decoded::foreign(DataKind::Text, &b"x"[..])
             })
         );
         let mut event = MAGIC.to_vec();

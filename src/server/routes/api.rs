@@ -109,6 +109,7 @@ pub(super) fn publish(
         kind,
         from: None,
         event,
+        skip: None,
     };
     match ctx.shared.broker.publish(channel, message) {
         Ok(seq) => {

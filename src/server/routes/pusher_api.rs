@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::{Outcome, RouteContext, ok_json, only_get, request_body};
 use crate::broker::Outgoing;
+use crate::hub::SocketId;
 use crate::protocol::DataKind;
 use crate::protocol::http::{self, Request};
 use crate::pusher::{self, App, ChannelKind, sign};
@@ -110,6 +111,8 @@ struct Event<'a> {
     name: &'a str,
     data: &'a str,
     channels: Vec<&'a str>,
+    /// The connection left out (`socket_id`: the publisher's own).
+    skip: Option<SocketId>,
 }
 
 /// Reads and checks one event object.
@@ -154,18 +157,21 @@ fn read_event<'a>(value: &'a Value, max_data: usize) -> Result<Event<'a>, Refusa
     for name in &channels {
         pusher::validate_channel_name(name).map_err(|e| bad(&e.to_string()))?;
     }
-    if let Some(socket_id) = object.get("socket_id") {
-        let valid = socket_id.as_str().is_some_and(pusher::is_socket_id);
-        return Err(bad(if valid {
-            "socket_id (leaving a connection out) is not offered by this server yet"
-        } else {
-            "socket_id must look like 123.456"
-        }));
-    }
+    let skip = match object.get("socket_id") {
+        None | Some(Value::Null) => None,
+        Some(id) => Some(
+            id.as_str()
+                .and_then(pusher::parse_socket_id)
+                .ok_or_else(|| {
+                    bad("socket_id must be a socket id this server gave, like 123.456")
+                })?,
+        ),
+    };
     Ok(Event {
         name,
         data,
         channels,
+        skip,
     })
 }
 
@@ -183,6 +189,7 @@ fn publish(
             kind: DataKind::Text,
             from: None,
             event: Some(event.name),
+            skip: event.skip,
         };
         ctx.shared
             .broker

@@ -355,6 +355,8 @@ impl LocalSubscribers {
                         && channel_key(&batch[end].channel) == ckey
                         && batch[end].exclude.is_none()
                         && batch[start].exclude.is_none()
+                        && batch[end].skip().is_none()
+                        && batch[start].skip().is_none()
                     {
                         end += 1;
                     }
@@ -446,6 +448,12 @@ impl LocalSubscribers {
             .and_then(|d| d.exclude)
             .filter(|e| e.loop_index == self.loop_index)
             .map(|e| e.key);
+        // A message that names a connection to leave out is grouped alone.
+        let skip = group
+            .first()
+            .and_then(|d| d.skip())
+            .filter(|s| s.node == crate::hub::this_node())
+            .map(|s| s.client);
         for &key in &keys[from..until] {
             if joined.contains(&key) {
                 continue;
@@ -459,9 +467,16 @@ impl LocalSubscribers {
             };
             // A subscriber snapshot is older than this turn: the key may have
             // left, or be someone else's by now.
-            let Some(format) = conn.mode.subscription_of(channel).map(|s| s.format) else {
+            let Some((format, client)) = conn
+                .mode
+                .subscription_of(channel)
+                .map(|s| (s.format, s.client))
+            else {
                 continue;
             };
+            if skip == Some(client) {
+                continue;
+            }
             let fresh = self
                 .fresh
                 .iter()

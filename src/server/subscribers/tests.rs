@@ -24,6 +24,7 @@ fn text(payload: &str) -> Outgoing<'_> {
         kind: DataKind::Text,
         from: None,
         event: None,
+        skip: None,
     }
 }
 
