@@ -129,6 +129,14 @@ pub enum Body {
         /// A connection that must not get it (see `broker::Outgoing::skip`).
         skip: Option<SocketId>,
     },
+    /// A Pusher presence channel's user came (its first connection) or went (its
+    /// last): `data` is the event's JSON text. Shown only to Pusher subscribers.
+    Presence {
+        event: &'static str,
+        data: Bytes,
+        /// The joining connection, which learns the members otherwise.
+        skip: Option<SocketId>,
+    },
     /// A channel event (a member joined or left), shown only in formats with events.
     Event {
         event: &'static str,
@@ -154,7 +162,7 @@ impl Message {
     /// The connection this message leaves out, if it names one.
     pub fn skip(&self) -> Option<SocketId> {
         match &self.body {
-            Body::Data { skip, .. } => *skip,
+            Body::Data { skip, .. } | Body::Presence { skip, .. } => *skip,
             Body::Event { .. } => None,
         }
     }

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{
-    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, Member, Outgoing, Replay, Resume,
-    Subscribed, new_epoch,
+    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, Member, Members, Outgoing, PresenceMember,
+    Replay, Resume, Subscribed, new_epoch,
 };
 use crate::history::{self, History, Limits};
-use crate::hub::{Audience, Body, Channel, ConnRef, Hub};
+use crate::hub::{Audience, Body, Channel, ConnRef, Hub, SocketId};
 use crate::rules::Namespaces;
 
 const SHARDS: usize = 64;
@@ -30,6 +30,16 @@ struct Log {
     /// subscribe and cleared by the last unsubscribe, both under this log's lock,
     /// so a publish reaches the hub without a second lookup by name.
     local: Option<Arc<Channel>>,
+    /// A Pusher presence channel's users, while it has any.
+    presence: Option<HashMap<Box<str>, User>>,
+}
+
+/// A presence channel's user: its `user_info` and how many connections it has
+/// there.
+#[derive(Debug)]
+struct User {
+    info: Box<str>,
+    conns: u32,
 }
 
 /// A shard of channel logs, by name.
@@ -84,6 +94,7 @@ impl MemoryBroker {
             },
             epoch: new_epoch(),
             local: None,
+            presence: None,
         }));
         shard.insert(name.into(), Arc::clone(&log));
         log
@@ -109,6 +120,54 @@ impl MemoryBroker {
                 event,
                 client: client.into(),
                 count,
+            });
+    }
+
+    /// Adds `member`'s connection to the channel's users (in `log`, locked);
+    /// the members before it came, or `PresenceFull`.
+    fn presence_join(
+        log: &mut Log,
+        member: PresenceMember<'_>,
+    ) -> Result<(Members, bool), BrokerError> {
+        let users = log.presence.get_or_insert_with(Default::default);
+        let members = users
+            .iter()
+            .map(|(id, u)| (id.to_string(), u.info.to_string()))
+            .collect();
+        if let Some(user) = users.get_mut(member.user_id) {
+            user.conns += 1;
+            return Ok((members, false));
+        }
+        if users.len() >= member.limit {
+            return Err(BrokerError::PresenceFull(member.limit));
+        }
+        users.insert(
+            member.user_id.into(),
+            User {
+                info: member.user_info.into(),
+                conns: 1,
+            },
+        );
+        Ok((members, true))
+    }
+
+    /// Tells the channel's Pusher subscribers that a user came or went.
+    fn presence_event(
+        &self,
+        channel: &Arc<Channel>,
+        event: &'static str,
+        data: String,
+        skip: Option<SocketId>,
+    ) {
+        // Delivered under the channel's lock, in order with its messages; one
+        // nobody can take now is lost to a loop far behind (its inbox full),
+        // which is then closing its slow subscribers anyway.
+        let _ = self
+            .hub
+            .deliver(channel, Audience::Everyone, None, || Body::Presence {
+                event,
+                data: data.into(),
+                skip,
             });
     }
 
@@ -191,12 +250,31 @@ impl Broker for MemoryBroker {
                 epoch: log.epoch,
             }
         });
+        // A presence member is counted under the same lock as its registration:
+        // every user is in its member list or comes as `member_added`, once.
+        let presence = match member.presence {
+            Some(user) => Some((user, Self::presence_join(&mut log, user)?)),
+            None => None,
+        };
         // Registered under the log's lock: a publish is delivered either before
         // this subscriber counts (and history has it) or to it, never neither.
         let (hub_channel, count) =
             self.hub
                 .subscribe(channel, member.conn.loop_index, member.listens);
         log.local = Some(Arc::clone(&hub_channel));
+        let members = presence.map(|(user, (mut members, added))| {
+            if added {
+                let data = super::member_added_data(user.user_id, user.user_info);
+                self.presence_event(
+                    &hub_channel,
+                    "pusher_internal:member_added",
+                    data,
+                    Some(user.socket),
+                );
+                members.push((user.user_id.to_string(), user.user_info.to_string()));
+            }
+            members
+        });
         drop(log);
         if let Some(name) = member.announce {
             self.announce(&hub_channel, "join", name, count, Some(member.conn));
@@ -205,6 +283,7 @@ impl Broker for MemoryBroker {
             channel: hub_channel,
             count,
             replay,
+            members,
         })
     }
 
@@ -216,6 +295,20 @@ impl Broker for MemoryBroker {
             .unsubscribe(channel, member.conn.loop_index, member.listens);
         if let Some(log) = log.as_mut() {
             log.last_used = Instant::now();
+            if let Some(user) = member.presence
+                && let Some(users) = log.presence.as_mut()
+                && let Some(entry) = users.get_mut(user.user_id)
+            {
+                entry.conns -= 1;
+                if entry.conns == 0 {
+                    users.remove(user.user_id);
+                    let data = super::member_removed_data(user.user_id);
+                    self.presence_event(channel, "pusher_internal:member_removed", data, None);
+                }
+                if users.is_empty() {
+                    log.presence = None;
+                }
+            }
             if left == 0 {
                 log.local = None;
             }
@@ -256,6 +349,19 @@ impl Broker for MemoryBroker {
         }
     }
 
+    fn presence_members(&self, channel: &str) -> Result<Members, BrokerError> {
+        let Some(log) = self.find(channel) else {
+            return Ok(Vec::new());
+        };
+        let log = lock(&log);
+        Ok(log.presence.as_ref().map_or_else(Vec::new, |users| {
+            users
+                .iter()
+                .map(|(id, u)| (id.to_string(), u.info.to_string()))
+                .collect()
+        }))
+    }
+
     fn channel_count(&self) -> usize {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }
@@ -284,6 +390,7 @@ mod tests {
     use super::*;
     use crate::broker::{Gap, GapReason};
     use crate::hub::Delivery;
+    use crate::hub::SocketId;
     use crate::protocol::DataKind;
 
     fn broker(loops: usize, history_size: usize) -> (MemoryBroker, Arc<Hub>, Vec<mio::Poll>) {
@@ -316,6 +423,7 @@ mod tests {
             conn: ConnRef { loop_index: 0, key },
             listens: true,
             announce,
+            presence: None,
         }
     }
 
@@ -360,7 +468,7 @@ mod tests {
                     client,
                     count,
                 } => Some((*event, &**client, *count, m.exclude)),
-                Body::Data { .. } => None,
+                Body::Data { .. } | Body::Presence { .. } => None,
             })
             .collect();
         assert_eq!(
@@ -497,5 +605,80 @@ mod tests {
         assert_eq!(broker.publish("idle", text("x")), Ok(1));
         broker.unsubscribe(&kept.channel, member(1, None));
         assert_eq!(broker.sweep(Duration::from_secs(60)), 0);
+    }
+
+    fn presence_member(key: usize, user_id: &str) -> Member<'_> {
+        Member {
+            presence: Some(PresenceMember {
+                user_id,
+                user_info: r#"{"n":1}"#,
+                socket: SocketId::local(key as u32),
+                limit: 2,
+            }),
+            ..member(key, None)
+        }
+    }
+
+    /// The presence events taken from the inbox: (event, data, skip).
+    fn presence_events(hub: &Hub) -> Vec<(&'static str, String, Option<SocketId>)> {
+        taken(hub)
+            .iter()
+            .filter_map(|m| match &m.body {
+                Body::Presence { event, data, skip } => {
+                    Some((*event, String::from_utf8_lossy(data).into_owned(), *skip))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn presence_users_come_with_their_first_connection_and_go_with_their_last() {
+        let (broker, hub, _polls) = broker(1, 0);
+        let ann1 = broker
+            .subscribe("p", presence_member(1, "ann"), None)
+            .unwrap();
+        assert_eq!(
+            ann1.members,
+            Some(vec![("ann".to_string(), r#"{"n":1}"#.to_string())])
+        );
+        assert_eq!(
+            presence_events(&hub),
+            vec![(
+                "pusher_internal:member_added",
+                r#"{"user_id":"ann","user_info":{"n":1}}"#.to_string(),
+                Some(SocketId::local(1))
+            )]
+        );
+        let ann2 = broker
+            .subscribe("p", presence_member(2, "ann"), None)
+            .unwrap();
+        assert_eq!(ann2.members.map(|m| m.len()), Some(1));
+        broker
+            .subscribe("p", presence_member(3, "ben"), None)
+            .unwrap();
+        assert_eq!(presence_events(&hub).len(), 1, "ben only");
+        assert_eq!(
+            broker
+                .subscribe("p", presence_member(4, "cat"), None)
+                .unwrap_err(),
+            BrokerError::PresenceFull(2)
+        );
+        assert_eq!(broker.channel_info("p").subscribers, 3, "cat not counted");
+        broker.unsubscribe(&ann1.channel, presence_member(1, "ann"));
+        assert!(
+            presence_events(&hub).is_empty(),
+            "ann still has a connection"
+        );
+        broker.unsubscribe(&ann1.channel, presence_member(2, "ann"));
+        assert_eq!(
+            presence_events(&hub),
+            vec![(
+                "pusher_internal:member_removed",
+                r#"{"user_id":"ann"}"#.to_string(),
+                None
+            )]
+        );
+        assert_eq!(broker.presence_members("p").unwrap().len(), 1);
     }
 }

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 pub use crate::history::Stored;
-use crate::hub::{Channel, ConnRef, DeliverError};
+use crate::hub::{Channel, ConnRef, DeliverError, SocketId};
 use crate::protocol::DataKind;
 
 mod memory;
@@ -36,6 +36,9 @@ pub enum BrokerError {
     Overloaded(#[from] DeliverError),
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+    /// A presence channel holds its most members, and this one would be new.
+    #[error("presence channel is full: it has its {0} members")]
+    PresenceFull(usize),
 }
 
 /// A message on its way to a channel.
@@ -71,6 +74,36 @@ pub struct Member<'a> {
     pub listens: bool,
     /// The name the channel announces it under (join/leave), if it is announced.
     pub announce: Option<&'a str>,
+    /// Its user, when it joins a Pusher presence channel.
+    pub presence: Option<PresenceMember<'a>>,
+}
+
+/// One connection of a user in a Pusher presence channel. A user is a member
+/// while it has a connection there: `member_added` when its first comes,
+/// `member_removed` when its last goes, once across the cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct PresenceMember<'a> {
+    pub user_id: &'a str,
+    /// Its `user_info`, JSON text.
+    pub user_info: &'a str,
+    /// The connection, left out of its own `member_added`.
+    pub socket: SocketId,
+    /// Most users the channel may have: a new one beyond is refused.
+    pub limit: usize,
+}
+
+/// A presence channel's members: user id and `user_info` (JSON text).
+pub type Members = Vec<(String, String)>;
+
+/// The `data` of Pusher's `member_added`.
+pub fn member_added_data(user_id: &str, user_info: &str) -> String {
+    let id = serde_json::Value::from(user_id);
+    format!("{{\"user_id\":{id},\"user_info\":{user_info}}}")
+}
+
+/// The `data` of Pusher's `member_removed`.
+pub fn member_removed_data(user_id: &str) -> String {
+    serde_json::json!({ "user_id": user_id }).to_string()
 }
 
 /// Where a returning subscriber left off: the last `seq` it has, and the epoch
@@ -119,6 +152,8 @@ pub struct Subscribed {
     /// For a returning subscriber: what history gives it, then the first live
     /// message is `replay.last_seq + 1`.
     pub replay: Option<Replay>,
+    /// For a presence member: every member, itself included, as it joined.
+    pub members: Option<Members>,
 }
 
 /// A channel seen from outside (`/api/channels/{channel}`).
@@ -203,6 +238,9 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     fn history(&self, channel: &str, since: u64) -> Result<Replay, BrokerError>;
 
     fn channel_info(&self, channel: &str) -> ChannelInfo;
+
+    /// A presence channel's members, across the cluster.
+    fn presence_members(&self, channel: &str) -> Result<Members, BrokerError>;
 
     /// Channels the broker knows (with subscribers, or used within the retention).
     fn channel_count(&self) -> usize;

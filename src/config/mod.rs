@@ -242,6 +242,16 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_PUSHER_CLIENT_EVENTS", value_name = "ON|OFF", default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub pusher_client_events: bool,
 
+    /// Most users one Pusher presence channel may have; a new one beyond gets
+    /// pusher:subscription_error (Pusher's limit is 100)
+    #[arg(
+        long,
+        env = "THRONG_PUSHER_MAX_PRESENCE_MEMBERS",
+        value_name = "N",
+        default_value = "100"
+    )]
+    pub pusher_max_presence_members: usize,
+
     /// Text prepended to every echoed text message
     #[arg(
         long,
@@ -346,6 +356,8 @@ pub struct ServeConfig {
     /// Pusher clients may send client events (`--pusher-client-events on`).
     /// Default: off.
     pub pusher_client_events: bool,
+    /// Most users of one presence channel. Default 100 (Pusher's).
+    pub pusher_max_presence_members: usize,
     /// On SIGTERM/SIGINT, how long clients get to receive their 1001 and go before
     /// the process exits anyway. Default 10 s.
     pub drain_timeout: Duration,
@@ -413,6 +425,7 @@ impl Default for ServeConfig {
             echo_prefix: defaults::ECHO_PREFIX.to_string(),
             pusher_apps: Vec::new(),
             pusher_client_events: false,
+            pusher_max_presence_members: 100,
             drain_timeout: builtin(parse_duration, defaults::DRAIN_TIMEOUT),
             stats_interval: builtin(parse_duration, defaults::STATS_INTERVAL),
             history_size: builtin(
@@ -529,6 +542,7 @@ impl ServeArgs {
             echo_prefix: self.echo_prefix,
             pusher_apps: self.pusher_app,
             pusher_client_events: self.pusher_client_events,
+            pusher_max_presence_members: self.pusher_max_presence_members,
             drain_timeout: self.drain_timeout,
             stats_interval: self.stats_interval,
             history_size: self.history_size,

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::broker::{Broker, Replay, Resume};
+use crate::broker::{Broker, BrokerError, Members, Replay, Resume};
 use crate::config::ServeConfig;
 use crate::hub::{Channel, Message};
 use crate::rules::ChannelRules;
@@ -134,6 +134,18 @@ pub struct Subscribe {
     pub name: Option<Box<str>>,
     /// When its token expires (Unix seconds), with `--token-secret`.
     pub expires: Option<u32>,
+    /// Its user, for a Pusher presence channel.
+    pub presence: Option<Box<PresenceUser>>,
+}
+
+/// A Pusher presence channel's user, as its signed `channel_data` says.
+#[derive(Debug, Clone)]
+pub struct PresenceUser {
+    pub user_id: Box<str>,
+    /// `user_info`, JSON text (`null` when none was given).
+    pub user_info: Box<str>,
+    /// Most users the channel may have.
+    pub limit: usize,
 }
 
 /// What a transport needs to take a connection over from HTTP.
@@ -278,11 +290,13 @@ pub trait Transport {
         After::Nothing
     }
 
-    /// A subscription asked for by a [`Change::Join`] was made.
-    fn write_joined(&mut self, _out: &mut Vec<u8>, _channel: &Channel, _count: u64) {}
+    /// A subscription asked for by a [`Change::Join`] was made; a presence
+    /// member's comes with the members.
+    fn write_joined(&mut self, _out: &mut Vec<u8>, _channel: &Channel, _members: Option<&Members>) {
+    }
 
     /// A subscription asked for by a [`Change::Join`] was refused by the broker.
-    fn write_join_refused(&mut self, _out: &mut Vec<u8>, _channel: &str, _reason: &str) {}
+    fn write_join_refused(&mut self, _out: &mut Vec<u8>, _channel: &str, _error: &BrokerError) {}
 
     /// Handles what the client sent; answers go to `ctx.out`. Receive-only
     /// transports ignore whatever the client sends after its request.

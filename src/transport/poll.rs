@@ -75,6 +75,7 @@ fn open(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Re
             resume: Some(resume),
             name: None,
             expires: grant.map(|g| g.expires),
+            presence: None,
         }),
     })
 }
@@ -317,6 +318,7 @@ mod tests {
             },
             listens: false,
             announce: None,
+            presence: None,
         };
         broker.subscribe("chat:r", member, None).unwrap();
         let said = Outgoing {

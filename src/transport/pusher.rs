@@ -20,10 +20,10 @@ use smallvec::SmallVec;
 use super::request::{Endpoint, Gate, Path, Refused, query_param};
 use super::websocket::{frame_bytes, write_heartbeat};
 use super::{
-    After, Change, CloseReason, Ctx, Format, Handover, Opening, Subscribe, Subscription, Transport,
-    json_data,
+    After, Change, CloseReason, Ctx, Format, Handover, Opening, PresenceUser, Subscribe,
+    Subscription, Transport, json_data,
 };
-use crate::broker::{Outgoing, Replay, Resume};
+use crate::broker::{BrokerError, Members, Outgoing, Replay, Resume};
 use crate::hub::{Body, Channel, Message, SocketId};
 use crate::protocol::http::Request;
 use crate::protocol::{DataKind, Event, Flow, encode_close, encode_frame, opcode};
@@ -72,6 +72,9 @@ pub struct PusherState {
     /// Client events sent in second `events_second` (process seconds).
     events_second: u32,
     events_sent: u8,
+    /// The user it is in each presence channel it joins (throng channel, user
+    /// id): its client events there carry `user_id`.
+    users: Vec<(Box<str>, Box<str>)>,
 }
 
 impl PusherState {
@@ -88,6 +91,7 @@ impl PusherState {
             refusal,
             events_second: 0,
             events_sent: 0,
+            users: Vec::new(),
         }
     }
 
@@ -170,19 +174,30 @@ impl Transport for Box<PusherState> {
         feed(self, input, ctx)
     }
 
-    fn write_joined(&mut self, out: &mut Vec<u8>, channel: &Channel, _count: u64) {
+    /// `subscription_succeeded`; a presence member's carries the members
+    /// (`{"presence":{"ids","hash","count"}}`).
+    fn write_joined(&mut self, out: &mut Vec<u8>, channel: &Channel, members: Option<&Members>) {
         let name = pusher::pusher_name(channel.name());
+        let data = match members {
+            None => "{}".to_string(),
+            Some(members) => presence_data(members),
+        };
         write_event(
             out,
             "pusher_internal:subscription_succeeded",
             Some(name),
-            "{}",
+            &data,
         );
     }
 
-    fn write_join_refused(&mut self, out: &mut Vec<u8>, channel: &str, reason: &str) {
+    fn write_join_refused(&mut self, out: &mut Vec<u8>, channel: &str, error: &BrokerError) {
+        self.users.retain(|(c, _)| &**c != channel);
         let name = pusher::pusher_name(channel);
-        write_subscription_error(out, name, "ServiceUnavailable", reason, 503);
+        let (kind, status) = match error {
+            BrokerError::PresenceFull(_) => ("LimitReached", 403),
+            _ => ("ServiceUnavailable", 503),
+        };
+        write_subscription_error(out, name, kind, &error.to_string(), status);
     }
 
     /// Pusher subscriptions do not resume: nothing to replay.
@@ -220,6 +235,19 @@ impl Transport for Box<PusherState> {
     fn stop_reading(&mut self) {
         self.decoder = None;
     }
+}
+
+/// `{"presence":{"ids":[…],"hash":{id:info},"count":N}}` as JSON text.
+fn presence_data(members: &Members) -> String {
+    let mut ids = Vec::with_capacity(members.len());
+    let mut hash = serde_json::Map::with_capacity(members.len());
+    for (id, info) in members {
+        ids.push(Value::from(id.as_str()));
+        // Kept as the client's signed JSON text; checked when it joined.
+        let info = serde_json::from_str(info).unwrap_or(Value::Null);
+        hash.insert(id.clone(), info);
+    }
+    json!({ "presence": { "count": ids.len(), "ids": ids, "hash": hash } }).to_string()
 }
 
 /// `{"event":…,"channel":…,"data":…}` as a text frame; `data` is a JSON text
@@ -260,17 +288,23 @@ fn write_subscription_error(
 /// payload as the data string (an event published without a name is
 /// `"message"`); `None` for channel events, which Pusher clients do not see.
 pub fn encode(message: &Message) -> Option<Bytes> {
-    let Body::Data {
-        payload,
-        kind,
-        event,
-        ..
-    } = &message.body
-    else {
-        return None;
-    };
     let channel = pusher::pusher_name(message.channel.name());
-    let event = event.as_deref().unwrap_or("message");
+    let (payload, kind, event, user_id) = match &message.body {
+        Body::Data {
+            payload,
+            kind,
+            event,
+            from,
+            ..
+        } => (
+            payload,
+            *kind,
+            event.as_deref().unwrap_or("message"),
+            from.as_deref(),
+        ),
+        Body::Presence { event, data, .. } => (data, DataKind::Text, *event, None),
+        Body::Event { .. } => return None,
+    };
     let mut body = Vec::with_capacity(payload.len() + channel.len() + event.len() + 48);
     body.extend_from_slice(b"{\"event\":");
     let _ = serde_json::to_writer(&mut body, event);
@@ -278,7 +312,11 @@ pub fn encode(message: &Message) -> Option<Bytes> {
     body.extend_from_slice(b",\"channel\":\"");
     body.extend_from_slice(channel.as_bytes());
     body.extend_from_slice(b"\",\"data\":");
-    json_data(&mut body, payload, *kind);
+    json_data(&mut body, payload, kind);
+    if let Some(user_id) = user_id {
+        body.extend_from_slice(b",\"user_id\":");
+        let _ = serde_json::to_writer(&mut body, user_id);
+    }
     body.push(b'}');
     Some(frame_bytes(opcode::TEXT, &body))
 }
@@ -363,6 +401,7 @@ fn on_message(state: &mut PusherState, text: &[u8], ctx: &mut Ctx<'_>) {
                 && pusher::validate_channel_name(name).is_ok()
             {
                 let channel = pusher::throng_channel(&app.id, name);
+                state.users.retain(|(c, _)| **c != channel);
                 ctx.changes.push(Change::Leave(channel));
             }
         }
@@ -423,21 +462,37 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
         return;
     }
     let kind = ChannelKind::of(name);
-    if kind == ChannelKind::Presence {
-        refuse(
-            ctx.out,
-            "NotImplemented",
-            "presence channels are not offered by this server yet",
-            501,
-        );
-        return;
-    }
+    let channel_data = match kind {
+        ChannelKind::Presence => match data.get("channel_data").and_then(Value::as_str) {
+            Some(text) => Some(text),
+            None => {
+                let error = "a presence channel needs channel_data, signed with auth";
+                refuse(ctx.out, "AuthError", error, 401);
+                return;
+            }
+        },
+        _ => None,
+    };
     if kind.signed() {
         let auth = data.get("auth").and_then(Value::as_str);
-        if let Err(e) = sign::check_channel_auth(app, &state.socket_id(), name, None, auth) {
+        let socket_id = state.socket_id();
+        if let Err(e) = sign::check_channel_auth(app, &socket_id, name, channel_data, auth) {
             refuse(ctx.out, "AuthError", &e.to_string(), 401);
             return;
         }
+    }
+    let presence = match channel_data.map(|text| presence_user(text, ctx.config)) {
+        None => None,
+        Some(Ok(user)) => Some(Box::new(user)),
+        Some(Err(error)) => {
+            refuse(ctx.out, "InvalidChannelData", &error, 400);
+            return;
+        }
+    };
+    if let Some(user) = &presence {
+        state
+            .users
+            .push((channel.as_str().into(), user.user_id.clone()));
     }
     ctx.changes.push(Change::Join {
         subscribe: Subscribe {
@@ -446,9 +501,44 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
             resume: None,
             name: None,
             expires: None,
+            presence,
         },
         client: state.client,
     });
+}
+
+/// Longest presence user id (Pusher's limit).
+const MAX_USER_ID: usize = 128;
+/// Longest `user_info`, as JSON text (Pusher's limit).
+const MAX_USER_INFO: usize = 1024;
+
+/// A presence member's user from its signed `channel_data`
+/// (`{"user_id": string or number, "user_info": any}`).
+fn presence_user(text: &str, config: &crate::config::ServeConfig) -> Result<PresenceUser, String> {
+    let Ok(Value::Object(data)) = serde_json::from_str::<Value>(text) else {
+        return Err("channel_data is a JSON object".into());
+    };
+    let user_id = match data.get("user_id") {
+        Some(Value::String(id)) => id.clone(),
+        Some(Value::Number(id)) => id.to_string(),
+        _ => return Err("channel_data needs user_id, a string or a number".into()),
+    };
+    if user_id.is_empty() || user_id.len() > MAX_USER_ID || user_id.chars().any(char::is_control) {
+        return Err(format!(
+            "user_id is 1-{MAX_USER_ID} bytes without control characters"
+        ));
+    }
+    let user_info = data.get("user_info").unwrap_or(&Value::Null).to_string();
+    if user_info.len() > MAX_USER_INFO {
+        return Err(format!(
+            "user_info is at most {MAX_USER_INFO} bytes of JSON"
+        ));
+    }
+    Ok(PresenceUser {
+        user_id: user_id.into(),
+        user_info: user_info.into(),
+        limit: config.pusher_max_presence_members,
+    })
 }
 
 /// A client event (`client-*`): forwarded to the other subscribers of a private
@@ -509,10 +599,16 @@ fn client_event(
         write_error(ctx.out, None, &reason);
         return;
     }
+    let user_id = state
+        .users
+        .iter()
+        .find(|(c, _)| **c == channel)
+        .map(|(_, user)| &**user);
     let outgoing = Outgoing {
         payload: payload.as_bytes(),
         kind: DataKind::Text,
-        from: None,
+        // Pusher names the sender of a client event on a presence channel.
+        from: user_id,
         event: Some(event),
         skip: Some(SocketId::local(state.client)),
     };

@@ -60,6 +60,7 @@ fn open(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Re
             resume,
             name: None,
             expires: grant.map(|g| g.expires),
+            presence: None,
         }),
     })
 }
@@ -182,6 +183,8 @@ pub fn encode(message: &Message) -> Option<Bytes> {
             event,
             &serde_json::json!({ "client": &**client, "count": count }),
         ),
+        // Pusher's presence: for Pusher subscribers only.
+        Body::Presence { .. } => return None,
     }
     Some(Bytes::from(out))
 }

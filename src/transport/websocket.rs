@@ -102,6 +102,7 @@ fn open_channel(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Ope
         resume,
         name,
         expires: grant.map(|g| g.expires),
+        presence: None,
     };
     upgrade(req, Some(subscribe))
 }
@@ -268,6 +269,8 @@ pub fn encode(json: bool, message: &Message) -> Option<Bytes> {
                 event: event.as_deref(),
             },
         )),
+        // Pusher's presence: for Pusher subscribers only.
+        Body::Presence { .. } => None,
         Body::Event { .. } if !json => None,
         Body::Event {
             event,
@@ -485,6 +488,7 @@ mod tests {
             },
             listens: true,
             announce: None,
+            presence: None,
         };
         let joined = broker.subscribe(channel, member, None).unwrap();
         WsState::new(Some(Subscription {

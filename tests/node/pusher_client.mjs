@@ -1,4 +1,5 @@
-// A Pusher Channels client made of pusher-js (npm), driven by the Python tests:
+// A Pusher Channels client made of pusher-js (npm), driven by the Python tests
+// (opts.user, {user_id, user_info}, is who it is in presence channels):
 // commands come as JSON lines on stdin, everything the client sees goes out as
 // JSON lines on stdout. Private channels are authorized by the official Node
 // server SDK (`pusher`), signing with the app's secret as an app server would.
@@ -41,7 +42,8 @@ const client = new Pusher(opts.key, {
         callback(null, { auth: `${opts.key}:${"0".repeat(64)}` });
         return;
       }
-      callback(null, server.authorizeChannel(socketId, channelName));
+      const presence = channelName.startsWith("presence-") ? opts.user : undefined;
+      callback(null, server.authorizeChannel(socketId, channelName, presence));
     },
   },
 });
@@ -58,13 +60,24 @@ rl.on("line", (line) => {
   const cmd = JSON.parse(line);
   if (cmd.op === "subscribe") {
     const channel = client.subscribe(cmd.channel);
-    channel.bind("pusher:subscription_succeeded", () =>
-      out({ type: "subscribed", channel: cmd.channel }));
+    channel.bind("pusher:subscription_succeeded", () => {
+      const report = { type: "subscribed", channel: cmd.channel };
+      if (cmd.channel.startsWith("presence-")) {
+        const members = {};
+        channel.members.each((m) => { members[m.id] = m.info; });
+        Object.assign(report, { members, count: channel.members.count, me: channel.members.me?.id });
+      }
+      out(report);
+    });
+    channel.bind("pusher:member_added", (m) =>
+      out({ type: "member_added", channel: cmd.channel, id: m.id, info: m.info }));
+    channel.bind("pusher:member_removed", (m) =>
+      out({ type: "member_removed", channel: cmd.channel, id: m.id }));
     channel.bind("pusher:subscription_error", (error) =>
       out({ type: "subscription_error", channel: cmd.channel, error }));
-    channel.bind_global((event, data) => {
+    channel.bind_global((event, data, metadata) => {
       if (event.startsWith("pusher:")) return;
-      out({ type: "event", channel: cmd.channel, event, data });
+      out({ type: "event", channel: cmd.channel, event, data, user_id: metadata?.user_id ?? null });
     });
   } else if (cmd.op === "trigger") {
     const sent = client.channel(cmd.channel)?.trigger(cmd.event, cmd.data) ?? false;

@@ -36,11 +36,11 @@ APP = f"{APP_ID}:{KEY}:{SECRET}"
 class PusherJs:
     """pusher-js in a Node process, commanded over stdin, reporting over stdout."""
 
-    def __init__(self, port: int, bad_auth: bool = False, key: str = KEY) -> None:
+    def __init__(self, port: int, bad_auth: bool = False, key: str = KEY, user: dict | None = None) -> None:
         assert shutil.which("node"), "node is not installed (scripts/test.sh installs it)"
         assert (NODE_DIR / "node_modules" / "pusher-js").is_dir(), "run npm ci in tests/node"
         opts = {"host": "127.0.0.1", "port": port, "key": key, "appId": APP_ID, "secret": SECRET,
-                "badAuth": bad_auth}
+                "badAuth": bad_auth, "user": user}
         self.proc = subprocess.Popen(
             ["node", str(NODE_DIR / "pusher_client.mjs"), json.dumps(opts)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=NODE_DIR,
@@ -240,15 +240,76 @@ def test_unsubscribed_channels_get_nothing_more_and_counts_follow(app_server, cl
     assert not c.got("late")
 
 
-def test_presence_channels_are_refused_with_a_reason_until_they_exist(app_server):
+def user(user_id: str) -> dict:
+    return {"user_id": user_id, "user_info": {"name": user_id.title()}}
+
+
+def test_presence_members_come_and_go_once_per_user_however_many_connections(app_server, clients):
+    port = app_server.port
+    alice1 = clients(port, user=user("alice"))
+    alice1.connected()
+    joined = alice1.subscribe("presence-room")
+    assert joined["type"] == "subscribed" and joined["members"] == {"alice": {"name": "Alice"}}
+    assert joined["me"] == "alice"
+    bob = clients(port, user=user("bob"))
+    bob.connected()
+    assert bob.subscribe("presence-room")["members"] == {"alice": {"name": "Alice"}, "bob": {"name": "Bob"}}
+    assert alice1.expect(lambda r: r["type"] == "member_added")["id"] == "bob"
+    alice2 = clients(port, user=user("alice"))
+    alice2.connected()
+    assert alice2.subscribe("presence-room")["count"] == 2
+    api = sdk(port)
+    assert api.channel_info("presence-room", ["user_count", "subscription_count"]) == {
+        "occupied": True, "user_count": 2, "subscription_count": 3}
+    assert sorted(u["id"] for u in api.users_info("presence-room")["users"]) == ["alice", "bob"]
+    alice1.close()
+    settled(lambda: api.channel_info("presence-room", ["subscription_count"]),
+            lambda v: v["subscription_count"] == 2)
+    api.trigger("presence-room", "marker", "1")
+    bob.event("presence-room", "marker")
+    assert not [r for r in bob.log if r["type"] in ("member_added", "member_removed")]
+    alice2.close()
+    assert bob.expect(lambda r: r["type"] == "member_removed")["id"] == "alice"
+    assert api.users_info("presence-room")["users"] == [{"id": "bob"}]
+
+
+def test_a_full_presence_channel_refuses_a_new_user_but_not_a_known_ones_second_connection(start_server, clients):
+    srv = start_server("--pusher-app", APP, "--pusher-max-presence-members", "2")
+    for name in ("a", "b"):
+        c = clients(srv.port, user=user(name))
+        c.connected()
+        assert c.subscribe("presence-small")["type"] == "subscribed"
+    third = clients(srv.port, user=user("c"))
+    third.connected()
+    refused = third.subscribe("presence-small")
+    assert refused["type"] == "subscription_error" and refused["error"]["status"] == 403, refused
+    again = clients(srv.port, user=user("a"))
+    again.connected()
+    assert again.subscribe("presence-small")["count"] == 2
+
+
+def test_presence_needs_signed_channel_data(app_server):
     async def body():
-        async with ws_connect(f"ws://127.0.0.1:{app_server.port}/app/{KEY}?protocol=7") as ws:
-            await recv_json(ws)
-            await ws.send(json.dumps({"event": "pusher:subscribe",
-                                      "data": {"channel": "presence-room", "auth": "x", "channel_data": "{}"}}))
+        ws, socket_id = await raw_pusher(app_server.port)
+        data = json.dumps({"user_id": "u1"})
+        cases = [
+            ({"channel": "presence-x", "auth": channel_auth(socket_id, "presence-x")}, 401, "channel_data"),
+            ({"channel": "presence-x", "auth": channel_auth(socket_id, "presence-x"), "channel_data": data},
+             401, "signature"),
+            ({"channel": "presence-x", "channel_data": "[]",
+              "auth": channel_auth(socket_id, "presence-x:[]")}, 400, "JSON object"),
+        ]
+        for subscribe, status, says in cases:
+            await ws.send(json.dumps({"event": "pusher:subscribe", "data": subscribe}))
             refused = await recv_json(ws)
-            assert refused["event"] == "pusher:subscription_error" and refused["channel"] == "presence-room"
-            assert refused["data"]["status"] == 501, refused
+            assert refused["event"] == "pusher:subscription_error", refused
+            assert refused["data"]["status"] == status and says in refused["data"]["error"], refused
+        good = {"channel": "presence-x", "channel_data": data, "auth": channel_auth(socket_id, f"presence-x:{data}")}
+        await ws.send(json.dumps({"event": "pusher:subscribe", "data": good}))
+        joined = await recv_json(ws)
+        assert joined["event"] == "pusher_internal:subscription_succeeded"
+        assert json.loads(joined["data"])["presence"] == {"count": 1, "ids": ["u1"], "hash": {"u1": None}}
+        await ws.close()
 
     run(body())
 
@@ -257,6 +318,8 @@ def test_presence_channels_are_refused_with_a_reason_until_they_exist(app_server
 
 
 def channel_auth(socket_id: str, channel: str) -> str:
+    """`channel` is what is signed after the socket id: the name, and for a
+    presence channel `name:channel_data`."""
     signature = hmac.new(SECRET.encode(), f"{socket_id}:{channel}".encode(), hashlib.sha256).hexdigest()
     return f"{KEY}:{signature}"
 
@@ -291,6 +354,27 @@ def test_client_events_reach_the_others_but_not_the_sender(events_server, client
     sdk(events_server.port).trigger("private-chat", "marker", "m")
     a.event("private-chat", "marker")
     assert not a.got("client-typing")
+
+
+def test_client_events_on_presence_channels_say_who_sent_them(events_server, clients):
+    ann = clients(events_server.port, user=user("ann"))
+    ann.connected()
+    ann.subscribe("presence-chat")
+
+    async def body():
+        ws, socket_id = await raw_pusher(events_server.port)
+        data = json.dumps({"user_id": "ben"})
+        await ws.send(json.dumps({"event": "pusher:subscribe", "data": {
+            "channel": "presence-chat", "channel_data": data,
+            "auth": channel_auth(socket_id, f"presence-chat:{data}")}}))
+        assert (await recv_json(ws))["event"] == "pusher_internal:subscription_succeeded"
+        ann.send(op="trigger", channel="presence-chat", event="client-hi", data={"text": "hello"})
+        got = await recv_json(ws)
+        assert got["event"] == "client-hi" and got["user_id"] == "ann", got
+        assert json.loads(got["data"]) == {"text": "hello"}
+        await ws.close()
+
+    run(body())
 
 
 def test_client_events_are_refused_where_pusher_refuses_them(start_server, events_server):
@@ -462,3 +546,31 @@ def test_an_event_published_through_node_b_reaches_node_as_pusher_clients(redis_
     sdk(b.port).trigger("private-cluster", "marker", "m")
     on_a.event("private-cluster", "marker")
     assert not on_a.got("not-for-a")
+
+
+def test_presence_is_one_list_across_nodes_and_a_dead_nodes_users_leave(redis_nodes, clients):
+    a, b = redis_nodes
+    ann = clients(a.port, user=user("ann"))
+    ann.connected()
+    assert ann.subscribe("presence-lobby")["members"] == {"ann": {"name": "Ann"}}
+    ben = clients(b.port, user=user("ben"))
+    ben.connected()
+    assert set(ben.subscribe("presence-lobby")["members"]) == {"ann", "ben"}
+    assert ann.expect(lambda r: r["type"] == "member_added")["id"] == "ben"
+    ann_on_b = clients(b.port, user=user("ann"))
+    ann_on_b.connected()
+    assert ann_on_b.subscribe("presence-lobby")["count"] == 2
+    assert sorted(u["id"] for u in sdk(a.port).users_info("presence-lobby")["users"]) == ["ann", "ben"]
+    ann.close()
+    sdk(b.port).trigger("presence-lobby", "marker", "1")
+    ben.event("presence-lobby", "marker")
+    assert not [r for r in ben.log if r["type"] in ("member_added", "member_removed")]
+    ann_on_b.close()
+    assert ben.expect(lambda r: r["type"] == "member_removed")["id"] == "ann"
+    # A node killed without leaving: its users go once its heartbeat has expired.
+    cat = clients(a.port, user=user("cat"))
+    cat.connected()
+    cat.subscribe("presence-lobby")
+    assert ben.expect(lambda r: r["type"] == "member_added")["id"] == "cat"
+    a.proc.kill()
+    assert ben.expect(lambda r: r["type"] == "member_removed", timeout=60)["id"] == "cat"

@@ -165,6 +165,10 @@ mod tests {
             pool: Mutex::new(Vec::new()),
             snapshot: Script::new(SNAPSHOT_LUA),
             members: Script::new(MEMBERS_LUA),
+            users_join: Script::new(crate::broker::redis::users::JOIN_LUA),
+            users_leave: Script::new(crate::broker::redis::users::LEAVE_LUA),
+            users_sweep: Script::new(crate::broker::redis::users::SWEEP_LUA),
+            presence_channels: Mutex::new(HashMap::new()),
             history: Limits {
                 size: 0,
                 ttl: Duration::ZERO,

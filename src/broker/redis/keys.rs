@@ -16,6 +16,11 @@ pub(super) struct Keys {
     pub(super) epoch: String,
     pub(super) hist: String,
     pub(super) members: String,
+    /// A Pusher presence channel's users (user -> user_info), their connections
+    /// (user -> count) and each node's share (node "\n" user -> count).
+    pub(super) users: String,
+    pub(super) user_conns: String,
+    pub(super) node_conns: String,
 }
 
 impl Keys {
@@ -25,6 +30,9 @@ impl Keys {
             epoch: format!("throng:{{{channel}}}:epoch"),
             hist: format!("throng:{{{channel}}}:hist"),
             members: format!("throng:{{{channel}}}:members"),
+            users: format!("throng:{{{channel}}}:users"),
+            user_conns: format!("throng:{{{channel}}}:userconns"),
+            node_conns: format!("throng:{{{channel}}}:nodeconns"),
         }
     }
 }

@@ -243,6 +243,15 @@ impl Listener {
                     count,
                 });
             }
+            Some(Incoming::Presence { event, skip, data }) => {
+                // Pusher subscribers only; lost only to a loop far behind, which is
+                // closing its slow subscribers anyway.
+                let _ = hub.deliver(&channel, Audience::Everyone, None, || Body::Presence {
+                    event,
+                    data: Bytes::copy_from_slice(data),
+                    skip,
+                });
+            }
             Some(Incoming::Foreign(payload)) => {
                 let kind = if std::str::from_utf8(payload).is_ok() {
                     DataKind::Text

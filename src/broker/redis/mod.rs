@@ -28,6 +28,7 @@
 //!   Redis is down; the heartbeat probes);
 //! - `snapshot`: a channel's seq, epoch and history in one instant, and replays;
 //! - `presence`: member counts, join/leave events, the keeper thread;
+//! - `users`: Pusher presence channels' users (`users_*.lua`);
 //! - `listener`: the pubsub thread and the subscriptions it holds;
 //! - `publish.lua`, `snapshot.lua`, `members.lua`: the scripts Redis runs, by
 //!   EVALSHA of their text (the `redis` crate loads one on Redis' first NOSCRIPT).
@@ -42,8 +43,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use ::redis::{Client, Connection, Script};
 
 use super::{
-    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, Member, Outgoing, Replay, Resume, Stored,
-    Subscribed, new_epoch,
+    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, Member, Members, Outgoing, Replay, Resume,
+    Stored, Subscribed, new_epoch,
 };
 use crate::history::{self, Limits};
 use crate::hub::{Channel, ConnRef, Hub};
@@ -60,6 +61,7 @@ mod keys;
 mod listener;
 mod presence;
 mod snapshot;
+mod users;
 mod wire;
 
 /// How a node listens to Redis.
@@ -96,6 +98,11 @@ struct Shared {
     pool: Mutex<Vec<Connection>>,
     snapshot: Script,
     members: Script,
+    users_join: Script,
+    users_leave: Script,
+    users_sweep: Script,
+    /// Pusher presence channels with members here, and how many.
+    presence_channels: Mutex<users::Local>,
     history: Limits,
     namespaces: Namespaces,
     /// Local channels and the member count this node last wrote for each.
@@ -143,6 +150,10 @@ impl RedisBroker {
             pool: Mutex::new(Vec::new()),
             snapshot: Script::new(SNAPSHOT_LUA),
             members: Script::new(MEMBERS_LUA),
+            users_join: Script::new(users::JOIN_LUA),
+            users_leave: Script::new(users::LEAVE_LUA),
+            users_sweep: Script::new(users::SWEEP_LUA),
+            presence_channels: Mutex::new(HashMap::new()),
             history,
             namespaces,
             written_members: Mutex::new(HashMap::new()),
@@ -249,6 +260,21 @@ impl Broker for RedisBroker {
             },
             None => None,
         };
+        let members = match member.presence {
+            Some(user) => match self.shared.users_join(channel, user) {
+                Ok(members) => Some(members),
+                Err(e) => {
+                    self.shared.hub.unsubscribe(
+                        &hub_channel,
+                        member.conn.loop_index,
+                        member.listens,
+                    );
+                    self.shared.release(channel);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         let count = match member.announce {
             Some(name) => {
                 let count = self.shared.members(channel, 1).unwrap_or(local);
@@ -261,6 +287,7 @@ impl Broker for RedisBroker {
             channel: hub_channel,
             count,
             replay,
+            members,
         })
     }
 
@@ -271,6 +298,9 @@ impl Broker for RedisBroker {
             .unsubscribe(channel, member.conn.loop_index, member.listens);
         if left == 0 {
             self.shared.release(channel.name());
+        }
+        if let Some(user) = member.presence {
+            self.shared.users_leave(channel.name(), user);
         }
         if let Some(name) = member.announce {
             let count = self.shared.members(channel.name(), -1).unwrap_or(left);
@@ -307,6 +337,10 @@ impl Broker for RedisBroker {
             history_len,
             epoch,
         }
+    }
+
+    fn presence_members(&self, channel: &str) -> Result<Members, BrokerError> {
+        self.shared.users(channel)
     }
 
     fn channel_count(&self) -> usize {

@@ -41,7 +41,9 @@ impl Shared {
             let refresh = tick.is_multiple_of(60);
             let unhealthy = !self.commands_ok.load(Ordering::Relaxed);
             let result = if tick.is_multiple_of(5) || unhealthy {
-                self.heartbeat().and_then(|()| self.write_members(refresh))
+                self.heartbeat()
+                    .and_then(|()| self.write_members(refresh))
+                    .and_then(|()| self.sweep_users())
             } else {
                 self.write_members(refresh)
             };

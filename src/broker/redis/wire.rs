@@ -144,8 +144,34 @@ pub(super) enum Incoming<'a> {
         client: &'a str,
         count: u64,
     },
+    /// A Pusher presence channel's user came or went (`data`: the event's JSON).
+    Presence {
+        event: &'static str,
+        skip: Option<SocketId>,
+        data: &'a [u8],
+    },
     /// Something another program published: the payload alone.
     Foreign(&'a [u8]),
+}
+
+/// A Pusher presence event as published: `P`, `a` (added) or `r` (removed), the
+/// connection it leaves out (`NODE CLIENT`, or `- -`), then its data.
+pub(super) fn encode_presence(added: bool, skip: Option<SocketId>, data: &str) -> Vec<u8> {
+    let mut message = presence_head(added, skip);
+    message.extend_from_slice(data.as_bytes());
+    message
+}
+
+/// What a presence event's message starts with (its data follows).
+pub(super) fn presence_head(added: bool, skip: Option<SocketId>) -> Vec<u8> {
+    let mut message = MAGIC.to_vec();
+    let kind = if added { 'a' } else { 'r' };
+    let skip = match skip {
+        Some(s) => format!("{} {}", s.node, s.client),
+        None => "- -".to_string(),
+    };
+    message.extend_from_slice(format!("P{kind} {skip}\n").as_bytes());
+    message
 }
 
 pub(super) fn parse_incoming(bytes: &[u8]) -> Option<Incoming<'_>> {
@@ -163,6 +189,26 @@ pub(super) fn parse_incoming(bytes: &[u8]) -> Option<Incoming<'_>> {
                 seq: seq.parse().ok()?,
                 epoch: epoch_of(epoch.as_bytes())?,
                 message: decode_message(body)?,
+            })
+        }
+        b'P' => {
+            let mut parts = head.split(' ');
+            let event = match parts.next()? {
+                "a" => "pusher_internal:member_added",
+                "r" => "pusher_internal:member_removed",
+                _ => return None,
+            };
+            let skip = match (parts.next()?, parts.next()?) {
+                ("-", "-") => None,
+                (node, client) => Some(SocketId {
+                    node: node.parse().ok()?,
+                    client: client.parse().ok()?,
+                }),
+            };
+            Some(Incoming::Presence {
+                event,
+                skip,
+                data: body,
             })
         }
         b'E' => {
@@ -286,6 +332,36 @@ mod tests {
         assert_eq!(decode_message(&[0x80, 0, 3, b'a']), None);
         assert_eq!(decode_message(&[9, 0]), None);
         assert_eq!(decode_message(&[0, 5, b'a']), None);
+    }
+
+    #[test]
+    fn presence_events_encode_and_parse() {
+        let joiner = SocketId {
+            node: 12,
+            client: 34,
+        };
+        let added = encode_presence(true, Some(joiner), r#"{"user_id":"u"}"#);
+        assert_eq!(
+            parse_incoming(&added),
+            Some(Incoming::Presence {
+                event: "pusher_internal:member_added",
+                skip: Some(joiner),
+                data: br#"{"user_id":"u"}"#,
+            })
+        );
+        let mut removed = presence_head(false, None);
+        removed.extend_from_slice(b"{}");
+        assert_eq!(
+            parse_incoming(&removed),
+            Some(Incoming::Presence {
+                event: "pusher_internal:member_removed",
+                skip: None,
+                data: b"{}",
+            })
+        );
+        let mut bad = MAGIC.to_vec();
+        bad.extend_from_slice(b"Px - -\n{}");
+        assert_eq!(parse_incoming(&bad), None);
     }
 
     #[test]

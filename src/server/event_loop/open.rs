@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use super::EventLoop;
 use super::timers::{next_due, set_deadline};
+use crate::broker::BrokerError;
 use crate::protocol::http::write_error;
 use crate::server::conn::Mode;
 use crate::server::timer::{Tick, ticks};
@@ -106,7 +107,7 @@ impl EventLoop {
             return false;
         };
         let (sub, count, replay) = match joined {
-            Ok(joined) => joined,
+            Ok(joined) => (joined.sub, joined.count, joined.replay),
             Err(e) => {
                 let channel = subscribe.channel;
                 tracing::warn!(error = %e, channel, "subscribe failed");
@@ -170,19 +171,18 @@ impl EventLoop {
                         continue;
                     };
                     match joined {
-                        Ok((sub, count, _)) => {
-                            let channel = Arc::clone(&sub.channel);
-                            transport.add_subscription(sub);
-                            transport.write_joined(&mut self.buf.out, &channel, count);
+                        Ok(joined) => {
+                            let channel = Arc::clone(&joined.sub.channel);
+                            transport.add_subscription(joined.sub);
+                            let members = joined.members.as_ref();
+                            transport.write_joined(&mut self.buf.out, &channel, members);
                         }
                         Err(e) => {
                             let channel = subscribe.channel;
-                            tracing::warn!(error = %e, channel, "subscribe failed");
-                            transport.write_join_refused(
-                                &mut self.buf.out,
-                                &channel,
-                                &e.to_string(),
-                            );
+                            if !matches!(e, BrokerError::PresenceFull(_)) {
+                                tracing::warn!(error = %e, channel, "subscribe failed");
+                            }
+                            transport.write_join_refused(&mut self.buf.out, &channel, &e);
                         }
                     }
                 }

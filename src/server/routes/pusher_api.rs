@@ -78,7 +78,10 @@ pub(super) fn route(
                 if !only_get(req, out) {
                     return Outcome::Responded;
                 }
-                channel(app, name, req, ctx)
+                match name.strip_suffix("/users") {
+                    Some(name) => users(app, name, ctx),
+                    None => channel(app, name, req, ctx),
+                }
             }
             None => {
                 let shown: String = action.chars().take(60).collect();
@@ -270,26 +273,44 @@ fn channel(
         .filter(|(k, _)| k == "info")
         .flat_map(|(_, v)| v.split(','))
         .collect();
-    if info.contains(&"user_count") && ChannelKind::of(name) != ChannelKind::Presence {
+    let presence = ChannelKind::of(name) == ChannelKind::Presence;
+    if info.contains(&"user_count") && !presence {
         return Err((400, "user_count is only for presence channels".to_string()));
-    }
-    if info.contains(&"user_count") {
-        return Err((
-            501,
-            "presence channels are not offered by this server yet".to_string(),
-        ));
     }
     if !ctx.shared.broker.healthy() {
         return Err((503, "broker unavailable, retry later".to_string()));
     }
-    let subscribers = ctx
-        .shared
-        .broker
-        .channel_info(&pusher::throng_channel(&app.id, name))
-        .subscribers;
+    let channel = pusher::throng_channel(&app.id, name);
+    let subscribers = ctx.shared.broker.channel_info(&channel).subscribers;
     let mut answer = json!({ "occupied": subscribers > 0 });
     if info.contains(&"subscription_count") {
         answer["subscription_count"] = Value::from(subscribers);
     }
+    if info.contains(&"user_count") {
+        let users = ctx
+            .shared
+            .broker
+            .presence_members(&channel)
+            .map_err(|e| (503, e.to_string()))?;
+        answer["user_count"] = Value::from(users.len());
+    }
     Ok(answer)
+}
+
+/// `GET /apps/ID/channels/NAME/users`: a presence channel's users, cluster-wide.
+fn users(app: &App, name: &str, ctx: RouteContext<'_>) -> Result<Value, Refusal> {
+    pusher::validate_channel_name(name).map_err(|e| (400, e.to_string()))?;
+    if ChannelKind::of(name) != ChannelKind::Presence {
+        return Err((
+            400,
+            "users are listed for presence channels only".to_string(),
+        ));
+    }
+    let users = ctx
+        .shared
+        .broker
+        .presence_members(&pusher::throng_channel(&app.id, name))
+        .map_err(|e| (503, e.to_string()))?;
+    let users: Vec<Value> = users.iter().map(|(id, _)| json!({ "id": id })).collect();
+    Ok(json!({ "users": users }))
 }

@@ -19,9 +19,9 @@ use slab::Slab;
 use smallvec::SmallVec;
 
 use super::conn::{Conn, Phase};
-use crate::broker::{Broker, BrokerError, Member, Replay};
+use crate::broker::{Broker, BrokerError, Member, Members, PresenceMember, Replay};
 use crate::hub::Body;
-use crate::hub::{Channel, ConnRef, Delivery, Inbox};
+use crate::hub::{Channel, ConnRef, Delivery, Inbox, SocketId};
 use crate::rules::{self, Namespaces};
 use crate::stats::{Counted, TurnCounts};
 use crate::transport::{Format, Subscribe, Subscription};
@@ -99,6 +99,18 @@ struct Cursor {
     joined: Vec<u32>,
 }
 
+/// A subscription made, with what the transport greets it with.
+#[derive(Debug)]
+pub struct Joined {
+    pub sub: Subscription,
+    /// The channel's member count.
+    pub count: u64,
+    /// For a returning subscriber: its history.
+    pub replay: Option<Replay>,
+    /// For a presence member: every member, itself included.
+    pub members: Option<Members>,
+}
+
 pub struct LocalSubscribers {
     /// The loop these subscribers belong to.
     loop_index: usize,
@@ -116,6 +128,8 @@ pub struct LocalSubscribers {
     /// The names chat clients chose (`name=`), by connection: kept here rather than
     /// in every subscription, which stays as small as an unnamed one.
     names: HashMap<usize, Box<str>>,
+    /// The users of presence subscriptions, by connection and channel (likewise).
+    users: HashMap<(usize, usize), Box<str>>,
     /// When subscriptions' tokens expire, soonest first: (Unix seconds, connection).
     /// Entries of subscriptions that ended are dropped when due, or all at once when
     /// they outnumber the live ones.
@@ -135,6 +149,7 @@ impl LocalSubscribers {
             cursor: None,
             taken: 0,
             names: HashMap::new(),
+            users: HashMap::new(),
             expiring: BinaryHeap::new(),
             stale_expiries: 0,
         }
@@ -148,11 +163,13 @@ impl LocalSubscribers {
             },
             listens: format.listens(),
             announce,
+            presence: None,
         }
     }
 
     /// Subscribes connection `key` through the broker; returns its subscription,
-    /// the channel's member count, and for a returning subscriber its history.
+    /// the channel's member count, for a returning subscriber its history, for a
+    /// presence member the members.
     pub fn join(
         &mut self,
         broker: &dyn Broker,
@@ -160,13 +177,23 @@ impl LocalSubscribers {
         key: usize,
         subscribe: &Subscribe,
         client: u32,
-    ) -> Result<(Subscription, u64, Option<Replay>), BrokerError> {
+    ) -> Result<Joined, BrokerError> {
         let (channel, format) = (subscribe.channel.as_str(), subscribe.format);
         let rules = namespaces.rules(channel);
         let name = (rules.join_leave && format.announced())
             .then(|| rules::client_name(client, subscribe.name.as_deref()));
-        let member = self.member(key, format, name.as_deref());
+        let mut member = self.member(key, format, name.as_deref());
+        member.presence = subscribe.presence.as_deref().map(|user| PresenceMember {
+            user_id: &user.user_id,
+            user_info: &user.user_info,
+            socket: SocketId::local(client),
+            limit: user.limit,
+        });
         let joined = broker.subscribe(channel, member, subscribe.resume)?;
+        if let Some(user) = &subscribe.presence {
+            self.users
+                .insert((key, channel_key(&joined.channel)), user.user_id.clone());
+        }
         if let Some(replay) = &joined.replay {
             self.fresh.push(Fresh {
                 key,
@@ -206,7 +233,12 @@ impl LocalSubscribers {
             format,
             rules,
         };
-        Ok((sub, joined.count, joined.replay))
+        Ok(Joined {
+            sub,
+            count: joined.count,
+            replay: joined.replay,
+            members: joined.members,
+        })
     }
 
     /// The name connection `key` chose, if it is a subscriber that did.
@@ -309,7 +341,15 @@ impl LocalSubscribers {
         }
         let name = (sub.rules.join_leave && sub.format.announced())
             .then(|| rules::client_name(sub.client, chosen));
-        broker.unsubscribe(&sub.channel, self.member(key, sub.format, name.as_deref()));
+        let user = self.users.remove(&(key, ckey));
+        let mut member = self.member(key, sub.format, name.as_deref());
+        member.presence = user.as_deref().map(|user_id| PresenceMember {
+            user_id,
+            user_info: "",
+            socket: SocketId::local(sub.client),
+            limit: 0,
+        });
+        broker.unsubscribe(&sub.channel, member);
     }
 
     /// Whether a batch is part delivered: the loop must come back to it before it

@@ -103,12 +103,13 @@ fn ws_subscribe(
         resume,
         name: None,
         expires: None,
+        presence: None,
     };
-    let (sub, _, replay) = subscribers
+    let joined = subscribers
         .join(broker, &Namespaces::default(), key, &subscribe, key as u32)
         .unwrap();
-    conns[key].mode = websocket(sub);
-    replay
+    conns[key].mode = websocket(joined.sub);
+    joined.replay
 }
 
 #[test]
@@ -200,10 +201,12 @@ fn a_long_poll_gets_one_answer_however_many_messages_wait() {
         resume: None,
         name: None,
         expires: None,
+        presence: None,
     };
-    let (sub, _, _) = subscribers
+    let sub = subscribers
         .join(&broker, &Namespaces::default(), key, &subscribe, 1)
-        .unwrap();
+        .unwrap()
+        .sub;
     let poll = Handover::Poll {
         timeout: std::time::Duration::from_secs(30),
     };
@@ -306,10 +309,12 @@ fn tokens_expire_in_order_and_ended_subscriptions_are_forgotten() {
             resume: None,
             name: None,
             expires,
+            presence: None,
         };
-        let (sub, _, _) = subscribers
+        let sub = subscribers
             .join(&broker, &Namespaces::default(), key, &subscribe, key as u32)
-            .unwrap();
+            .unwrap()
+            .sub;
         conns[key].mode = websocket(sub);
         keys.push(key);
         clients.push(client);
@@ -344,10 +349,12 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
         }),
         name: None,
         expires: None,
+        presence: None,
     };
-    let (sub, _, _) = subscribers
+    let sub = subscribers
         .join(&broker, &Namespaces::default(), key, &subscribe, 1)
-        .unwrap();
+        .unwrap()
+        .sub;
     let conn = &mut conns[key];
     conn.mode = websocket(sub);
     // A catch-up far larger than the queue limit and than the socket's buffers.

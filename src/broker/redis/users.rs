@@ -1,0 +1,136 @@
+//! Pusher presence on Redis: a presence channel's users (user id and
+//! `user_info`), how many connections each has across the cluster and each
+//! node's share, changed by Lua scripts that also publish `member_added` when a
+//! user's first connection comes and `member_removed` when its last goes, so
+//! each is said once for the cluster, in order with the channel's messages. The
+//! keeper takes out the connections of nodes that died without leaving. It must
+//! not deliver to local connections (the listener does).
+
+use std::collections::HashMap;
+
+use super::keys::{Keys, NODE_PREFIX, key_life};
+use super::wire::{PUBSUB_PREFIX, encode_presence, presence_head};
+use super::{BrokerError, Shared, lock};
+use crate::broker::{Members, PresenceMember, member_added_data, member_removed_data};
+
+pub(super) const JOIN_LUA: &str = include_str!("users_join.lua");
+pub(super) const LEAVE_LUA: &str = include_str!("users_leave.lua");
+pub(super) const SWEEP_LUA: &str = include_str!("users_sweep.lua");
+
+/// Local presence members by channel: the channels the keeper sweeps.
+pub(super) type Local = HashMap<Box<str>, u32>;
+
+impl Shared {
+    /// Adds `member`'s connection; the members, itself included, or
+    /// `PresenceFull` (nothing changed).
+    pub(super) fn users_join(
+        &self,
+        channel: &str,
+        member: PresenceMember<'_>,
+    ) -> Result<Members, BrokerError> {
+        let keys = Keys::of(channel);
+        let added = encode_presence(
+            true,
+            Some(member.socket),
+            &member_added_data(member.user_id, member.user_info),
+        );
+        let (result, before): (i64, Vec<String>) = self.with_connection(|con| {
+            self.users_join
+                .key(&keys.users)
+                .key(&keys.user_conns)
+                .key(&keys.node_conns)
+                .arg(&self.node)
+                .arg(member.user_id)
+                .arg(member.user_info)
+                .arg(member.limit)
+                .arg(key_life(std::time::Duration::ZERO))
+                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                .arg(&added)
+                .invoke(con)
+        })?;
+        if result < 0 {
+            return Err(BrokerError::PresenceFull(member.limit));
+        }
+        *lock(&self.presence_channels)
+            .entry(channel.into())
+            .or_insert(0) += 1;
+        let mut members: Members = before
+            .chunks_exact(2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect();
+        if result == 1 {
+            members.push((member.user_id.to_string(), member.user_info.to_string()));
+        }
+        Ok(members)
+    }
+
+    /// Takes `member`'s connection out.
+    pub(super) fn users_leave(&self, channel: &str, member: PresenceMember<'_>) {
+        {
+            let mut local = lock(&self.presence_channels);
+            if let Some(n) = local.get_mut(channel) {
+                *n -= 1;
+                if *n == 0 {
+                    local.remove(channel);
+                }
+            }
+        }
+        let keys = Keys::of(channel);
+        let removed = encode_presence(false, None, &member_removed_data(member.user_id));
+        let result = self.with_connection(|con| {
+            self.users_leave
+                .key(&keys.users)
+                .key(&keys.user_conns)
+                .key(&keys.node_conns)
+                .arg(&self.node)
+                .arg(member.user_id)
+                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                .arg(&removed)
+                .invoke::<i64>(con)
+        });
+        if let Err(e) = result {
+            // The keeper's sweep takes it out once this node's heartbeat is gone;
+            // until then the user stays listed.
+            tracing::warn!(channel, error = %e, "presence leave not written to redis");
+        }
+    }
+
+    /// Every member of `channel`.
+    pub(super) fn users(&self, channel: &str) -> Result<Members, BrokerError> {
+        let keys = Keys::of(channel);
+        let all: Vec<String> =
+            self.with_connection(|con| ::redis::cmd("HGETALL").arg(&keys.users).query(con))?;
+        Ok(all
+            .chunks_exact(2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect())
+    }
+
+    /// Takes dead nodes' connections out of the presence channels this node
+    /// has members in.
+    pub(super) fn sweep_users(&self) -> Result<(), BrokerError> {
+        let channels: Vec<Box<str>> = lock(&self.presence_channels).keys().cloned().collect();
+        let head = presence_head(false, None);
+        for channel in channels {
+            let keys = Keys::of(&channel);
+            let removed: i64 = self.with_connection(|con| {
+                self.users_sweep
+                    .key(&keys.users)
+                    .key(&keys.user_conns)
+                    .key(&keys.node_conns)
+                    .arg(NODE_PREFIX)
+                    .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                    .arg(&head)
+                    .invoke(con)
+            })?;
+            if removed > 0 {
+                tracing::info!(
+                    channel = &*channel,
+                    removed,
+                    "presence users of a gone node removed"
+                );
+            }
+        }
+        Ok(())
+    }
+}
