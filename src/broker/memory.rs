@@ -362,6 +362,22 @@ impl Broker for MemoryBroker {
         }))
     }
 
+    fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError> {
+        let mut found = Vec::new();
+        for shard in &self.shards {
+            for (name, log) in lock(shard).iter() {
+                if !name.starts_with(prefix) {
+                    continue;
+                }
+                let subscribers = lock(log).local.as_ref().map_or(0, |c| c.subscribers());
+                if subscribers > 0 {
+                    found.push((name.to_string(), subscribers));
+                }
+            }
+        }
+        Ok(found)
+    }
+
     fn channel_count(&self) -> usize {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }

@@ -242,6 +242,10 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// A presence channel's members, across the cluster.
     fn presence_members(&self, channel: &str) -> Result<Members, BrokerError>;
 
+    /// The channels whose names start with `prefix` that have subscribers,
+    /// across the cluster, with how many.
+    fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError>;
+
     /// Channels the broker knows (with subscribers, or used within the retention).
     fn channel_count(&self) -> usize;
 

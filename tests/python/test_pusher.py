@@ -122,6 +122,13 @@ def app_server(start_server):
     return start_server("--pusher-app", APP)
 
 
+def eventually(fetch, ok, timeout: float = 5.0):
+    """Asserts that ok(fetch()) comes to hold within `timeout`."""
+    value = settled(fetch, ok, timeout=timeout)
+    assert ok(value), value
+    return value
+
+
 def sdk(port: int, secret: str = SECRET, app_id: str = APP_ID) -> pusher.Pusher:
     return pusher.Pusher(app_id=app_id, key=KEY, secret=secret, host="127.0.0.1", port=port, ssl=False)
 
@@ -233,7 +240,7 @@ def test_unsubscribed_channels_get_nothing_more_and_counts_follow(app_server, cl
     assert api.channel_info("a", ["subscription_count"])["subscription_count"] == 1
     c.send(op="unsubscribe", channel="a")
     c.expect(lambda r: r["type"] == "unsubscribed")
-    settled(lambda: api.channel_info("a", ["subscription_count"]), lambda v: v["subscription_count"] == 0)
+    eventually(lambda: api.channel_info("a", ["subscription_count"]), lambda v: v["subscription_count"] == 0)
     api.trigger("a", "late", "x")
     api.trigger("b", "marker", "y")
     c.event("b", "marker")
@@ -263,7 +270,7 @@ def test_presence_members_come_and_go_once_per_user_however_many_connections(app
         "occupied": True, "user_count": 2, "subscription_count": 3}
     assert sorted(u["id"] for u in api.users_info("presence-room")["users"]) == ["alice", "bob"]
     alice1.close()
-    settled(lambda: api.channel_info("presence-room", ["subscription_count"]),
+    eventually(lambda: api.channel_info("presence-room", ["subscription_count"]),
             lambda v: v["subscription_count"] == 2)
     api.trigger("presence-room", "marker", "1")
     bob.event("presence-room", "marker")
@@ -446,7 +453,7 @@ def test_pusher_events_reach_throngs_own_subscribers_and_back(app_server, client
     async def body():
         url = f"ws://127.0.0.1:{app_server.port}/ws/{APP_ID}:news?format=json"
         async with ws_connect(url) as ws:
-            settled(lambda: sdk(app_server.port).channel_info("news", ["subscription_count"]),
+            eventually(lambda: sdk(app_server.port).channel_info("news", ["subscription_count"]),
                     lambda v: v["subscription_count"] == 2)
             sdk(app_server.port).trigger("news", "headline", {"title": "hello"})
             got = await recv_json(ws)
@@ -512,6 +519,22 @@ def test_a_batch_over_ten_is_refused_whole(app_server, clients):
     assert not [r for r in c.log if r["type"] == "event" and r["event"].startswith("e")]
 
 
+def test_the_channel_list_names_occupied_channels_with_their_counts(app_server, clients):
+    port = app_server.port
+    a = clients(port, user=user("ann"))
+    a.connected()
+    for channel in ("news", "private-orders", "presence-room"):
+        assert a.subscribe(channel)["type"] == "subscribed"
+    api = sdk(port)
+    assert api.channels_info() == {"channels": {"news": {}, "private-orders": {}, "presence-room": {}}}
+    assert api.channels_info(prefix_filter="presence-", attributes=["user_count", "subscription_count"]) == {
+        "channels": {"presence-room": {"user_count": 1, "subscription_count": 1}}}
+    with pytest.raises(pusher.errors.PusherBadRequest):
+        api.channels_info(prefix_filter="news", attributes=["user_count"])
+    a.close()
+    eventually(lambda: api.channels_info(), lambda v: v == {"channels": {}})
+
+
 # ------------------------------------------------------------------ two nodes
 
 
@@ -535,7 +558,7 @@ def test_an_event_published_through_node_b_reaches_node_as_pusher_clients(redis_
     on_b.connected()
     on_a.subscribe("private-cluster")
     on_b.subscribe("private-cluster")
-    settled(lambda: sdk(b.port).channel_info("private-cluster", ["subscription_count"]),
+    eventually(lambda: sdk(b.port).channel_info("private-cluster", ["subscription_count"]),
             lambda v: v["subscription_count"] == 2, timeout=10)
     sdk(b.port).trigger("private-cluster", "across", {"n": 1})
     assert on_a.event("private-cluster", "across")["data"] == {"n": 1}
@@ -561,6 +584,11 @@ def test_presence_is_one_list_across_nodes_and_a_dead_nodes_users_leave(redis_no
     ann_on_b.connected()
     assert ann_on_b.subscribe("presence-lobby")["count"] == 2
     assert sorted(u["id"] for u in sdk(a.port).users_info("presence-lobby")["users"]) == ["ann", "ben"]
+    # Each node writes its subscriber counts once a second: the list settles.
+    eventually(lambda: sdk(a.port).channels_info(prefix_filter="presence-",
+                                              attributes=["user_count", "subscription_count"]),
+            lambda v: v == {"channels": {"presence-lobby": {"user_count": 2, "subscription_count": 3}}},
+            timeout=10)
     ann.close()
     sdk(b.port).trigger("presence-lobby", "marker", "1")
     ben.event("presence-lobby", "marker")

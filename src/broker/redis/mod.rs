@@ -343,6 +343,48 @@ impl Broker for RedisBroker {
         self.shared.users(channel)
     }
 
+    /// Channels with members' hashes (written by every node with subscribers)
+    /// found by `SCAN`, each counted as `channel_info` counts.
+    fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError> {
+        let pattern = format!("throng:{{{prefix}*}}:members");
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = self.shared.with_connection(|con| {
+                ::redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query(con)
+            })?;
+            names.extend(keys.iter().filter_map(|k| {
+                k.strip_prefix("throng:{")?
+                    .strip_suffix("}:members")
+                    .map(str::to_string)
+            }));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        // Channels with subscribers here whose count is not written yet.
+        for name in lock(&self.shared.written_members).keys() {
+            if name.starts_with(prefix) && !names.iter().any(|n| **n == **name) {
+                names.push(name.to_string());
+            }
+        }
+        let mut found = Vec::new();
+        for name in names {
+            let subscribers = self.channel_info(&name).subscribers;
+            if subscribers > 0 {
+                found.push((name, subscribers));
+            }
+        }
+        Ok(found)
+    }
+
     fn channel_count(&self) -> usize {
         lock(&self.shared.written_members).len()
     }

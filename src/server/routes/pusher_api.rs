@@ -67,12 +67,12 @@ pub(super) fn route(
         }
         "events" => events(app, body, ctx, counts),
         "batch_events" => batch_events(app, body, ctx, counts),
-        "channels" => Err((
-            501,
-            "listing channels is not offered by this server yet; ask for one channel: \
-             /apps/ID/channels/NAME"
-                .to_string(),
-        )),
+        "channels" => {
+            if !only_get(req, out) {
+                return Outcome::Responded;
+            }
+            channels(app, req, ctx)
+        }
         _ => match action.strip_prefix("channels/") {
             Some(name) => {
                 if !only_get(req, out) {
@@ -295,6 +295,59 @@ fn channel(
         answer["user_count"] = Value::from(users.len());
     }
     Ok(answer)
+}
+
+/// The `info=` attributes a query asks for.
+fn info_asked(query: &[(String, String)]) -> Vec<&str> {
+    query
+        .iter()
+        .filter(|(k, _)| k == "info")
+        .flat_map(|(_, v)| v.split(','))
+        .collect()
+}
+
+/// `GET /apps/ID/channels[?filter_by_prefix=P&info=user_count,subscription_count]`:
+/// the occupied channels, across the cluster.
+fn channels(app: &App, req: &Request<'_>, ctx: RouteContext<'_>) -> Result<Value, Refusal> {
+    let query = sign::decode_query(req.query().unwrap_or("")).unwrap_or_default();
+    let prefix = query
+        .iter()
+        .find(|(k, _)| k == "filter_by_prefix")
+        .map_or("", |(_, v)| v.as_str());
+    if !prefix.is_empty() {
+        pusher::validate_channel_name(prefix)
+            .map_err(|e| (400, format!("filter_by_prefix: {e}")))?;
+    }
+    let info = info_asked(&query);
+    if info.contains(&"user_count") && !prefix.starts_with("presence-") {
+        return Err((
+            400,
+            "user_count needs filter_by_prefix=presence-".to_string(),
+        ));
+    }
+    let occupied = ctx
+        .shared
+        .broker
+        .occupied(&pusher::throng_channel(&app.id, prefix))
+        .map_err(|e| (503, e.to_string()))?;
+    let mut channels = serde_json::Map::new();
+    for (channel, subscribers) in occupied {
+        let name = pusher::pusher_name(&channel);
+        let mut attributes = json!({});
+        if info.contains(&"subscription_count") {
+            attributes["subscription_count"] = Value::from(subscribers);
+        }
+        if info.contains(&"user_count") {
+            let users = ctx
+                .shared
+                .broker
+                .presence_members(&channel)
+                .map_err(|e| (503, e.to_string()))?;
+            attributes["user_count"] = Value::from(users.len());
+        }
+        channels.insert(name.to_string(), attributes);
+    }
+    Ok(json!({ "channels": channels }))
 }
 
 /// `GET /apps/ID/channels/NAME/users`: a presence channel's users, cluster-wide.
