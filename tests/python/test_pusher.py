@@ -22,6 +22,7 @@ from pathlib import Path
 import pusher
 import pytest
 
+from browser import browser, pages  # noqa: F401 (fixtures)
 from conftest import free_port
 from procs import stop_process
 from rawws import assert_json_error, http_request, publish_ok, settled
@@ -34,15 +35,17 @@ APP = f"{APP_ID}:{KEY}:{SECRET}"
 
 
 class PusherJs:
-    """pusher-js in a Node process, commanded over stdin, reporting over stdout."""
+    """pusher-js (or Laravel Echo on it: script="echo_client.mjs") in a Node
+    process, commanded over stdin, reporting over stdout."""
 
-    def __init__(self, port: int, bad_auth: bool = False, key: str = KEY, user: dict | None = None) -> None:
+    def __init__(self, port: int, bad_auth: bool = False, key: str = KEY, user: dict | None = None,
+                 script: str = "pusher_client.mjs") -> None:
         assert shutil.which("node"), "node is not installed (scripts/test.sh installs it)"
         assert (NODE_DIR / "node_modules" / "pusher-js").is_dir(), "run npm ci in tests/node"
         opts = {"host": "127.0.0.1", "port": port, "key": key, "appId": APP_ID, "secret": SECRET,
                 "badAuth": bad_auth, "user": user}
         self.proc = subprocess.Popen(
-            ["node", str(NODE_DIR / "pusher_client.mjs"), json.dumps(opts)],
+            ["node", str(NODE_DIR / script), json.dumps(opts)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=NODE_DIR,
         )
         self.seen: queue.Queue = queue.Queue()
@@ -467,6 +470,44 @@ def test_pusher_events_reach_throngs_own_subscribers_and_back(app_server, client
             assert c.event("news", "message")["data"] == "unnamed"
 
     run(body())
+
+
+def test_laravel_echo_listens_joins_whispers_and_leaves(events_server, clients):
+    port = events_server.port
+    ann = clients(port, user=user("ann"), script="echo_client.mjs")
+    ben = clients(port, user=user("ben"), script="echo_client.mjs")
+    ann.connected()
+    ben.connected()
+    ann.send(op="private", channel="orders", event=".shipped")
+    ann.expect(lambda r: r["type"] == "subscribed")
+    sdk(port).trigger("private-orders", "shipped", {"order": 7})
+    assert ann.expect(lambda r: r["type"] == "event")["data"] == {"order": 7}
+    ann.send(op="join", channel="lobby")
+    assert [u["name"] for u in ann.expect(lambda r: r["type"] == "here")["users"]] == ["Ann"]
+    ben.send(op="join", channel="lobby")
+    assert sorted(u["name"] for u in ben.expect(lambda r: r["type"] == "here")["users"]) == ["Ann", "Ben"]
+    assert ann.expect(lambda r: r["type"] == "joining")["user"] == {"name": "Ben"}
+    ben.send(op="whisper", channel="lobby", event="typing", data={"who": "ben"})
+    assert ann.expect(lambda r: r["type"] == "whisper")["data"] == {"who": "ben"}
+    ben.send(op="leave", channel="lobby")
+    assert ann.expect(lambda r: r["type"] == "leaving")["user"] == {"name": "Ben"}
+
+
+def test_pusher_js_in_chromium_subscribes_and_receives(app_server, browser, pages):
+    page = pages.new("pusher-js")
+    page.add_script_tag(path=str(NODE_DIR / "node_modules" / "pusher-js" / "dist" / "web" / "pusher.min.js"))
+    page.evaluate("""([key, port]) => {
+        window.seen = [];
+        const pusher = new Pusher(key, {cluster: "local", wsHost: "127.0.0.1", wsPort: port,
+                                        forceTLS: false, enabledTransports: ["ws"], disableStats: true});
+        const channel = pusher.subscribe("browser-news");
+        channel.bind("pusher:subscription_succeeded", () => window.seen.push("subscribed"));
+        channel.bind("headline", (data) => window.seen.push(data.title));
+    }""", [KEY, app_server.port])
+    page.wait_for_function("window.seen.includes('subscribed')")
+    sdk(app_server.port).trigger("browser-news", "headline", {"title": "from the SDK"})
+    page.wait_for_function("window.seen.includes('from the SDK')")
+    pages.screenshot(page, "pusher-js")
 
 
 # ------------------------------------------------------------------ the HTTP API
