@@ -137,6 +137,9 @@ pub enum Body {
         /// The joining connection, which learns the members otherwise.
         skip: Option<SocketId>,
     },
+    /// Every subscriber of the channel is to be closed (its connection ended,
+    /// with the transport's goodbye): a signed-in user's connections terminated.
+    CloseAll,
     /// A channel event (a member joined or left), shown only in formats with events.
     Event {
         event: &'static str,
@@ -163,7 +166,7 @@ impl Message {
     pub fn skip(&self) -> Option<SocketId> {
         match &self.body {
             Body::Data { skip, .. } | Body::Presence { skip, .. } => *skip,
-            Body::Event { .. } => None,
+            Body::Event { .. } | Body::CloseAll => None,
         }
     }
 

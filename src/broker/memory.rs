@@ -362,6 +362,18 @@ impl Broker for MemoryBroker {
         }))
     }
 
+    fn close_subscribers(&self, channel: &str) -> Result<(), BrokerError> {
+        let Some(log) = self.find(channel) else {
+            return Ok(());
+        };
+        let log = lock(&log);
+        if let Some(local) = &log.local {
+            self.hub
+                .deliver(local, Audience::Everyone, None, || Body::CloseAll)?;
+        }
+        Ok(())
+    }
+
     fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError> {
         let mut found = Vec::new();
         for shard in &self.shards {
@@ -484,7 +496,7 @@ mod tests {
                     client,
                     count,
                 } => Some((*event, &**client, *count, m.exclude)),
-                Body::Data { .. } | Body::Presence { .. } => None,
+                Body::Data { .. } | Body::Presence { .. } | Body::CloseAll => None,
             })
             .collect();
         assert_eq!(

@@ -242,6 +242,9 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// A presence channel's members, across the cluster.
     fn presence_members(&self, channel: &str) -> Result<Members, BrokerError>;
 
+    /// Closes every subscriber of `channel`, on every node.
+    fn close_subscribers(&self, channel: &str) -> Result<(), BrokerError>;
+
     /// The channels whose names start with `prefix` that have subscribers,
     /// across the cluster, with how many.
     fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError>;

@@ -105,14 +105,40 @@ pub fn app_by_id<'a>(apps: &'a [App], id: &str) -> Option<&'a App> {
     apps.iter().find(|a| &*a.id == id)
 }
 
-/// The throng channel of Pusher channel `name` of app `app_id`.
+/// What the channel of one signed-in user is called: the Pusher SDKs' `sendToUser`
+/// publishes to it, and pusher-js subscribes to it after `pusher:signin_success`.
+pub const USER_CHANNEL_PREFIX: &str = "#server-to-user-";
+/// The namespace suffix of users' channels: `ID.user:USER` (an app id has no
+/// `.`, so no Pusher channel of the app can be one).
+const USER_NAMESPACE: &str = ".user";
+
+/// The throng channel of Pusher channel `name` of app `app_id`: `ID:NAME`, and
+/// for a user's channel (`#server-to-user-USER`) `ID.user:USER`.
 pub fn throng_channel(app_id: &str, name: &str) -> String {
-    format!("{app_id}:{name}")
+    match name.strip_prefix(USER_CHANNEL_PREFIX) {
+        Some(user) => format!("{app_id}{USER_NAMESPACE}:{user}"),
+        None => format!("{app_id}:{name}"),
+    }
 }
 
 /// The Pusher channel name of a throng channel (what follows the app id).
-pub fn pusher_name(channel: &str) -> &str {
-    channel.split_once(':').map_or(channel, |(_, name)| name)
+pub fn pusher_name(channel: &str) -> std::borrow::Cow<'_, str> {
+    match channel.split_once(':') {
+        Some((namespace, user)) if namespace.ends_with(USER_NAMESPACE) => {
+            std::borrow::Cow::Owned(format!("{USER_CHANNEL_PREFIX}{user}"))
+        }
+        Some((_, name)) => std::borrow::Cow::Borrowed(name),
+        None => std::borrow::Cow::Borrowed(channel),
+    }
+}
+
+/// Checks a signed-in user's id: 1–128 bytes of the characters a channel name
+/// takes (it names the user's channel).
+pub fn validate_user_id(id: &str) -> Result<(), ChannelNameError> {
+    if id.len() > 128 {
+        return Err(ChannelNameError::TooLong);
+    }
+    validate_channel_name(id)
 }
 
 /// What a channel's name makes it.
@@ -126,11 +152,15 @@ pub enum ChannelKind {
     Encrypted,
     /// `presence-`: private, and members are announced.
     Presence,
+    /// `#server-to-user-USER`: only a connection signed in as USER.
+    User,
 }
 
 impl ChannelKind {
     pub fn of(name: &str) -> ChannelKind {
-        if name.starts_with("private-encrypted-") {
+        if name.starts_with(USER_CHANNEL_PREFIX) {
+            ChannelKind::User
+        } else if name.starts_with("private-encrypted-") {
             ChannelKind::Encrypted
         } else if name.starts_with("private-") {
             ChannelKind::Private
@@ -143,7 +173,10 @@ impl ChannelKind {
 
     /// Whether subscribing needs a signature.
     pub fn signed(self) -> bool {
-        self != ChannelKind::Public
+        matches!(
+            self,
+            ChannelKind::Private | ChannelKind::Encrypted | ChannelKind::Presence
+        )
     }
 }
 
@@ -158,8 +191,12 @@ pub enum ChannelNameError {
     BadChar(char),
 }
 
-/// Checks a Pusher channel name: 1–164 bytes of `A-Z a-z 0-9 _ - = @ , . ;`.
+/// Checks a Pusher channel name: 1–164 bytes of `A-Z a-z 0-9 _ - = @ , . ;`, or
+/// a user's channel, `#server-to-user-` and a user id.
 pub fn validate_channel_name(name: &str) -> Result<(), ChannelNameError> {
+    if let Some(user) = name.strip_prefix(USER_CHANNEL_PREFIX) {
+        return validate_user_id(user);
+    }
     if name.is_empty() {
         return Err(ChannelNameError::Empty);
     }
@@ -222,6 +259,14 @@ mod tests {
         assert_eq!(channel, "123:private-a=b");
         assert!(crate::rules::validate_channel_name(&channel).is_ok());
         assert_eq!(pusher_name(&channel), "private-a=b");
+        let user = throng_channel("123", "#server-to-user-u1");
+        assert_eq!(user, "123.user:u1");
+        assert!(crate::rules::validate_channel_name(&user).is_ok());
+        assert_eq!(pusher_name(&user), "#server-to-user-u1");
+        assert_eq!(ChannelKind::of("#server-to-user-u1"), ChannelKind::User);
+        assert!(validate_channel_name("#server-to-user-u1").is_ok());
+        assert!(validate_channel_name("#server-to-user-").is_err());
+        assert!(validate_channel_name("#other").is_err());
         let longest = throng_channel(&"9".repeat(MAX_APP_ID), &"x".repeat(MAX_CHANNEL_NAME));
         assert!(crate::rules::validate_channel_name(&longest).is_ok());
     }

@@ -118,6 +118,28 @@ pub fn check_channel_auth(
     }
 }
 
+/// Checks a `pusher:signin`'s `auth` (`KEY:HMAC-SHA256(secret,
+/// "socket_id::user::user_data")`).
+pub fn check_signin(
+    app: &App,
+    socket_id: &str,
+    user_data: &str,
+    auth: Option<&str>,
+) -> Result<(), SignError> {
+    let (key, signature) = auth
+        .and_then(|a| a.split_once(':'))
+        .ok_or(SignError::Missing)?;
+    if key != &*app.key {
+        return Err(SignError::WrongKey(key.chars().take(64).collect()));
+    }
+    let message = format!("{socket_id}::user::{user_data}");
+    if verify(&app.secret, message.as_bytes(), signature) {
+        Ok(())
+    } else {
+        Err(SignError::Signature(message))
+    }
+}
+
 /// One signed API request: its method, path, decoded query pairs and body.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {

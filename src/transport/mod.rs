@@ -241,6 +241,9 @@ pub enum CloseReason {
     TokenExpired,
     /// The broker could not take the subscription.
     Unavailable,
+    /// Its channel's subscribers were told to go (a user's connections ended
+    /// through the API).
+    Terminated,
 }
 
 /// What a transport may use while handling a connection's input.

@@ -75,6 +75,8 @@ pub struct PusherState {
     /// The user it is in each presence channel it joins (throng channel, user
     /// id): its client events there carry `user_id`.
     users: Vec<(Box<str>, Box<str>)>,
+    /// The user it signed in as (`pusher:signin`).
+    signed_in: Option<Box<str>>,
 }
 
 impl PusherState {
@@ -92,6 +94,7 @@ impl PusherState {
             events_second: 0,
             events_sent: 0,
             users: Vec::new(),
+            signed_in: None,
         }
     }
 
@@ -185,7 +188,7 @@ impl Transport for Box<PusherState> {
         write_event(
             out,
             "pusher_internal:subscription_succeeded",
-            Some(name),
+            Some(&name),
             &data,
         );
     }
@@ -197,7 +200,7 @@ impl Transport for Box<PusherState> {
             BrokerError::PresenceFull(_) => ("LimitReached", 403),
             _ => ("ServiceUnavailable", 503),
         };
-        write_subscription_error(out, name, kind, &error.to_string(), status);
+        write_subscription_error(out, &name, kind, &error.to_string(), status);
     }
 
     /// Pusher subscriptions do not resume: nothing to replay.
@@ -221,6 +224,7 @@ impl Transport for Box<PusherState> {
             CloseReason::SlowConsumer => (code::OVER_CAPACITY, "slow consumer; reconnect later"),
             CloseReason::TokenExpired => (code::RECONNECT, "authorization expired; reconnect"),
             CloseReason::Unavailable => (code::OVER_CAPACITY, "broker unavailable, retry later"),
+            CloseReason::Terminated => (UNAUTHORIZED, "connection terminated for its user"),
         };
         write_error(out, Some(code), message);
         encode_close(out, code, message);
@@ -303,7 +307,7 @@ pub fn encode(message: &Message) -> Option<Bytes> {
             from.as_deref(),
         ),
         Body::Presence { event, data, .. } => (data, DataKind::Text, *event, None),
-        Body::Event { .. } => return None,
+        Body::Event { .. } | Body::CloseAll => return None,
     };
     let mut body = Vec::with_capacity(payload.len() + channel.len() + event.len() + 48);
     body.extend_from_slice(b"{\"event\":");
@@ -332,8 +336,12 @@ fn feed(state: &mut PusherState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
             kind: DataKind::Text,
             payload,
         } => {
-            on_message(state, payload, ctx);
-            Flow::Continue
+            if on_message(state, payload, ctx) == After::Close {
+                after = After::Close;
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
         }
         Event::Message { .. } => {
             write_error(ctx.out, None, "binary messages are not Pusher messages");
@@ -371,15 +379,15 @@ fn feed(state: &mut PusherState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
 }
 
 /// One Pusher message from the client. A malformed one gets `pusher:error` and
-/// the connection goes on.
-fn on_message(state: &mut PusherState, text: &[u8], ctx: &mut Ctx<'_>) {
+/// the connection goes on; `Close` after a refused sign-in.
+fn on_message(state: &mut PusherState, text: &[u8], ctx: &mut Ctx<'_>) -> After {
     let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(text) else {
         write_error(ctx.out, None, "a Pusher message is a JSON object");
-        return;
+        return After::Nothing;
     };
     let Some(event) = message.get("event").and_then(Value::as_str) else {
         write_error(ctx.out, None, "a Pusher message has an \"event\" string");
-        return;
+        return After::Nothing;
     };
     // `data` comes as an object, or as JSON text in a string (older clients).
     let parsed;
@@ -405,17 +413,14 @@ fn on_message(state: &mut PusherState, text: &[u8], ctx: &mut Ctx<'_>) {
                 ctx.changes.push(Change::Leave(channel));
             }
         }
-        "pusher:signin" => write_error(
-            ctx.out,
-            None,
-            "user authentication (pusher:signin) is not offered by this server yet",
-        ),
+        "pusher:signin" => return signin(state, data, ctx),
         client if client.starts_with("client-") => client_event(state, &message, client, ctx),
         other => {
             let shown: String = other.chars().take(64).collect();
             write_error(ctx.out, None, &format!("unknown event '{shown}'"));
         }
     }
+    After::Nothing
 }
 
 /// `pusher:subscribe`: checks the channel's name and signature, then asks the
@@ -473,6 +478,14 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
         },
         _ => None,
     };
+    if kind == ChannelKind::User {
+        let user = name.strip_prefix(pusher::USER_CHANNEL_PREFIX);
+        if user.is_none() || state.signed_in.as_deref() != user {
+            let error = "a user's channel is for a connection signed in as that user";
+            refuse(ctx.out, "AuthError", error, 403);
+            return;
+        }
+    }
     if kind.signed() {
         let auth = data.get("auth").and_then(Value::as_str);
         let socket_id = state.socket_id();
@@ -505,6 +518,68 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
         },
         client: state.client,
     });
+}
+
+/// Pusher's code for a connection whose sign-in is refused: it is closed.
+const UNAUTHORIZED: u16 = 4009;
+
+/// `pusher:signin`: checks `auth` over `user_data` (a JSON object with an `id`);
+/// `pusher:signin_success`, after which the client may subscribe to its user's
+/// channel. A refused sign-in closes the connection with 4009, as Pusher's does.
+fn signin(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) -> After {
+    let refuse = |out: &mut Vec<u8>, reason: &str| {
+        write_error(out, Some(UNAUTHORIZED), reason);
+        encode_close(out, UNAUTHORIZED, "sign-in refused");
+        After::Close
+    };
+    let Some(app) = ctx.config.pusher_apps.get(usize::from(state.app)) else {
+        return refuse(ctx.out, "this connection's app is gone");
+    };
+    let Some(user_data) = data.get("user_data").and_then(Value::as_str) else {
+        return refuse(ctx.out, "pusher:signin needs user_data, a JSON string");
+    };
+    let auth = data.get("auth").and_then(Value::as_str);
+    if let Err(e) = sign::check_signin(app, &state.socket_id(), user_data, auth) {
+        return refuse(ctx.out, &e.to_string());
+    }
+    let id = match serde_json::from_str::<Value>(user_data) {
+        Ok(Value::Object(user)) => match user.get("id") {
+            Some(Value::String(id)) if pusher::validate_user_id(id).is_ok() => id.clone(),
+            _ => {
+                let reason = "user_data needs an id: 1-128 bytes of A-Z a-z 0-9 _ - = @ , . ;";
+                return refuse(ctx.out, reason);
+            }
+        },
+        _ => return refuse(ctx.out, "user_data is a JSON object"),
+    };
+    // Its user's channel: what `sendToUser` reaches and what ending the user's
+    // connections closes. Joined here, so that holds whatever the client does.
+    let user_channel =
+        |id: &str| pusher::throng_channel(&app.id, &format!("{}{id}", pusher::USER_CHANNEL_PREFIX));
+    if let Some(before) = state.signed_in.as_deref()
+        && before != id
+    {
+        // Signed in as someone else now: the old user's channel is not its own.
+        ctx.changes.push(Change::Leave(user_channel(before)));
+    }
+    let channel = user_channel(&id);
+    if !state.subs.iter().any(|s| s.channel.name() == channel) {
+        ctx.changes.push(Change::Join {
+            subscribe: Subscribe {
+                channel,
+                format: Format::Pusher,
+                resume: None,
+                name: None,
+                expires: None,
+                presence: None,
+            },
+            client: state.client,
+        });
+    }
+    state.signed_in = Some(id.into());
+    let body = json!({ "user_data": user_data }).to_string();
+    write_event(ctx.out, "pusher:signin_success", None, &body);
+    After::Nothing
 }
 
 /// Longest presence user id (Pusher's limit).

@@ -184,7 +184,7 @@ pub fn encode(message: &Message) -> Option<Bytes> {
             &serde_json::json!({ "client": &**client, "count": count }),
         ),
         // Pusher's presence: for Pusher subscribers only.
-        Body::Presence { .. } => return None,
+        Body::Presence { .. } | Body::CloseAll => return None,
     }
     Some(Bytes::from(out))
 }

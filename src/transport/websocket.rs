@@ -238,6 +238,7 @@ pub fn write_close(out: &mut Vec<u8>, reason: CloseReason) {
         CloseReason::IdleTimeout => (close_code::GOING_AWAY, "idle timeout"),
         CloseReason::SlowConsumer => (close_code::POLICY_VIOLATION, "slow consumer"),
         CloseReason::TokenExpired => (close_code::TOKEN_EXPIRED, "token expired"),
+        CloseReason::Terminated => (close_code::POLICY_VIOLATION, "terminated"),
         CloseReason::Unavailable => (
             close_code::TRY_AGAIN_LATER,
             "broker unavailable, retry later",
@@ -270,7 +271,7 @@ pub fn encode(json: bool, message: &Message) -> Option<Bytes> {
             },
         )),
         // Pusher's presence: for Pusher subscribers only.
-        Body::Presence { .. } => None,
+        Body::Presence { .. } | Body::CloseAll => None,
         Body::Event { .. } if !json => None,
         Body::Event {
             event,

@@ -7,6 +7,8 @@
 //   node pusher_client.mjs '{"host":"127.0.0.1","port":N,"key":"K","appId":"1","secret":"S"}'
 //   stdin:  {"op":"subscribe","channel":"news","events":["price"]}
 //           {"op":"trigger","channel":"private-a","event":"client-x","data":{…}}
+//           {"op":"signin"}   (as opts.signinAs, {id, …}; then {"type":"signed_in"} and
+//                              every sendToUser event as {"type":"user_event",…})
 //           {"op":"unsubscribe","channel":"news"}
 //           {"op":"disconnect"}
 //   stdout: {"type":"state","current":"connected","socket_id":"…"}
@@ -36,6 +38,11 @@ const client = new Pusher(opts.key, {
   forceTLS: false,
   enabledTransports: ["ws"],
   disableStats: true,
+  userAuthentication: {
+    customHandler: ({ socketId }, callback) => {
+      callback(null, server.authenticateUser(socketId, opts.signinAs ?? { id: "nobody" }));
+    },
+  },
   channelAuthorization: {
     customHandler: ({ socketId, channelName }, callback) => {
       if (opts.badAuth) {
@@ -82,6 +89,11 @@ rl.on("line", (line) => {
   } else if (cmd.op === "trigger") {
     const sent = client.channel(cmd.channel)?.trigger(cmd.event, cmd.data) ?? false;
     out({ type: "triggered", channel: cmd.channel, event: cmd.event, sent });
+  } else if (cmd.op === "signin") {
+    client.user.bind_global((event, data) => out({ type: "user_event", event, data }));
+    client.signin();
+    client.user.signinDonePromise.then(() =>
+      out({ type: "signed_in", user_data: client.user.user_data }));
   } else if (cmd.op === "unsubscribe") {
     client.unsubscribe(cmd.channel);
     out({ type: "unsubscribed", channel: cmd.channel });

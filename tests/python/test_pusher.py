@@ -39,11 +39,11 @@ class PusherJs:
     process, commanded over stdin, reporting over stdout."""
 
     def __init__(self, port: int, bad_auth: bool = False, key: str = KEY, user: dict | None = None,
-                 script: str = "pusher_client.mjs") -> None:
+                 script: str = "pusher_client.mjs", signin_as: dict | None = None) -> None:
         assert shutil.which("node"), "node is not installed (scripts/test.sh installs it)"
         assert (NODE_DIR / "node_modules" / "pusher-js").is_dir(), "run npm ci in tests/node"
         opts = {"host": "127.0.0.1", "port": port, "key": key, "appId": APP_ID, "secret": SECRET,
-                "badAuth": bad_auth, "user": user}
+                "badAuth": bad_auth, "user": user, "signinAs": signin_as}
         self.proc = subprocess.Popen(
             ["node", str(NODE_DIR / script), json.dumps(opts)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=NODE_DIR,
@@ -443,6 +443,55 @@ def test_a_publish_naming_a_socket_id_leaves_that_connection_out(app_server, cli
     sdk(app_server.port).trigger("room", "marker", "m")
     a.event("room", "marker")
     assert not a.got("not-for-a")
+
+
+# ------------------------------------------------------------------ user authentication
+
+
+def test_a_signed_in_user_gets_send_to_user_events(app_server, clients):
+    c = clients(app_server.port, signin_as={"id": "u-42", "name": "Zed"})
+    c.connected()
+    c.send(op="signin")
+    assert c.expect(lambda r: r["type"] == "signed_in")["user_data"] == {"id": "u-42", "name": "Zed"}
+    # The server joins the user's channel as it answers the sign-in.
+    api = sdk(app_server.port)
+    api.send_to_user("u-42", "hello", {"only": "you"})
+    assert c.expect(lambda r: r["type"] == "user_event" and r["event"] == "hello")["data"] == {"only": "you"}
+
+
+def test_sign_in_is_checked_and_terminate_connections_ends_a_users_connections(app_server):
+    async def body():
+        ws, socket_id = await raw_pusher(app_server.port)
+        user_data = json.dumps({"id": "u1"})
+        bad = {"user_data": user_data, "auth": f"{KEY}:{'0' * 64}"}
+        await ws.send(json.dumps({"event": "pusher:signin", "data": bad}))
+        error = await recv_json(ws)
+        assert error["event"] == "pusher:error" and error["data"]["code"] == 4009, error
+        assert received_close_code(await expect_closed(ws)) == 4009
+
+        ws, socket_id = await raw_pusher(app_server.port)
+        other, _ = await raw_pusher(app_server.port)
+        await other.send(json.dumps({"event": "pusher:subscribe", "data": {"channel": "#server-to-user-u1"}}))
+        refused = await recv_json(other)
+        assert refused["event"] == "pusher:subscription_error" and refused["data"]["status"] == 403
+        signature = hmac.new(SECRET.encode(), f"{socket_id}::user::{user_data}".encode(), hashlib.sha256).hexdigest()
+        await ws.send(json.dumps({"event": "pusher:signin",
+                                  "data": {"user_data": user_data, "auth": f"{KEY}:{signature}"}}))
+        ok = await recv_json(ws)
+        assert ok["event"] == "pusher:signin_success" and json.loads(json.loads(ok["data"])["user_data"]) == {"id": "u1"}
+        joined = await recv_json(ws)
+        assert joined == {"event": "pusher_internal:subscription_succeeded", "channel": "#server-to-user-u1",
+                          "data": "{}"}
+        sdk(app_server.port).terminate_user_connections("u1")
+        error = await recv_json(ws)
+        assert error["event"] == "pusher:error" and error["data"]["code"] == 4009, error
+        assert received_close_code(await expect_closed(ws)) == 4009
+        # Nobody else was touched.
+        await other.send(json.dumps({"event": "pusher:ping", "data": {}}))
+        assert (await recv_json(other))["event"] == "pusher:pong"
+        await other.close()
+
+    run(body())
 
 
 # ------------------------------------------------------------------ one product

@@ -252,6 +252,11 @@ impl Listener {
                     skip,
                 });
             }
+            Some(Incoming::CloseAll) => {
+                if let Err(e) = hub.deliver(&channel, Audience::Everyone, None, || Body::CloseAll) {
+                    tracing::warn!(channel = name, error = %e, "closing a channel's subscribers failed here");
+                }
+            }
             Some(Incoming::Foreign(payload)) => {
                 let kind = if std::str::from_utf8(payload).is_ok() {
                     DataKind::Text

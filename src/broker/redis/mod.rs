@@ -343,6 +343,18 @@ impl Broker for RedisBroker {
         self.shared.users(channel)
     }
 
+    fn close_subscribers(&self, channel: &str) -> Result<(), BrokerError> {
+        let mut message = MAGIC.to_vec();
+        message.extend_from_slice(b"K\n");
+        self.shared.with_connection(|con| {
+            ::redis::cmd("PUBLISH")
+                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                .arg(&message)
+                .query::<i64>(con)
+        })?;
+        Ok(())
+    }
+
     /// Channels with members' hashes (written by every node with subscribers)
     /// found by `SCAN`, each counted as `channel_info` counts.
     fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError> {

@@ -150,6 +150,8 @@ pub(super) enum Incoming<'a> {
         skip: Option<SocketId>,
         data: &'a [u8],
     },
+    /// Every subscriber of the channel is to be closed.
+    CloseAll,
     /// Something another program published: the payload alone.
     Foreign(&'a [u8]),
 }
@@ -191,6 +193,7 @@ pub(super) fn parse_incoming(bytes: &[u8]) -> Option<Incoming<'_>> {
                 message: decode_message(body)?,
             })
         }
+        b'K' => Some(Incoming::CloseAll),
         b'P' => {
             let mut parts = head.split(' ');
             let event = match parts.next()? {

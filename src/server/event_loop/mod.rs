@@ -390,6 +390,7 @@ impl EventLoop {
             match failed {
                 Follow::Dead(key) => self.drop_conn(key),
                 Follow::Slow(key) => self.close_with(key, CloseReason::SlowConsumer),
+                Follow::Terminated(key) => self.close_with(key, CloseReason::Terminated),
                 Follow::Answered(key) => {
                     self.buf.out.clear();
                     self.send_out(key, After::Close);

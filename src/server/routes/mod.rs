@@ -91,6 +91,9 @@ pub fn route(
     if let Some(rest) = path.strip_prefix("/apps/") {
         return pusher_api::route(req, rest, ctx, out, counts);
     }
+    if path.starts_with("/users/") && path.ends_with("/terminate_connections") {
+        return pusher_api::route_users(req, path, ctx, out, counts);
+    }
     if let Some(channel) = path.strip_prefix("/api/publish/") {
         return api::publish(req, channel, ctx, out, counts);
     }

@@ -42,6 +42,47 @@ pub(super) fn route(
         let shown: String = app_id.chars().take(40).collect();
         return refuse(out, (404, format!("unknown app '{shown}'")));
     };
+    serve(req, app, action, ctx, out, counts)
+}
+
+/// `/users/USER/terminate_connections` without `/apps/ID` in front, as the
+/// Python SDK (3.3) sends it: the app is the one whose key signed it.
+pub(super) fn route_users(
+    req: &Request<'_>,
+    path: &str,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
+    let query = sign::decode_query(req.query().unwrap_or("")).unwrap_or_default();
+    let signed = sign::Request {
+        method: req.method,
+        path,
+        query: &query,
+        body: &[],
+    };
+    let app = sign::request_key(&signed)
+        .ok()
+        .and_then(|key| pusher::app_by_key(&ctx.shared.config.pusher_apps, key));
+    let Some((_, app)) = app else {
+        return refuse(
+            out,
+            (401, "auth_key names no app of this server".to_string()),
+        );
+    };
+    let action = path.trim_start_matches('/');
+    serve(req, app, action, ctx, out, counts)
+}
+
+/// One API request of `app`: `action` is the path after `/apps/ID/`.
+fn serve(
+    req: &Request<'_>,
+    app: &App,
+    action: &str,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
     // Events carry up to 100 channels or 10 events of --max-message-size each.
     let max_body = ctx.shared.config.max_message_size.saturating_mul(MAX_BATCH) + 64 * 1024;
     let body = if req.method == "POST" {
@@ -72,6 +113,18 @@ pub(super) fn route(
                 return Outcome::Responded;
             }
             channels(app, req, ctx)
+        }
+        _ if action.starts_with("users/") => {
+            if req.method != "POST" {
+                http::write_error(
+                    out,
+                    405,
+                    "method not allowed: use POST",
+                    &[("Allow", "POST")],
+                );
+                return Outcome::Responded;
+            }
+            terminate(app, action, ctx)
         }
         _ => match action.strip_prefix("channels/") {
             Some(name) => {
@@ -295,6 +348,26 @@ fn channel(
         answer["user_count"] = Value::from(users.len());
     }
     Ok(answer)
+}
+
+/// `POST /apps/ID/users/USER/terminate_connections`: every connection signed in
+/// as USER, on every node, is closed (`pusher:error` 4009).
+fn terminate(app: &App, action: &str, ctx: RouteContext<'_>) -> Result<Value, Refusal> {
+    let user = action
+        .strip_prefix("users/")
+        .and_then(|rest| rest.strip_suffix("/terminate_connections"))
+        .ok_or((
+            404,
+            "no Pusher API route; users/USER/terminate_connections".to_string(),
+        ))?;
+    pusher::validate_user_id(user).map_err(|e| (400, format!("user id: {e}")))?;
+    let channel =
+        pusher::throng_channel(&app.id, &format!("{}{user}", pusher::USER_CHANNEL_PREFIX));
+    ctx.shared
+        .broker
+        .close_subscribers(&channel)
+        .map_err(|e| (503, e.to_string()))?;
+    Ok(json!({}))
 }
 
 /// The `info=` attributes a query asks for.

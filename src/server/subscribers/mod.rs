@@ -70,6 +70,8 @@ pub enum Follow {
     Slow(usize),
     /// A one-shot subscriber (a long-poll) got its answer: close it.
     Answered(usize),
+    /// Its channel's subscribers are to be closed (`Body::CloseAll`).
+    Terminated(usize),
 }
 
 /// A returning subscriber that joined since the last inbox batch was taken:
@@ -397,6 +399,8 @@ impl LocalSubscribers {
                         && batch[start].exclude.is_none()
                         && batch[end].skip().is_none()
                         && batch[start].skip().is_none()
+                        && !matches!(batch[start].body, Body::CloseAll)
+                        && !matches!(batch[end].body, Body::CloseAll)
                     {
                         end += 1;
                     }
@@ -515,6 +519,10 @@ impl LocalSubscribers {
                 continue;
             };
             if skip == Some(client) {
+                continue;
+            }
+            if matches!(group[0].body, Body::CloseAll) {
+                failed.push(Follow::Terminated(key));
                 continue;
             }
             let fresh = self
