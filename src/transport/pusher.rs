@@ -51,9 +51,36 @@ pub const CLIENT_EVENTS_PER_SECOND: u8 = 10;
 /// Why a Pusher connection is refused right after its upgrade (Pusher answers
 /// the handshake, then says why in `pusher:error` and closes with that code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
-    pub code: u16,
-    pub message: &'static str,
+pub enum Refusal {
+    UnknownApp,
+    Protocol,
+}
+
+impl Refusal {
+    pub fn code(self) -> u16 {
+        match self {
+            Refusal::UnknownApp => code::UNKNOWN_APP,
+            Refusal::Protocol => code::PROTOCOL,
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Refusal::UnknownApp => "App key not in this cluster",
+            Refusal::Protocol => {
+                "Unsupported protocol version: this server speaks protocols 5 to 7"
+            }
+        }
+    }
+}
+
+/// Who a connection says it is: the user in each presence channel it joins
+/// (throng channel, user id; its client events there carry `user_id`), and the
+/// user it signed in as. Boxed: most connections never say.
+#[derive(Debug, Default)]
+struct Identity {
+    presence: Vec<(Box<str>, Box<str>)>,
+    signed_in: Option<Box<str>>,
 }
 
 /// An open Pusher connection: a decoder only while a frame is half received, its
@@ -72,11 +99,7 @@ pub struct PusherState {
     /// Client events sent in second `events_second` (process seconds).
     events_second: u32,
     events_sent: u8,
-    /// The user it is in each presence channel it joins (throng channel, user
-    /// id): its client events there carry `user_id`.
-    users: Vec<(Box<str>, Box<str>)>,
-    /// The user it signed in as (`pusher:signin`).
-    signed_in: Option<Box<str>>,
+    identity: Option<Box<Identity>>,
 }
 
 impl PusherState {
@@ -93,9 +116,32 @@ impl PusherState {
             refusal,
             events_second: 0,
             events_sent: 0,
-            users: Vec::new(),
-            signed_in: None,
+            identity: None,
         }
+    }
+
+    fn identity(&mut self) -> &mut Identity {
+        self.identity.get_or_insert_with(Box::default)
+    }
+
+    /// The user it is in presence channel `channel`, if it joined it as one.
+    fn presence_user(&self, channel: &str) -> Option<&str> {
+        let identity = self.identity.as_deref()?;
+        identity
+            .presence
+            .iter()
+            .find(|(c, _)| &**c == channel)
+            .map(|(_, user)| &**user)
+    }
+
+    fn forget_presence(&mut self, channel: &str) {
+        if let Some(identity) = &mut self.identity {
+            identity.presence.retain(|(c, _)| &**c != channel);
+        }
+    }
+
+    fn signed_in(&self) -> Option<&str> {
+        self.identity.as_deref()?.signed_in.as_deref()
     }
 
     fn socket_id(&self) -> String {
@@ -120,15 +166,9 @@ fn open(req: &Request<'_>, key: &str, gate: &dyn Gate) -> Result<Opening, Refuse
     let accept = crate::protocol::handshake::validate_upgrade(req).map_err(Refused::Handshake)?;
     let protocol = query_param(req, "protocol").and_then(|p| p.parse::<u32>().ok());
     let app = if !protocol.is_some_and(|p| pusher::PROTOCOLS.contains(&p)) {
-        Err(Refusal {
-            code: code::PROTOCOL,
-            message: "Unsupported protocol version: this server speaks protocols 5 to 7",
-        })
+        Err(Refusal::Protocol)
     } else {
-        gate.pusher_app(key).ok_or(Refusal {
-            code: code::UNKNOWN_APP,
-            message: "App key not in this cluster",
-        })
+        gate.pusher_app(key).ok_or(Refusal::UnknownApp)
     };
     Ok(Opening {
         handover: Handover::Pusher { accept, app },
@@ -156,8 +196,8 @@ impl Transport for Box<PusherState> {
     fn write_opened(&mut self, out: &mut Vec<u8>, client: u32) -> After {
         self.client = client;
         if let Some(refusal) = self.refusal {
-            write_error(out, Some(refusal.code), refusal.message);
-            encode_close(out, refusal.code, refusal.message);
+            write_error(out, Some(refusal.code()), refusal.message());
+            encode_close(out, refusal.code(), refusal.message());
             return After::Close;
         }
         let data = json!({
@@ -194,7 +234,7 @@ impl Transport for Box<PusherState> {
     }
 
     fn write_join_refused(&mut self, out: &mut Vec<u8>, channel: &str, error: &BrokerError) {
-        self.users.retain(|(c, _)| &**c != channel);
+        self.forget_presence(channel);
         let name = pusher::pusher_name(channel);
         let (kind, status) = match error {
             BrokerError::PresenceFull(_) => ("LimitReached", 403),
@@ -409,7 +449,7 @@ fn on_message(state: &mut PusherState, text: &[u8], ctx: &mut Ctx<'_>) -> After 
                 && pusher::validate_channel_name(name).is_ok()
             {
                 let channel = pusher::throng_channel(&app.id, name);
-                state.users.retain(|(c, _)| **c != channel);
+                state.forget_presence(&channel);
                 ctx.changes.push(Change::Leave(channel));
             }
         }
@@ -480,7 +520,7 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
     };
     if kind == ChannelKind::User {
         let user = name.strip_prefix(pusher::USER_CHANNEL_PREFIX);
-        if user.is_none() || state.signed_in.as_deref() != user {
+        if user.is_none() || state.signed_in() != user {
             let error = "a user's channel is for a connection signed in as that user";
             refuse(ctx.out, "AuthError", error, 403);
             return;
@@ -504,7 +544,8 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
     };
     if let Some(user) = &presence {
         state
-            .users
+            .identity()
+            .presence
             .push((channel.as_str().into(), user.user_id.clone()));
     }
     ctx.changes.push(Change::Join {
@@ -556,7 +597,7 @@ fn signin(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) -> After {
     // connections closes. Joined here, so that holds whatever the client does.
     let user_channel =
         |id: &str| pusher::throng_channel(&app.id, &format!("{}{id}", pusher::USER_CHANNEL_PREFIX));
-    if let Some(before) = state.signed_in.as_deref()
+    if let Some(before) = state.signed_in()
         && before != id
     {
         // Signed in as someone else now: the old user's channel is not its own.
@@ -576,7 +617,7 @@ fn signin(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) -> After {
             client: state.client,
         });
     }
-    state.signed_in = Some(id.into());
+    state.identity().signed_in = Some(id.into());
     let body = json!({ "user_data": user_data }).to_string();
     write_event(ctx.out, "pusher:signin_success", None, &body);
     After::Nothing
@@ -674,11 +715,7 @@ fn client_event(
         write_error(ctx.out, None, &reason);
         return;
     }
-    let user_id = state
-        .users
-        .iter()
-        .find(|(c, _)| **c == channel)
-        .map(|(_, user)| &**user);
+    let user_id = state.presence_user(&channel);
     let outgoing = Outgoing {
         payload: payload.as_bytes(),
         kind: DataKind::Text,
@@ -690,5 +727,18 @@ fn client_event(
     match ctx.broker.publish(&channel, outgoing) {
         Ok(_) => ctx.counts.published += 1,
         Err(e) => write_error(ctx.out, Some(code::OVER_CAPACITY), &e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_pusher_connection_keeps_little() {
+        // Boxed in its session: this is what a Pusher connection adds to a
+        // WebSocket's record, one subscription held inline.
+        let size = std::mem::size_of::<PusherState>();
+        assert!(size <= 72, "PusherState is {size} bytes");
     }
 }
