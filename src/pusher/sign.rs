@@ -104,18 +104,7 @@ pub fn check_channel_auth(
     channel_data: Option<&str>,
     auth: Option<&str>,
 ) -> Result<(), SignError> {
-    let (key, signature) = auth
-        .and_then(|a| a.split_once(':'))
-        .ok_or(SignError::Missing)?;
-    if key != &*app.key {
-        return Err(SignError::WrongKey(key.chars().take(64).collect()));
-    }
-    let message = channel_message(socket_id, channel, channel_data);
-    if verify(&app.secret, message.as_bytes(), signature) {
-        Ok(())
-    } else {
-        Err(SignError::Signature(message))
-    }
+    check_auth(app, channel_message(socket_id, channel, channel_data), auth)
 }
 
 /// Checks a `pusher:signin`'s `auth` (`KEY:HMAC-SHA256(secret,
@@ -126,13 +115,17 @@ pub fn check_signin(
     user_data: &str,
     auth: Option<&str>,
 ) -> Result<(), SignError> {
+    check_auth(app, format!("{socket_id}::user::{user_data}"), auth)
+}
+
+/// Checks that `auth` is `KEY:` and the app's signature of `message`.
+fn check_auth(app: &App, message: String, auth: Option<&str>) -> Result<(), SignError> {
     let (key, signature) = auth
         .and_then(|a| a.split_once(':'))
         .ok_or(SignError::Missing)?;
     if key != &*app.key {
         return Err(SignError::WrongKey(key.chars().take(64).collect()));
     }
-    let message = format!("{socket_id}::user::{user_data}");
     if verify(&app.secret, message.as_bytes(), signature) {
         Ok(())
     } else {

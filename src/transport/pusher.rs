@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use smallvec::SmallVec;
 
 use super::request::{Endpoint, Gate, Path, Refused, query_param};
-use super::websocket::{frame_bytes, write_heartbeat};
+use super::websocket::{answer_control, finish_feed, frame_bytes, write_heartbeat};
 use super::{
     After, Change, CloseReason, Ctx, Format, Handover, Opening, PresenceUser, Subscribe,
     Subscription, Transport, json_data,
@@ -387,35 +387,9 @@ fn feed(state: &mut PusherState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
             write_error(ctx.out, None, "binary messages are not Pusher messages");
             Flow::Continue
         }
-        Event::Ping(payload) => {
-            encode_frame(ctx.out, opcode::PONG, payload);
-            Flow::Continue
-        }
-        Event::Pong(_) => Flow::Continue,
-        Event::Close { code, .. } => {
-            match code {
-                Some(code) => encode_close(ctx.out, code, ""),
-                None => encode_frame(ctx.out, opcode::CLOSE, b""),
-            }
-            after = After::Close;
-            Flow::Stop
-        }
+        control => answer_control(ctx.out, &control, &mut after),
     });
-    match result {
-        Ok(stats) => {
-            ctx.counts.frames_in += stats.frames;
-            ctx.counts.messages_in += stats.messages;
-            if after == After::Nothing && !decoder.is_idle() {
-                state.decoder = Some(Box::new(decoder));
-            }
-            after
-        }
-        Err(error) => {
-            tracing::debug!(%error, "protocol error");
-            encode_close(ctx.out, error.close_code(), &error.to_string());
-            After::Close
-        }
-    }
+    finish_feed(result, decoder, &mut state.decoder, after, ctx)
 }
 
 /// One Pusher message from the client. A malformed one gets `pusher:error` and
@@ -548,7 +522,12 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
             .presence
             .push((channel.as_str().into(), user.user_id.clone()));
     }
-    ctx.changes.push(Change::Join {
+    ctx.changes.push(join(channel, presence, state.client));
+}
+
+/// Asks the server to join `channel` for client `client`.
+fn join(channel: String, presence: Option<Box<PresenceUser>>, client: u32) -> Change {
+    Change::Join {
         subscribe: Subscribe {
             channel,
             format: Format::Pusher,
@@ -557,8 +536,8 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
             expires: None,
             presence,
         },
-        client: state.client,
-    });
+        client,
+    }
 }
 
 /// Pusher's code for a connection whose sign-in is refused: it is closed.
@@ -605,17 +584,7 @@ fn signin(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) -> After {
     }
     let channel = user_channel(&id);
     if !state.subs.iter().any(|s| s.channel.name() == channel) {
-        ctx.changes.push(Change::Join {
-            subscribe: Subscribe {
-                channel,
-                format: Format::Pusher,
-                resume: None,
-                name: None,
-                expires: None,
-                presence: None,
-            },
-            client: state.client,
-        });
+        ctx.changes.push(join(channel, None, state.client));
     }
     state.identity().signed_in = Some(id.into());
     let body = json!({ "user_data": user_data }).to_string();

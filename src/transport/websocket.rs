@@ -398,28 +398,49 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                 Flow::Stop
             }
         },
+        control => answer_control(out, &control, &mut after),
+    });
+    ctx.counts.messages_out += echoed;
+    ctx.counts.published += published;
+    finish_feed(result, decoder, &mut state.decoder, after, ctx)
+}
+
+/// Answers a control frame: a ping's pong, the close handshake's close (then
+/// `after` is `Close` and decoding stops). Data messages are the caller's.
+pub(super) fn answer_control(out: &mut Vec<u8>, event: &Event<'_>, after: &mut After) -> Flow {
+    match event {
         Event::Ping(payload) => {
             encode_frame(out, opcode::PONG, payload);
             Flow::Continue
         }
-        Event::Pong(_) => Flow::Continue,
         Event::Close { code, .. } => {
             match code {
-                Some(code) => encode_close(out, code, ""),
+                Some(code) => encode_close(out, *code, ""),
                 None => encode_frame(out, opcode::CLOSE, b""),
             }
-            after = After::Close;
+            *after = After::Close;
             Flow::Stop
         }
-    });
-    ctx.counts.messages_out += echoed;
-    ctx.counts.published += published;
+        Event::Pong(_) | Event::Message { .. } => Flow::Continue,
+    }
+}
+
+/// After a run of the decoder: counts what came, keeps the decoder in `slot`
+/// only while a frame or message is half received, and answers a protocol error
+/// with its close.
+pub(super) fn finish_feed(
+    result: Result<crate::protocol::FeedStats, crate::protocol::ProtocolError>,
+    decoder: Decoder,
+    slot: &mut Option<Box<Decoder>>,
+    after: After,
+    ctx: &mut Ctx<'_>,
+) -> After {
     match result {
         Ok(stats) => {
             ctx.counts.frames_in += stats.frames;
             ctx.counts.messages_in += stats.messages;
             if after == After::Nothing && !decoder.is_idle() {
-                state.decoder = Some(Box::new(decoder));
+                *slot = Some(Box::new(decoder));
             }
             after
         }

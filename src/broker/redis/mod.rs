@@ -238,41 +238,21 @@ impl Broker for RedisBroker {
                 written.insert(channel.into(), 0);
             }
         }
-        if let Err(e) = self.shared.ensure_subscribed(channel) {
+        // What a refused subscription gives back before it says why.
+        let undo = |e: BrokerError| {
             self.shared
                 .hub
                 .unsubscribe(&hub_channel, member.conn.loop_index, member.listens);
             self.shared.release(channel);
-            return Err(e);
-        }
+            e
+        };
+        self.shared.ensure_subscribed(channel).map_err(undo)?;
         let replay = match resume {
-            Some(_) => match self.replay(channel, 0) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    self.shared.hub.unsubscribe(
-                        &hub_channel,
-                        member.conn.loop_index,
-                        member.listens,
-                    );
-                    self.shared.release(channel);
-                    return Err(e);
-                }
-            },
+            Some(_) => Some(self.replay(channel, 0).map_err(undo)?),
             None => None,
         };
         let members = match member.presence {
-            Some(user) => match self.shared.users_join(channel, user) {
-                Ok(members) => Some(members),
-                Err(e) => {
-                    self.shared.hub.unsubscribe(
-                        &hub_channel,
-                        member.conn.loop_index,
-                        member.listens,
-                    );
-                    self.shared.release(channel);
-                    return Err(e);
-                }
-            },
+            Some(user) => Some(self.shared.users_join(channel, user).map_err(undo)?),
             None => None,
         };
         let count = match member.announce {

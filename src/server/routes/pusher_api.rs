@@ -340,12 +340,7 @@ fn channel(
         answer["subscription_count"] = Value::from(subscribers);
     }
     if info.contains(&"user_count") {
-        let users = ctx
-            .shared
-            .broker
-            .presence_members(&channel)
-            .map_err(|e| (503, e.to_string()))?;
-        answer["user_count"] = Value::from(users.len());
+        answer["user_count"] = Value::from(members(ctx, &channel)?.len());
     }
     Ok(answer)
 }
@@ -368,6 +363,14 @@ fn terminate(app: &App, action: &str, ctx: RouteContext<'_>) -> Result<Value, Re
         .close_subscribers(&channel)
         .map_err(|e| (503, e.to_string()))?;
     Ok(json!({}))
+}
+
+/// A presence channel's members, across the cluster; 503 when the broker cannot say.
+fn members(ctx: RouteContext<'_>, channel: &str) -> Result<crate::broker::Members, Refusal> {
+    ctx.shared
+        .broker
+        .presence_members(channel)
+        .map_err(|e| (503, e.to_string()))
 }
 
 /// The `info=` attributes a query asks for.
@@ -411,12 +414,7 @@ fn channels(app: &App, req: &Request<'_>, ctx: RouteContext<'_>) -> Result<Value
             attributes["subscription_count"] = Value::from(subscribers);
         }
         if info.contains(&"user_count") {
-            let users = ctx
-                .shared
-                .broker
-                .presence_members(&channel)
-                .map_err(|e| (503, e.to_string()))?;
-            attributes["user_count"] = Value::from(users.len());
+            attributes["user_count"] = Value::from(members(ctx, &channel)?.len());
         }
         channels.insert(name.to_string(), attributes);
     }
@@ -432,11 +430,7 @@ fn users(app: &App, name: &str, ctx: RouteContext<'_>) -> Result<Value, Refusal>
             "users are listed for presence channels only".to_string(),
         ));
     }
-    let users = ctx
-        .shared
-        .broker
-        .presence_members(&pusher::throng_channel(&app.id, name))
-        .map_err(|e| (503, e.to_string()))?;
-    let users: Vec<Value> = users.iter().map(|(id, _)| json!({ "id": id })).collect();
+    let members = members(ctx, &pusher::throng_channel(&app.id, name))?;
+    let users: Vec<Value> = members.iter().map(|(id, _)| json!({ "id": id })).collect();
     Ok(json!({ "users": users }))
 }
