@@ -37,9 +37,10 @@ fn src(under: &str) -> Vec<(PathBuf, String)> {
 }
 
 #[test]
-fn bench_and_tune_share_only_protocol_write_path_client_os_and_units() {
+fn bench_and_tune_share_only_protocol_write_path_client_pusher_os_and_units() {
     // What the server owns alone: the load generator must work against any
-    // server, and `tune` must not need a running one.
+    // server, and `tune` must not need a running one. `crate::pusher` (apps,
+    // channel names, Pusher's signatures: no I/O) is shared, as `protocol` is.
     let server_only = [
         "crate::server",
         "crate::config",

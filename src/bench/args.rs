@@ -1,6 +1,6 @@
 //! `throng bench`'s flags: [`BenchArgs`] (each doc line is its `--help` text),
-//! the kinds they choose from ([`Mode`], [`Transport`], [`SeqFrom`]), the parsers
-//! of their values, and the server URL ([`WsUrl`]).
+//! the kinds they choose from ([`Mode`], [`Transport`], [`Protocol`],
+//! [`SeqFrom`]), the parsers of their values, and the server URL ([`WsUrl`]).
 //!
 //! It owns what a flag accepts, nothing more: what the flags mean together
 //! (validation, plans, children's arguments) is `setup`'s.
@@ -71,6 +71,25 @@ impl Transport {
             Transport::Ws => "/ws/{channel}?format=json",
             Transport::Sse => "/sse/{channel}",
             Transport::Poll => "/poll/{channel}?timeout=30",
+        }
+    }
+}
+
+/// What the connections speak on top of their transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Protocol {
+    /// throng's own (and any plain WebSocket, SSE or long-poll server's)
+    Throng,
+    /// Pusher Channels protocol 7 over WebSocket (/app/KEY): push and idle
+    /// subscribe to their channel; push publishes through the signed HTTP API
+    Pusher,
+}
+
+impl Protocol {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Protocol::Throng => "throng",
+            Protocol::Pusher => "pusher",
         }
     }
 }
@@ -296,11 +315,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     pub grace: Duration,
 
-    /// push: number of channels; subscribers are spread round-robin over them
+    /// push (and idle under --protocol pusher): number of channels; subscribers are
+    /// spread round-robin over them
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub channels: u64,
 
-    /// push: channel names are this prefix plus 0..K
+    /// push (and idle under --protocol pusher): channel names are this prefix plus
+    /// 0..K (under pusher, a private- prefix makes the bench sign each subscription)
     #[arg(long, value_name = "PREFIX", default_value = "bench-")]
     pub channel_prefix: String,
 
@@ -308,7 +329,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PER_SEC", default_value_t = 100.0)]
     pub publish_rate: f64,
 
-    /// push: the server's HTTP API [default: http://HOST:PORT of --url]
+    /// push: the server's HTTP API [default: http://HOST:PORT of --url] (under
+    /// pusher, the signed events API is /apps/ID/events after it)
     #[arg(long, value_name = "URL")]
     pub publish_url: Option<String>,
 
@@ -334,6 +356,39 @@ pub struct BenchArgs {
     /// path defaults to /sse/{channel} or /poll/{channel}?timeout=30
     #[arg(long, value_enum, value_name = "T", default_value = "ws")]
     pub transport: Transport,
+
+    /// push and idle: the protocol spoken; pusher needs --pusher-app (or --pusher-key,
+    /// --pusher-secret and --pusher-app-id), numbers messages in their payload
+    /// (--seq-from payload) and publishes through POST /apps/ID/events
+    #[arg(long, value_enum, value_name = "P", default_value = "throng")]
+    pub protocol: Protocol,
+
+    /// pusher: the app, ID:KEY:SECRET (as `throng serve --pusher-app`)
+    #[arg(
+        long,
+        env = "THRONG_PUSHER_APP",
+        value_name = "ID:KEY:SECRET",
+        hide_env_values = true
+    )]
+    pub pusher_app: Option<crate::pusher::App>,
+
+    /// pusher: the app's key (with --pusher-secret and --pusher-app-id, instead of
+    /// --pusher-app)
+    #[arg(long, value_name = "KEY")]
+    pub pusher_key: Option<String>,
+
+    /// pusher: the app's secret, which signs private-* subscriptions and API requests
+    #[arg(
+        long,
+        env = "THRONG_PUSHER_SECRET",
+        value_name = "SECRET",
+        hide_env_values = true
+    )]
+    pub pusher_secret: Option<String>,
+
+    /// pusher: the app's id (in the API's path, /apps/ID/events)
+    #[arg(long, value_name = "ID")]
+    pub pusher_app_id: Option<String>,
 
     /// push: where each delivery's position comes from (payload: the bench numbers
     /// its messages itself, for servers without seqs; over ws a frame that is not

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::args::{BenchArgs, Mode};
+use super::args::{BenchArgs, Mode, Protocol};
 use super::client::phase;
 use super::fleet::{self, ChildFleet, Fleet, LocalFleet};
 use super::publish::{PublishPlan, Publisher};
@@ -65,11 +65,19 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 args.child_args(i, offset, n, slice)
             })
             .collect();
+        // The Pusher app (its secret) as the children's THRONG_PUSHER_APP.
+        let pusher_app = match args.protocol {
+            Protocol::Pusher => args
+                .pusher()?
+                .map(|a| format!("{}:{}:{}", a.id, a.key, a.secret)),
+            Protocol::Throng => None,
+        };
         let secrets: Vec<(&str, &str)> = args
             .token
             .as_deref()
             .map(|t| ("THRONG_TOKEN", t))
             .into_iter()
+            .chain(pusher_app.as_deref().map(|a| ("THRONG_PUSHER_APP", a)))
             .collect();
         Box::new(ChildFleet::spawn(lists, &secrets)?)
     } else {
@@ -105,7 +113,12 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         threads: args.threads() as u64,
         echo: args.mode == Mode::Echo,
         chat: args.mode == Mode::Chat,
-        transport: (args.mode == Mode::Push).then(|| args.transport.name().to_string()),
+        transport: match args.protocol {
+            Protocol::Pusher => Some("pusher".into()),
+            Protocol::Throng => {
+                (args.mode == Mode::Push).then(|| args.transport.name().to_string())
+            }
+        },
     };
     let mut report = Report::build(&info, &raw, publish.as_ref());
     report.timeline = timeline;

@@ -1,5 +1,6 @@
 //! `throng bench`: a load generator for any RFC 6455 WebSocket server (and, in
-//! push mode, for Server-Sent Events and long-polling servers).
+//! push mode, for Server-Sent Events and long-polling servers; with `--protocol
+//! pusher`, for Pusher Channels servers).
 //!
 //! This module is the command's front: its error type and the names the rest of
 //! the crate uses ([`BenchArgs`], [`run`]). The pieces:
@@ -11,10 +12,11 @@
 //!   bar), start the load once all are open, print a status line every
 //!   `--interval`, stop after `--duration`, let in-flight messages land, close,
 //!   and report;
-//! - [`client`]: the mio event loops that hold the connections and run each mode;
+//! - [`client`]: the mio event loops that hold the connections and run each mode
+//!   (and, with `--protocol pusher`, speak Pusher Channels over WebSocket);
 //! - `comet`: reading event streams and long-poll answers for push mode;
 //! - `fleet`: this process's loops, or `--procs` child processes and their protocol;
-//! - `publish`: push mode's HTTP publisher;
+//! - `publish`: push mode's HTTP publisher (throng's API, or Pusher's signed one);
 //! - [`report`]: counters, seq tracking, histogram merging, the timeline, the
 //!   printed report;
 //! - [`html`] (in `report/`): the report as one self-contained HTML page
@@ -22,7 +24,9 @@
 //!
 //! It must not touch the server's code or state; it talks to servers only over
 //! the network, so it works against throng and any other WebSocket server. It
-//! may use [`crate::tune`] (its hints), which imports nothing from here.
+//! may use [`crate::tune`] (its hints), which imports nothing from here, and
+//! [`crate::pusher`] (apps and Pusher's signatures, pure functions the server's
+//! Pusher side shares).
 
 mod args;
 pub mod client;
@@ -35,7 +39,7 @@ mod setup;
 #[cfg(test)]
 mod tests;
 
-pub use args::{BenchArgs, Mode, PortRange, SeqFrom, SourceIps, Transport, WsUrl};
+pub use args::{BenchArgs, Mode, PortRange, Protocol, SeqFrom, SourceIps, Transport, WsUrl};
 pub use driver::run;
 pub use report::html;
 

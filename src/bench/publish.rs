@@ -1,7 +1,9 @@
 //! Push mode's publisher: threads that POST messages to the HTTP publish API at a
 //! steady total rate, round-robin over the bench channels, and remember the seqs
 //! the server returned (or, with `--seq-from payload`, the count each payload
-//! carries) so fan-out completeness can be checked.
+//! carries) so fan-out completeness can be checked. Under `--protocol pusher` a
+//! message is an event `bench` sent through Pusher's signed `POST
+//! /apps/ID/events`, its `data` the same stamped payload.
 //!
 //! It owns pacing and the publish requests. It must not touch WebSocket
 //! connections or print: the driver starts and stops it and hands its
@@ -16,6 +18,8 @@ use super::SeqFrom;
 use super::client::unix_nanos;
 use super::report::PublishSummary;
 use crate::client::{HttpUrl, Session};
+use crate::pusher::App;
+use crate::pusher::sign::signed_query;
 
 /// Timeout of one publish request.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -25,8 +29,11 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct PublishPlan {
     /// The server; its prefix is already part of `path`.
     pub url: HttpUrl,
-    /// Request path with `{channel}` in it (`/api/publish/{channel}` for throng).
+    /// Request path with `{channel}` in it (`/api/publish/{channel}` for throng),
+    /// or Pusher's `/apps/ID/events`.
     pub path: String,
+    /// Publish through Pusher's signed API as this app.
+    pub pusher: Option<App>,
     pub api_key: Option<String>,
     pub channel_prefix: String,
     pub channels: u64,
@@ -51,6 +58,26 @@ impl PublishPlan {
         };
         (url, path)
     }
+
+    /// Pusher's events endpoint of `app`, after whatever prefix `url` has.
+    pub fn pusher_target(mut url: HttpUrl, app: &App) -> (HttpUrl, String) {
+        let path = format!("{}/apps/{}/events", std::mem::take(&mut url.prefix), app.id);
+        (url, path)
+    }
+}
+
+/// One Pusher publish: the signed path (with its query) and the JSON body of
+/// event `bench` on `channel` carrying `data`, signed at `timestamp` (Unix s).
+pub(super) fn pusher_request(
+    app: &App,
+    path: &str,
+    channel: &str,
+    data: &str,
+    timestamp: u64,
+) -> (String, Vec<u8>) {
+    let body = serde_json::json!({ "name": "bench", "channel": channel, "data": data }).to_string();
+    let query = signed_query(app, "POST", path, body.as_bytes(), timestamp);
+    (format!("{path}?{query}"), body.into_bytes())
 }
 
 pub struct Publisher {
@@ -120,7 +147,11 @@ fn publish_loop(
     let mut summary = PublishSummary::default();
     let step = plan.threads.max(1) as u64;
     let auth = plan.api_key.as_ref().map(|k| format!("Bearer {k}"));
-    let mut headers = vec![("Content-Type", "text/plain")];
+    let content_type = match plan.pusher {
+        Some(_) => "application/json",
+        None => "text/plain",
+    };
+    let mut headers = vec![("Content-Type", content_type)];
     if let Some(a) = &auth {
         headers.push(("Authorization", a.as_str()));
     }
@@ -153,13 +184,20 @@ fn publish_loop(
         let channel = (i % channels) as usize;
         // The n-th message of its channel, whichever thread sends it.
         let count = i / channels + 1;
-        let mut body = format!("{} {count} ", unix_nanos()).into_bytes();
+        let now = unix_nanos();
+        let mut body = format!("{now} {count} ").into_bytes();
         if body.len() < plan.size {
             body.resize(plan.size, b'x');
         }
-        let path = plan
-            .path
-            .replace("{channel}", &format!("{}{}", plan.channel_prefix, channel));
+        let name = format!("{}{}", plan.channel_prefix, channel);
+        let (path, body) = match &plan.pusher {
+            Some(app) => {
+                // The payload is ASCII digits, spaces and 'x': it is its own text.
+                let data = String::from_utf8_lossy(&body);
+                pusher_request(app, &plan.path, &name, &data, now / 1_000_000_000)
+            }
+            None => (plan.path.replace("{channel}", &name), body),
+        };
         let outcome = session.request("POST", &path, &headers, &body);
         match outcome {
             Ok(r) if plan.seq_from == SeqFrom::Payload && (200..300).contains(&r.status) => {
@@ -208,6 +246,35 @@ fn fail(summary: &mut PublishSummary, reason: String) {
 mod tests {
     use super::*;
     use crate::client::ClientError;
+    use crate::pusher::sign::{Request, check_request, decode_query};
+
+    #[test]
+    fn a_pusher_publish_is_a_signed_event_carrying_the_stamped_payload() {
+        let app: App = "7:key:secret".parse().unwrap();
+        let (url, path) =
+            PublishPlan::pusher_target(HttpUrl::parse("http://h:9/pre").unwrap(), &app);
+        assert_eq!(
+            (url.prefix.as_str(), path.as_str()),
+            ("", "/pre/apps/7/events")
+        );
+        let (target, body) =
+            pusher_request(&app, "/apps/7/events", "bench-3", "17 2 xx", 1_800_000_000);
+        let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            event,
+            serde_json::json!({"name": "bench", "channel": "bench-3", "data": "17 2 xx"})
+        );
+        let (at, query) = target.split_once('?').unwrap();
+        assert_eq!(at, "/apps/7/events");
+        let pairs = decode_query(query).unwrap();
+        let req = Request {
+            method: "POST",
+            path: at,
+            query: &pairs,
+            body: &body,
+        };
+        assert_eq!(check_request(&app, &req, 1_800_000_000), Ok(()));
+    }
 
     #[test]
     fn a_failed_publish_says_what_the_socket_said() {

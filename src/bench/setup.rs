@@ -11,10 +11,13 @@ use std::net::{IpAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use super::BenchError;
-use super::args::{BenchArgs, Mode, PortRange, SeqFrom, Transport, WsUrl, default_threads};
+use super::args::{
+    BenchArgs, Mode, PortRange, Protocol, SeqFrom, Transport, WsUrl, default_threads,
+};
 use super::client::Plan;
 use super::publish::PublishPlan;
 use crate::client::HttpUrl;
+use crate::pusher::{App, ChannelKind, validate_channel_name};
 
 /// Descriptors a bench process keeps for itself (epoll, wakers, stdio, publisher).
 const RESERVED_FDS: u64 = 100;
@@ -29,9 +32,79 @@ impl BenchArgs {
             .unwrap_or_else(|| (default_threads() / self.procs.max(1)).max(1))
     }
 
+    /// Where a delivery's position comes from: under Pusher, whose events carry
+    /// no seq, always the count the publisher writes in the payload.
+    pub(super) fn seq_from(&self) -> SeqFrom {
+        match self.protocol {
+            Protocol::Pusher => SeqFrom::Payload,
+            Protocol::Throng => self.seq_from,
+        }
+    }
+
+    /// The Pusher app: --pusher-key, --pusher-secret and --pusher-app-id together
+    /// (they take precedence), or --pusher-app; `None` when neither is given.
+    pub(super) fn pusher(&self) -> Result<Option<App>, BenchError> {
+        let parts = (&self.pusher_app_id, &self.pusher_key, &self.pusher_secret);
+        match parts {
+            (Some(id), Some(key), Some(secret)) => format!("{id}:{key}:{secret}")
+                .parse::<App>()
+                .map(Some)
+                .map_err(|e| {
+                    BenchError::BadArgs(format!(
+                        "--pusher-app-id, --pusher-key, --pusher-secret: {e}"
+                    ))
+                }),
+            (None, None, _) => Ok(self.pusher_app.clone()),
+            _ => Err(BenchError::BadArgs(
+                "give --pusher-key, --pusher-secret and --pusher-app-id together (or --pusher-app ID:KEY:SECRET)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// `--protocol pusher`'s own checks.
+    fn validate_pusher(&self) -> Result<(), BenchError> {
+        let bad = |m: String| Err(BenchError::BadArgs(m));
+        if !matches!(self.mode, Mode::Push | Mode::Idle) {
+            return bad(format!(
+                "--protocol pusher is for push and idle; {} speaks throng's protocol",
+                self.mode.name()
+            ));
+        }
+        if self.transport != Transport::Ws {
+            return bad("--protocol pusher speaks WebSocket: leave --transport at ws".into());
+        }
+        if self.pusher()?.is_none() {
+            return bad(
+                "--protocol pusher needs the app: --pusher-app ID:KEY:SECRET (or --pusher-key, --pusher-secret and --pusher-app-id)".into(),
+            );
+        }
+        if self.reconnect > 0.0 {
+            return bad(
+                "--reconnect resumes subscriptions, and Pusher's protocol cannot resume one".into(),
+            );
+        }
+        if self.channels == 0 || self.channels > 1_000_000 {
+            return bad("--channels must be between 1 and 1000000".into());
+        }
+        let last = format!("{}{}", self.channel_prefix, self.channels - 1);
+        if let Err(e) = validate_channel_name(&last) {
+            return bad(format!("--channel-prefix: Pusher channel '{last}': {e}"));
+        }
+        if ChannelKind::of(&last) == ChannelKind::Presence {
+            return bad(
+                "--channel-prefix: presence- channels need channel_data, which the bench does not send; use a public or private- prefix".into(),
+            );
+        }
+        Ok(())
+    }
+
     pub(super) fn validate(&self) -> Result<WsUrl, BenchError> {
         let bad = |m: String| Err(BenchError::BadArgs(m));
         let url = WsUrl::parse(&self.url).map_err(BenchError::BadArgs)?;
+        if self.protocol == Protocol::Pusher {
+            self.validate_pusher()?;
+        }
         if self.conns == 0 {
             return bad("--conns must be at least 1".into());
         }
@@ -80,7 +153,7 @@ impl BenchArgs {
                     return bad("--reconnect-interval must be more than 0".into());
                 }
                 if self.reconnect > 0.0
-                    && self.seq_from == SeqFrom::Payload
+                    && self.seq_from() == SeqFrom::Payload
                     && self.transport == Transport::Ws
                 {
                     return bad(
@@ -168,17 +241,28 @@ impl BenchArgs {
             .min_by_key(|ip| !ip.is_ipv4())
             .ok_or_else(|| BenchError::BadArgs(format!("'{}' has no address", url.host)))?;
         let PortRange(first_port, last_port) = self.ports.unwrap_or(PortRange(url.port, url.port));
-        let path = match self.mode {
-            Mode::Push if !url.path.contains("{channel}") => {
+        let pusher = match self.protocol {
+            Protocol::Pusher => self.pusher()?,
+            Protocol::Throng => None,
+        };
+        let path = match (&pusher, self.mode) {
+            // Pusher's endpoint, as pusher-js asks for it.
+            (Some(app), _) if url.path == "/" => format!(
+                "/app/{}?protocol=7&client=throng-bench&version={}",
+                app.key,
+                env!("CARGO_PKG_VERSION")
+            ),
+            (Some(app), _) => url.path.replace("{key}", &app.key),
+            (None, Mode::Push) if !url.path.contains("{channel}") => {
                 self.transport.default_path().to_string()
             }
-            Mode::Chat if !url.path.contains("{channel}") => {
+            (None, Mode::Chat) if !url.path.contains("{channel}") => {
                 "/ws/{channel}?format=json".to_string()
             }
             _ => url.path.clone(),
         };
         let path = match (&self.token, self.mode) {
-            (Some(token), Mode::Push | Mode::Chat) => {
+            (Some(token), Mode::Push | Mode::Chat) if pusher.is_none() => {
                 let sep = if path.contains('?') { '&' } else { '?' };
                 format!("{path}{sep}token={token}")
             }
@@ -202,7 +286,9 @@ impl BenchArgs {
             channel_prefix: self.channel_prefix.clone(),
             room_prefix: self.room_prefix.clone(),
             transport: self.transport,
-            seq_from: self.seq_from,
+            protocol: self.protocol,
+            pusher,
+            seq_from: self.seq_from(),
             reconnect: self.reconnect,
             reconnect_interval: self.reconnect_interval,
             comeback_backoff: self.backoff,
@@ -272,8 +358,11 @@ impl BenchArgs {
             self.room_prefix.clone(),
             "--transport".into(),
             self.transport.name().into(),
+            // The Pusher app goes to children in THRONG_PUSHER_APP, not here.
+            "--protocol".into(),
+            self.protocol.name().into(),
             "--seq-from".into(),
-            match self.seq_from {
+            match self.seq_from() {
                 SeqFrom::Server => "server",
                 SeqFrom::Payload => "payload",
             }
@@ -315,6 +404,14 @@ impl BenchArgs {
         if self.mode == Mode::Push {
             s.push(("transport", self.transport.name().to_string()));
         }
+        if self.protocol == Protocol::Pusher
+            && let Ok(Some(app)) = self.pusher()
+        {
+            s.push((
+                "protocol",
+                format!("Pusher Channels 7 (app {}, key {})", app.id, app.key),
+            ));
+        }
         s.push(("connections", crate::os::thousands(self.conns)));
         s.push((
             "connect rate",
@@ -345,7 +442,7 @@ impl BenchArgs {
                 }
                 s.push((
                     "seq from",
-                    match self.seq_from {
+                    match self.seq_from() {
                         SeqFrom::Server => "server",
                         SeqFrom::Payload => "payload",
                     }
@@ -370,6 +467,9 @@ impl BenchArgs {
                     },
                 ));
             }
+            Mode::Idle if self.protocol == Protocol::Pusher => {
+                s.push(("channels", crate::os::thousands(self.channels)));
+            }
             Mode::Chat => {
                 s.push(("room size", self.room_size.to_string()));
                 s.push(("senders", self.senders.to_string()));
@@ -382,10 +482,18 @@ impl BenchArgs {
     }
 
     pub(super) fn publish_plan(&self) -> Result<PublishPlan, BenchError> {
-        let (url, path) = PublishPlan::target(self.publish_url()?);
+        let pusher = match self.protocol {
+            Protocol::Pusher => self.pusher()?,
+            Protocol::Throng => None,
+        };
+        let (url, path) = match &pusher {
+            Some(app) => PublishPlan::pusher_target(self.publish_url()?, app),
+            None => PublishPlan::target(self.publish_url()?),
+        };
         Ok(PublishPlan {
             url,
             path,
+            pusher,
             api_key: self.api_key.clone(),
             channel_prefix: self.channel_prefix.clone(),
             channels: self.channels,
@@ -394,7 +502,7 @@ impl BenchArgs {
                 .publishers
                 .unwrap_or_else(|| ((self.publish_rate / 200.0).ceil() as usize).clamp(1, 32)),
             size: self.size(),
-            seq_from: self.seq_from,
+            seq_from: self.seq_from(),
         })
     }
 }

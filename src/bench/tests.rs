@@ -121,3 +121,118 @@ fn procs_split_connections_and_children_get_their_share() {
     assert_eq!(plan.rate, 50.0);
     assert_eq!(plan.path, "/ws/{channel}?format=json");
 }
+
+#[test]
+fn pusher_flags_give_one_app_and_are_refused_where_they_mean_nothing() {
+    let a = parse(&["push", "--protocol", "pusher", "--pusher-app", "1:k:s"]).unwrap();
+    assert!(a.validate().is_ok());
+    assert_eq!(a.seq_from(), SeqFrom::Payload);
+    let app = a.pusher().unwrap().unwrap();
+    assert_eq!((&*app.id, &*app.key, &*app.secret), ("1", "k", "s"));
+    let parts = parse(&[
+        "idle",
+        "--protocol",
+        "pusher",
+        "--pusher-app-id",
+        "2",
+        "--pusher-key",
+        "key",
+        "--pusher-secret",
+        "sec",
+        "--channels",
+        "10",
+    ])
+    .unwrap();
+    assert!(parts.validate().is_ok());
+    let app = parts.pusher().unwrap().unwrap();
+    assert_eq!((&*app.id, &*app.key, &*app.secret), ("2", "key", "sec"));
+    let plan = parts.plan(&WsUrl::parse(&parts.url).unwrap()).unwrap();
+    assert_eq!(plan.protocol, Protocol::Pusher);
+    assert!(
+        plan.path
+            .starts_with("/app/key?protocol=7&client=throng-bench"),
+        "{}",
+        plan.path
+    );
+    assert!(
+        !format!("{plan:?}").contains("sec\""),
+        "the secret stays out of Debug"
+    );
+    let bad = |args: &[&str]| {
+        let mut all = vec!["--protocol", "pusher"];
+        all.extend_from_slice(args);
+        matches!(parse(&all).unwrap().validate(), Err(BenchError::BadArgs(_)))
+    };
+    assert!(bad(&["push"]), "no app");
+    assert!(
+        bad(&["push", "--pusher-key", "k", "--pusher-app-id", "1"]),
+        "no secret"
+    );
+    assert!(bad(&["echo", "--pusher-app", "1:k:s"]));
+    assert!(bad(&["chat", "--pusher-app", "1:k:s"]));
+    assert!(bad(&[
+        "push",
+        "--pusher-app",
+        "1:k:s",
+        "--transport",
+        "sse"
+    ]));
+    assert!(bad(&[
+        "push",
+        "--pusher-app",
+        "1:k:s",
+        "--reconnect",
+        "0.5"
+    ]));
+    assert!(bad(&[
+        "push",
+        "--pusher-app",
+        "1:k:s",
+        "--channel-prefix",
+        "presence-"
+    ]));
+    assert!(bad(&[
+        "push",
+        "--pusher-app",
+        "1:k:s",
+        "--channel-prefix",
+        "a:b"
+    ]));
+    assert!(parse(&["push", "--pusher-app", "1:k"]).is_err());
+    // A private prefix is fine: the bench signs with the secret.
+    let private = parse(&[
+        "push",
+        "--protocol",
+        "pusher",
+        "--pusher-app",
+        "1:k:s",
+        "--channel-prefix",
+        "private-b-",
+    ])
+    .unwrap();
+    assert!(private.validate().is_ok());
+    let publish = private.publish_plan().unwrap();
+    assert_eq!(publish.path, "/apps/1/events");
+    assert_eq!(publish.seq_from, SeqFrom::Payload);
+}
+
+#[test]
+fn pusher_children_are_told_the_protocol_and_not_the_secret() {
+    let a = parse(&[
+        "push",
+        "--protocol",
+        "pusher",
+        "--pusher-app",
+        "1:k:topsecret",
+        "--conns",
+        "4",
+        "--procs",
+        "2",
+    ])
+    .unwrap();
+    let args = a.child_args(0, 0, 2, None);
+    assert!(!args.iter().any(|x| x.contains("topsecret")), "{args:?}");
+    let child = parse(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    assert_eq!(child.protocol, Protocol::Pusher);
+    assert_eq!(child.seq_from(), SeqFrom::Payload);
+}

@@ -20,6 +20,9 @@ use crate::protocol::Decoder;
 pub(super) enum State {
     Connecting,
     Handshake,
+    /// Pusher: upgraded, waiting for `connection_established` and then for
+    /// `subscription_succeeded`; it counts as open once subscribed.
+    Subscribing,
     Open,
     /// Our close frame is sent; waiting for the server's.
     Closing,

@@ -220,7 +220,10 @@ impl ClientLoop {
             let pending = self.conns.get(key).is_some_and(|c| {
                 c.index == index
                     && c.attempt == attempt
-                    && matches!(c.state, State::Connecting | State::Handshake)
+                    && matches!(
+                        c.state,
+                        State::Connecting | State::Handshake | State::Subscribing
+                    )
             });
             if pending {
                 self.remove(key, Some("timed out".into()));

@@ -16,6 +16,8 @@
 //!   closing);
 //! - `websocket`, `sse`, `poll`: each transport's request and reading; echo round
 //!   trips, answering pings and chat sends are WebSocket's;
+//! - `pusher`: Pusher Channels' messages on top of WebSocket (`--protocol pusher`):
+//!   subscribing once greeted, pongs, events as deliveries;
 //! - `delivery`: counting a push delivery's seq and latency.
 //!
 //! It must not print, spawn processes or decide the run's timeline: the driver
@@ -28,6 +30,7 @@ mod delivery;
 mod lifecycle;
 mod plan;
 mod poll;
+mod pusher;
 mod sse;
 #[cfg(test)]
 mod tests;
@@ -45,7 +48,7 @@ use slab::Slab;
 
 use super::comet::SseReader;
 use super::report::{self, ChannelAgg, ComebackTally, Counters, RawResult, SeqCounts};
-use super::{Mode, Transport};
+use super::{Mode, Protocol, Transport};
 use conn::{Conn, ReadState, State, flush, io_reason};
 
 pub use control::{Control, Live, phase};
@@ -361,6 +364,7 @@ impl ClientLoop {
                             "closed without a close frame"
                         }
                         State::Open => "closed by the server",
+                        State::Subscribing => "closed before subscribed",
                         _ => "reset",
                     };
                     return self.lost(key, reason.into());
@@ -374,9 +378,15 @@ impl ClientLoop {
                 (State::Connecting | State::Away, _) => true,
                 (State::Handshake, Transport::Poll) => self.on_poll(key, n),
                 (State::Handshake, _) => self.on_http(key, n),
-                (State::Open | State::Closing, Transport::Ws) => self.on_ws(key, 0, n),
-                (State::Open | State::Closing, Transport::Sse) => self.on_sse(key, 0, n),
-                (State::Open | State::Closing, Transport::Poll) => self.on_poll(key, n),
+                (State::Open | State::Closing | State::Subscribing, Transport::Ws) => {
+                    self.on_ws(key, 0, n)
+                }
+                (State::Open | State::Closing | State::Subscribing, Transport::Sse) => {
+                    self.on_sse(key, 0, n)
+                }
+                (State::Open | State::Closing | State::Subscribing, Transport::Poll) => {
+                    self.on_poll(key, n)
+                }
             };
             if !alive || (n < self.buf.len() && !closed) {
                 return;
@@ -453,7 +463,12 @@ impl ClientLoop {
             0
         };
         conn.read = sse.then(|| Box::new(ReadState::Sse(SseReader::new(chunked))));
-        self.mark_open(key);
+        if self.plan.protocol == Protocol::Pusher {
+            // Open once subscribed: the server greets first.
+            conn.state = State::Subscribing;
+        } else {
+            self.mark_open(key);
+        }
         if extra > 0 {
             return if sse {
                 self.on_sse(key, 0, extra)

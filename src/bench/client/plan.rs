@@ -1,6 +1,6 @@
 //! What every loop of one process knows about the run ([`Plan`]), and where each
-//! connection goes: its server port, source address, channel or room, and
-//! request path.
+//! connection goes: its server port, source address, channel or room (and its
+//! name), and request path.
 //!
 //! Pure arithmetic on connection indexes: it must not touch sockets or counters.
 
@@ -8,7 +8,8 @@ use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::bench::{Mode, SeqFrom, Transport};
+use crate::bench::{Mode, Protocol, SeqFrom, Transport};
+use crate::pusher::App;
 
 /// What every loop of one process needs to know about the run.
 #[derive(Debug, Clone)]
@@ -33,6 +34,11 @@ pub struct Plan {
     pub room_prefix: String,
     /// Push: how subscribers connect, and where a delivery's position comes from.
     pub transport: Transport,
+    /// What the connections speak; under Pusher, push and idle subscribe to
+    /// their channel with a `pusher:subscribe` once the server greets them.
+    pub protocol: Protocol,
+    /// Pusher: the app (its secret signs `private-` subscriptions).
+    pub pusher: Option<App>,
     pub seq_from: SeqFrom,
     /// Push: the fraction of subscribers that drop and resume every interval.
     pub reconnect: f64,
@@ -68,6 +74,20 @@ impl Plan {
     /// Push: the channel index a connection subscribes to.
     pub fn channel_of(&self, global: u64) -> usize {
         (global % self.channels.max(1)) as usize
+    }
+
+    /// The channel a connection subscribes to (push; idle under Pusher).
+    pub fn channel_name(&self, global: u64) -> String {
+        format!("{}{}", self.channel_prefix, self.channel_of(global))
+    }
+
+    /// Whether `name` is connection `global`'s channel (without building its name:
+    /// it is asked at every delivery).
+    pub fn is_channel_of(&self, global: u64, name: &str) -> bool {
+        name.strip_prefix(self.channel_prefix.as_str())
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u64>().ok())
+            == Some(self.channel_of(global) as u64)
     }
 
     /// Chat: whether this connection is one of the `--senders` fraction. Spreads

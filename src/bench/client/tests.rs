@@ -1,5 +1,6 @@
 //! Unit tests of the client loop's pure parts: the plan's spreading, backoff,
-//! close codes, payload and path helpers.
+//! close codes, payload and path helpers, and reading and writing Pusher's
+//! messages.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use super::delivery::{leading_number, publish_stamp};
 use super::lifecycle::{BACKOFF_CAP, backoff_delay};
 use super::plan::{with_query, without_param};
+use super::pusher::{Incoming, PONG, code_says_come_back, parse, subscribe_message};
 use super::websocket::{close_says_come_back, padded};
 use super::*;
 use crate::bench::SeqFrom;
@@ -29,6 +31,8 @@ fn plan(mode: Mode) -> Plan {
         channel_prefix: "bench-".into(),
         room_prefix: "room-".into(),
         transport: Transport::Ws,
+        protocol: Protocol::Throng,
+        pusher: None,
         seq_from: SeqFrom::Server,
         reconnect: 0.0,
         reconnect_interval: Duration::from_secs(2),
@@ -118,4 +122,141 @@ fn payload_helpers() {
     assert_eq!(without_param("/p", "timeout"), "/p");
     let mut s = 7;
     assert_ne!(next_mask(&mut s), next_mask(&mut s));
+}
+
+#[test]
+fn pusher_greetings_subscriptions_and_errors_are_read() {
+    // As throng and Pusher send them: data is a JSON string holding JSON.
+    let hello = br#"{"event":"pusher:connection_established","data":"{\"socket_id\":\"123.456\",\"activity_timeout\":120}"}"#;
+    assert_eq!(
+        parse(hello),
+        Some(Incoming::Established {
+            socket_id: "123.456".into()
+        })
+    );
+    // A server that sends data as an object is understood too.
+    let hello = br#"{"event":"pusher:connection_established","data":{"socket_id":"1.2"}}"#;
+    assert_eq!(
+        parse(hello),
+        Some(Incoming::Established {
+            socket_id: "1.2".into()
+        })
+    );
+    let ok =
+        br#"{"event":"pusher_internal:subscription_succeeded","channel":"bench-3","data":"{}"}"#;
+    assert_eq!(
+        parse(ok),
+        Some(Incoming::Subscribed {
+            channel: "bench-3".into()
+        })
+    );
+    let refused = br#"{"event":"pusher:subscription_error","channel":"private-a","data":{"type":"AuthError","error":"invalid signature","status":401}}"#;
+    assert_eq!(
+        parse(refused),
+        Some(Incoming::SubscriptionError {
+            status: Some(401),
+            message: "invalid signature".into()
+        })
+    );
+    let error = br#"{"event":"pusher:error","data":{"message":"App key nope not in this cluster","code":4001}}"#;
+    assert_eq!(
+        parse(error),
+        Some(Incoming::Error {
+            code: Some(4001),
+            message: "App key nope not in this cluster".into()
+        })
+    );
+    // Numbers in what the server says (socket ids) do not split the report's reasons.
+    let refused = br#"{"event":"pusher:subscription_error","data":{"error":"bad auth for 748004923.91:private-b-10","status":401}}"#;
+    assert_eq!(
+        parse(refused),
+        Some(Incoming::SubscriptionError {
+            status: Some(401),
+            message: "bad auth for N.N:private-b-N".into()
+        })
+    );
+    let error =
+        br#"{"event":"pusher:error","data":"{\"message\":\"over capacity\",\"code\":4100}"}"#;
+    assert!(matches!(
+        parse(error),
+        Some(Incoming::Error {
+            code: Some(4100),
+            ..
+        })
+    ));
+    assert_eq!(
+        parse(br#"{"event":"pusher:ping","data":{}}"#),
+        Some(Incoming::Ping)
+    );
+    assert_eq!(
+        parse(br#"{"event":"pusher:pong","data":"{}"}"#),
+        Some(Incoming::Other)
+    );
+    for junk in [&b"not json"[..], b"{}", b"[1]", br#"{"event":5}"#, b""] {
+        assert_eq!(parse(junk), None, "{}", String::from_utf8_lossy(junk));
+    }
+    assert!(code_says_come_back(Some(4100)) && code_says_come_back(Some(4299)));
+    assert!(!code_says_come_back(Some(4001)) && !code_says_come_back(None));
+}
+
+#[test]
+fn pusher_events_give_their_data_string_borrowed_when_it_has_no_escapes() {
+    let frame = br#"{"event":"bench","channel":"bench-1","data":"1700000000000000000 42 xxxx"}"#;
+    let Some(Incoming::Event { channel, data }) = parse(frame) else {
+        panic!("not an event");
+    };
+    assert_eq!(channel, "bench-1");
+    assert_eq!(data, "1700000000000000000 42 xxxx");
+    assert!(matches!(data, std::borrow::Cow::Borrowed(_)));
+    assert_eq!(
+        super::delivery::publish_stamp(&data),
+        (Some(1_700_000_000_000_000_000), Some(42))
+    );
+    // Escapes are decoded (and then owned).
+    let frame = br#"{"channel":"c","event":"e","data":"a\"b\u00e9"}"#;
+    assert!(matches!(
+        parse(frame),
+        Some(Incoming::Event { data, .. }) if data == "a\"bé"
+    ));
+    // Data that is not text (an object, a number) is no delivery.
+    for frame in [
+        &br#"{"event":"e","channel":"c","data":{"a":[1,{"b":2}]}}"#[..],
+        br#"{"event":"e","channel":"c","data":5}"#,
+        br#"{"event":"e","data":"no channel"}"#,
+    ] {
+        assert_eq!(parse(frame), Some(Incoming::Other));
+    }
+}
+
+#[test]
+fn pusher_subscriptions_are_written_and_private_ones_signed() {
+    let public: serde_json::Value =
+        serde_json::from_str(&subscribe_message("bench-0", None)).unwrap();
+    assert_eq!(
+        public,
+        serde_json::json!({"event": "pusher:subscribe", "data": {"channel": "bench-0"}})
+    );
+    let app: crate::pusher::App = "3:278d425bdf160c739803:7ad3773142a6692b25b8"
+        .parse()
+        .unwrap();
+    // Pusher's documented example of a private channel's auth.
+    let auth = crate::pusher::sign::channel_auth(&app, "1234.1234", "private-foobar", None);
+    let private: serde_json::Value =
+        serde_json::from_str(&subscribe_message("private-foobar", Some(&auth))).unwrap();
+    assert_eq!(
+        private["data"]["auth"],
+        "278d425bdf160c739803:58df8b0c36d6982b82c3ecf6b4662e34fe8c25bba48f5369f135bf843651c3a4"
+    );
+    let pong: serde_json::Value = serde_json::from_slice(PONG).unwrap();
+    assert_eq!(pong["event"], "pusher:pong");
+}
+
+#[test]
+fn a_pusher_event_is_matched_to_its_subscribers_channel_by_name() {
+    let p = plan(Mode::Push);
+    assert_eq!(p.channel_name(5), "bench-1");
+    assert!(p.is_channel_of(5, "bench-1"));
+    for other in ["bench-2", "bench-", "bench-+1", "bench-1x", "other-1", ""] {
+        assert!(!p.is_channel_of(5, other), "{other}");
+    }
 }

@@ -2,7 +2,8 @@
 //! `epoch` after a reconnect), reading frames, and each mode's messages: echo
 //! round trips, answering pings, push deliveries in throng's JSON envelope (or a
 //! bare published body), chat sends and the latency of our own broadcasts, and
-//! answering the server's close.
+//! answering the server's close. Under `--protocol pusher` every text message
+//! goes to `pusher.rs` instead.
 //!
 //! It must not touch the other transports' connections or the loop's pacing.
 
@@ -16,8 +17,9 @@ use serde::Deserialize;
 use super::conn::{ReadState, State, io_reason, send};
 use super::delivery::{leading_number, observe_delivery, unix_nanos};
 use super::plan::with_query;
+use super::pusher::{self, Step, code_says_come_back};
 use super::{ClientLoop, MAX_MESSAGE, next_mask, phase};
-use crate::bench::{Mode, SeqFrom};
+use crate::bench::{Mode, Protocol, SeqFrom};
 use crate::protocol::handshake::accept_key;
 use crate::protocol::{Decoder, Event, Flow, close_code, encode_client_frame, opcode};
 
@@ -62,7 +64,8 @@ impl ClientLoop {
         };
         let host = &self.plan.host_header;
         let mut path = self.plan.path_for(u64::from(conn.index)).into_owned();
-        if conn.opened_once && conn.track.seen_any() {
+        // Pusher cannot resume: a subscriber coming back starts afresh.
+        if self.plan.protocol == Protocol::Throng && conn.opened_once && conn.track.seen_any() {
             path = with_query(&path, "since", conn.track.next - 1);
             if let Some(epoch) = &conn.resume {
                 path = with_query(&path, "epoch", epoch);
@@ -107,10 +110,31 @@ impl ClientLoop {
         let mut echoed = false;
         let mode = plan.mode;
         let seq_from = plan.seq_from;
+        let is_pusher = plan.protocol == Protocol::Pusher;
+        // Pusher: what its messages ask of the connection once they are read.
+        let mut step = Step::Nothing;
         let now_mono = epoch.elapsed().as_nanos() as u64;
         let mut now_unix = 0;
         let result = dec.feed(&mut buf[start..end], MAX_MESSAGE, |ev| {
             match ev {
+                Event::Message { payload, .. } if is_pusher => {
+                    match pusher::on_message(
+                        payload,
+                        conn,
+                        plan,
+                        tally,
+                        scratch,
+                        rng,
+                        &mut now_unix,
+                    ) {
+                        Step::Nothing => {}
+                        Step::Subscribed => step = Step::Subscribed,
+                        other => {
+                            step = other;
+                            return Flow::Stop;
+                        }
+                    }
+                }
                 Event::Message { payload, .. } => match mode {
                     Mode::Echo => {
                         if conn.sent_at != 0 {
@@ -190,7 +214,9 @@ impl ClientLoop {
                 }
                 Event::Pong(_) => {}
                 Event::Close { code, reason } => {
-                    close = Some((code, close_says_come_back(code, reason)));
+                    let come_back = close_says_come_back(code, reason)
+                        || (is_pusher && code_says_come_back(code));
+                    close = Some((code, come_back));
                     return Flow::Stop;
                 }
             }
@@ -204,7 +230,10 @@ impl ClientLoop {
             }
         };
         tally.c.frames_in += stats.frames;
-        tally.c.messages_in += stats.messages;
+        if !is_pusher {
+            // Pusher's handler counts its events only, not its control messages.
+            tally.c.messages_in += stats.messages;
+        }
         if !dec.is_idle() {
             conn.read = Some(Box::new(ReadState::Ws(dec)));
         }
@@ -233,7 +262,20 @@ impl ClientLoop {
             self.lost(key, io_reason(&e));
             return false;
         }
-        if echoed && *seen_phase == phase::LOAD {
+        let load = *seen_phase == phase::LOAD;
+        match step {
+            Step::Nothing => {}
+            Step::Subscribed => self.mark_open(key),
+            Step::Refused(reason) => {
+                self.remove(key, Some(reason));
+                return false;
+            }
+            Step::ComeBack(reason) => {
+                self.lost(key, reason);
+                return false;
+            }
+        }
+        if echoed && load {
             return self.send_echo(key);
         }
         true

@@ -72,7 +72,8 @@ pub struct RunInfo {
     pub echo: bool,
     /// Chat: each sent message should come back to its sender once.
     pub chat: bool,
-    /// Push: the subscribers' transport (`ws`, `sse`, `poll`).
+    /// Push: the subscribers' transport (`ws`, `sse`, `poll`); `pusher` for
+    /// Pusher Channels over WebSocket (push and idle).
     pub transport: Option<String>,
 }
 

@@ -34,6 +34,9 @@ fn command_lines_are_quoted_and_hide_the_api_key() {
         "--token=eyJ.x.y",
         "--token",
         "eyJ.z.w",
+        "--pusher-app",
+        "1:k:psecret",
+        "--pusher-secret=psecret",
         "it's",
     ]
     .iter()
@@ -42,9 +45,10 @@ fn command_lines_are_quoted_and_hide_the_api_key() {
     let c = command_line(&argv);
     assert_eq!(
         c,
-        r"throng bench push --url 'http://h:1/sse/{channel}' --api-key *** --api-key=*** --token=*** --token *** 'it'\''s'"
+        r"throng bench push --url 'http://h:1/sse/{channel}' --api-key *** --api-key=*** --token=*** --token *** --pusher-app *** --pusher-secret=*** 'it'\''s'"
     );
     assert!(!c.contains("s3cret") && !c.contains("other") && !c.contains("eyJ"));
+    assert!(!c.contains("psecret"));
 }
 
 #[test]

@@ -41,11 +41,11 @@ pub fn escape(s: &str) -> String {
 }
 
 /// Flags whose value is a secret: [`command_line`] shows it as `***`.
-const SECRET_FLAGS: [&str; 2] = ["--api-key", "--token"];
+const SECRET_FLAGS: [&str; 4] = ["--api-key", "--token", "--pusher-secret", "--pusher-app"];
 
 /// The command line for the page: the program as `throng`, arguments quoted for a
-/// POSIX shell, and the values of `--api-key` and `--token` (secrets) replaced by
-/// `***`.
+/// POSIX shell, and the values of `--api-key`, `--token`, `--pusher-secret` and
+/// `--pusher-app` (secrets, or holding one) replaced by `***`.
 pub fn command_line(argv: &[String]) -> String {
     let mut out = vec!["throng".to_string()];
     let mut hide_next = false;
