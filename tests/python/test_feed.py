@@ -143,4 +143,4 @@ def test_history_holds_a_sample_a_second_oldest_first(start_server):
     times = [s["time_ms"] for s in samples]
     assert times == sorted(times) and len(set(times)) == len(times), times
     assert samples[-1]["totals"]["published"] == 1, samples[-1]
-    assert set(samples[-1]["connections"]) == {"websocket", "sse", "poll"}
+    assert set(samples[-1]["connections"]) == {"websocket", "sse", "poll", "pusher"}

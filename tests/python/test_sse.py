@@ -105,7 +105,7 @@ def test_stream_headers_retry_and_one_event_per_message(start_server):
         assert events[2] == {"id": f"3:{epoch}", "event": "binary", "data": "AP8="}, events
         assert reader.retry == 2000
         stats = http_request(srv.port, "GET", "/api/stats").json()
-        assert stats["connections"] == {"websocket": 0, "sse": 1, "poll": 0}, stats
+        assert stats["connections"] == {"websocket": 0, "sse": 1, "poll": 0, "pusher": 0}, stats
     finally:
         reader.close()
 
