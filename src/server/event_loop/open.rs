@@ -163,11 +163,8 @@ impl EventLoop {
                     );
                     let session = self.conns.get_mut(key).and_then(|c| c.mode.session_mut());
                     let Some(transport) = session.map(|s| s.transport_mut()) else {
-                        // Cannot happen within one input; leave rather than leak.
-                        if joined.is_ok() {
-                            self.subscribers
-                                .leave(&*self.shared.broker, key, &mut self.conns);
-                        }
+                        // The connection being served is not closed while its own
+                        // input is handled.
                         continue;
                     };
                     match joined {

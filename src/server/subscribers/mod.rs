@@ -498,6 +498,8 @@ impl LocalSubscribers {
             .and_then(|d| d.skip())
             .filter(|s| s.node == crate::hub::this_node())
             .map(|s| s.client);
+        // A close-all message is grouped alone too: it ends every subscriber here.
+        let close_all = matches!(group[0].body, Body::CloseAll);
         for &key in &keys[from..until] {
             if joined.contains(&key) {
                 continue;
@@ -521,7 +523,7 @@ impl LocalSubscribers {
             if skip == Some(client) {
                 continue;
             }
-            if matches!(group[0].body, Body::CloseAll) {
+            if close_all {
                 failed.push(Follow::Terminated(key));
                 continue;
             }
