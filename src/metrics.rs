@@ -36,6 +36,8 @@ pub struct Scrape {
     pub broker_up: bool,
     pub uptime: Duration,
     pub process: Process,
+    /// Pusher webhooks, when an app has any.
+    pub webhooks: Option<crate::pusher::webhook::Tally>,
 }
 
 /// The process figures, where `/proc/self` gives them.
@@ -306,6 +308,30 @@ pub fn render(scrape: &Scrape) -> String {
         Kind::Gauge,
         Value::Float(scrape.uptime.as_secs_f64()),
     );
+    if let Some(hooks) = scrape.webhooks {
+        e.family(
+            "throng_pusher_webhook_events_total",
+            "Pusher webhook events by how they ended: delivered (2xx), failed (given up after every retry), dropped (their URL's queue was full).",
+            Kind::Counter,
+        );
+        for (outcome, n) in [
+            ("delivered", hooks.delivered),
+            ("failed", hooks.failed),
+            ("dropped", hooks.dropped),
+        ] {
+            e.sample(
+                "throng_pusher_webhook_events_total",
+                &[("outcome", outcome)],
+                Value::Int(n),
+            );
+        }
+        e.single(
+            "throng_pusher_webhook_retries_total",
+            "Pusher webhook requests that failed and were tried again.",
+            Kind::Counter,
+            Value::Int(hooks.retries),
+        );
+    }
     if let Some(bytes) = scrape.process.resident_bytes {
         e.single(
             "process_resident_memory_bytes",
@@ -435,9 +461,16 @@ mod tests {
                 resident_bytes: Some(4096),
                 open_fds: Some(9),
             },
+            webhooks: Some(crate::pusher::webhook::Tally {
+                delivered: 3,
+                ..Default::default()
+            }),
         };
         let text = render(&scrape);
         let has = |line: &str| text.lines().any(|l| l == line);
+        assert!(has(
+            r#"throng_pusher_webhook_events_total{outcome="delivered"} 3"#
+        ));
         for line in [
             r#"throng_connections{transport="websocket"} 5"#,
             r#"throng_connections{transport="sse"} 3"#,
@@ -477,7 +510,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 15, "{text}");
+        assert_eq!(types.len(), 17, "{text}");
         assert_eq!(helps, types.len());
         let mut unique = types.clone();
         unique.sort_unstable();

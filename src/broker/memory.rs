@@ -4,12 +4,12 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{
-    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, Member, Members, Outgoing, PresenceMember,
-    Replay, Resume, Subscribed, new_epoch,
+    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, Member, Members, Outgoing,
+    PresenceMember, Replay, Resume, Subscribed, new_epoch,
 };
 use crate::history::{self, History, Limits};
 use crate::hub::{Audience, Body, Channel, ConnRef, Hub, SocketId};
@@ -54,6 +54,8 @@ pub struct MemoryBroker {
     /// How much history each channel keeps, unless its namespace says otherwise.
     history: Limits,
     namespaces: Namespaces,
+    /// Told of first and last subscribers and of presence users (webhooks).
+    watch: OnceLock<Arc<dyn ChannelWatch>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -68,6 +70,7 @@ impl MemoryBroker {
             hasher: std::collections::hash_map::RandomState::new(),
             history,
             namespaces,
+            watch: OnceLock::new(),
         }
     }
 
@@ -261,7 +264,12 @@ impl Broker for MemoryBroker {
         let (hub_channel, count) =
             self.hub
                 .subscribe(channel, member.conn.loop_index, member.listens);
+        let first = log.local.is_none();
         log.local = Some(Arc::clone(&hub_channel));
+        let watch = self.watch.get();
+        if first && let Some(watch) = watch {
+            watch.occupied(channel);
+        }
         let members = presence.map(|(user, (mut members, added))| {
             if added {
                 let data = super::member_added_data(user.user_id, user.user_info);
@@ -271,6 +279,9 @@ impl Broker for MemoryBroker {
                     data,
                     Some(user.socket),
                 );
+                if let Some(watch) = watch {
+                    watch.member_added(channel, user.user_id);
+                }
                 members.push((user.user_id.to_string(), user.user_info.to_string()));
             }
             members
@@ -304,13 +315,19 @@ impl Broker for MemoryBroker {
                     users.remove(user.user_id);
                     let data = super::member_removed_data(user.user_id);
                     self.presence_event(channel, "pusher_internal:member_removed", data, None);
+                    if let Some(watch) = self.watch.get() {
+                        watch.member_removed(channel.name(), user.user_id);
+                    }
                 }
                 if users.is_empty() {
                     log.presence = None;
                 }
             }
-            if left == 0 {
-                log.local = None;
+            if left == 0
+                && log.local.take().is_some()
+                && let Some(watch) = self.watch.get()
+            {
+                watch.vacated(channel.name());
             }
         }
         drop(log);
@@ -396,6 +413,10 @@ impl Broker for MemoryBroker {
 
     fn maintain(&self) {
         self.sweep(CHANNEL_RETENTION);
+    }
+
+    fn set_watch(&self, watch: Arc<dyn ChannelWatch>) {
+        let _ = self.watch.set(watch);
     }
 
     fn describe(&self) -> String {

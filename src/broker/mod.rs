@@ -215,6 +215,24 @@ impl Replay {
     }
 }
 
+/// Who hears what a broker decides once for the whole cluster: a channel's first
+/// subscriber anywhere and its last, a presence channel's users coming and
+/// going (Pusher's webhooks). A broker calls it from whatever thread decided,
+/// sometimes under a channel's lock: it must only note the fact and return.
+pub trait ChannelWatch: Send + Sync + std::fmt::Debug {
+    /// Whether `channel`'s occupancy is wanted: a broker on Redis pays a round
+    /// trip per change only for these.
+    fn watches_occupancy(&self, channel: &str) -> bool;
+    /// The channel has its first subscriber in the cluster.
+    fn occupied(&self, channel: &str);
+    /// The channel's last subscriber in the cluster left.
+    fn vacated(&self, channel: &str);
+    /// A presence channel's user has its first connection there.
+    fn member_added(&self, channel: &str, user_id: &str);
+    /// A presence channel's user's last connection there left.
+    fn member_removed(&self, channel: &str, user_id: &str);
+}
+
 pub trait Broker: Send + Sync + std::fmt::Debug {
     /// Publishes to every subscriber of `channel`; returns the `seq` it chose.
     fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError>;
@@ -254,6 +272,10 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 
     /// Periodic housekeeping (forgetting unused channels); called every few seconds.
     fn maintain(&self);
+
+    /// Tells `watch` from now on of what is decided once for the cluster; set
+    /// once, before the first subscriber.
+    fn set_watch(&self, watch: Arc<dyn ChannelWatch>);
 
     /// Short name for logs and stats (`memory`, `redis://…`).
     fn describe(&self) -> String;

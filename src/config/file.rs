@@ -51,6 +51,10 @@ pub fn apply_config_file(cmd: Command, path: &Path) -> Result<Command, ConfigErr
             // Read by namespaces_from_file; not a flag.
             continue;
         }
+        if key == PUSHER_APPS_KEY && pusher_app_tables(&value).is_some() {
+            // Read by pusher_apps_from_file.
+            continue;
+        }
         let id = key.replace('-', "_");
         let known = cmd
             .find_subcommand("serve")
@@ -83,6 +87,141 @@ pub fn apply_config_file(cmd: Command, path: &Path) -> Result<Command, ConfigErr
         });
     }
     Ok(cmd)
+}
+
+/// The config file's Pusher apps with settings of their own: `[[pusher-app]]`
+/// (the same key as the flag's, whose plain `"ID:KEY:SECRET"` strings it may
+/// also hold).
+const PUSHER_APPS_KEY: &str = "pusher-app";
+
+/// The `[[pusher-app]]` tables, when the key holds tables (not strings).
+fn pusher_app_tables(value: &toml::Value) -> Option<Vec<&toml::Table>> {
+    let toml::Value::Array(items) = value else {
+        return None;
+    };
+    if items.is_empty() || !items.iter().all(toml::Value::is_table) {
+        return None;
+    }
+    Some(items.iter().filter_map(toml::Value::as_table).collect())
+}
+
+/// A Pusher app the config file declares, with the settings it gives it (the
+/// server's flags fill in the rest).
+#[derive(Debug, Clone)]
+pub struct FileApp {
+    pub app: crate::pusher::App,
+    pub client_events: Option<bool>,
+    pub max_presence_members: Option<usize>,
+    pub webhooks: Option<Vec<crate::pusher::webhook::Target>>,
+}
+
+/// Reads the `[[pusher-app]]` tables: `id`, `key`, `secret`, and optionally
+/// `client-events`, `max-presence-members` and `webhooks` (URLs, or tables
+/// `{ url = "…", events = ["channel_occupied", …] }`).
+pub fn pusher_apps_from_file(path: &Path) -> Result<Vec<FileApp>, ConfigError> {
+    use crate::pusher::webhook::{Kinds, Target};
+    let table = read_config_table(path)?;
+    let Some(tables) = table.get(PUSHER_APPS_KEY).and_then(pusher_app_tables) else {
+        return Ok(Vec::new());
+    };
+    let mut apps = Vec::new();
+    for (i, options) in tables.into_iter().enumerate() {
+        let fail = |reason: String| {
+            ConfigError::Invalid(format!(
+                "config file {}: [[pusher-app]] number {}: {reason}",
+                path.display(),
+                i + 1
+            ))
+        };
+        let text = |key: &str| {
+            options
+                .get(key)
+                .and_then(toml::Value::as_str)
+                .ok_or_else(|| fail(format!("needs {key}, a string")))
+        };
+        let spec = format!("{}:{}:{}", text("id")?, text("key")?, text("secret")?);
+        let app: crate::pusher::App = spec.parse().map_err(|e| fail(format!("{e}")))?;
+        let mut file_app = FileApp {
+            app,
+            client_events: None,
+            max_presence_members: None,
+            webhooks: None,
+        };
+        for (key, value) in options {
+            match key.as_str() {
+                "id" | "key" | "secret" => {}
+                "client-events" => {
+                    let on = value
+                        .as_bool()
+                        .ok_or_else(|| fail("client-events must be true or false".into()))?;
+                    file_app.client_events = Some(on);
+                }
+                "max-presence-members" => {
+                    let n = value
+                        .as_integer()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| {
+                            fail("max-presence-members must be a number above 0".into())
+                        })?;
+                    file_app.max_presence_members = Some(n);
+                }
+                "webhooks" => {
+                    let items = value
+                        .as_array()
+                        .ok_or_else(|| fail("webhooks must be an array".into()))?;
+                    let mut targets = Vec::new();
+                    for item in items {
+                        let target = match item {
+                            toml::Value::String(url) => {
+                                url.parse::<Target>().map_err(|e| fail(e.to_string()))?
+                            }
+                            toml::Value::Table(hook) => {
+                                let url =
+                                    hook.get("url").and_then(toml::Value::as_str).ok_or_else(
+                                        || fail("a webhook table needs url, a string".into()),
+                                    )?;
+                                let mut target =
+                                    url.parse::<Target>().map_err(|e| fail(e.to_string()))?;
+                                if let Some(events) = hook.get("events") {
+                                    let names = events
+                                        .as_array()
+                                        .and_then(|a| {
+                                            a.iter()
+                                                .map(toml::Value::as_str)
+                                                .collect::<Option<Vec<_>>>()
+                                        })
+                                        .ok_or_else(|| {
+                                            fail("webhook events must be an array of names".into())
+                                        })?;
+                                    target.kinds = Kinds::parse(names).map_err(fail)?;
+                                }
+                                if let Some(other) = hook
+                                    .keys()
+                                    .find(|k| !matches!(k.as_str(), "url" | "events"))
+                                {
+                                    return Err(fail(format!(
+                                        "unknown webhook option '{other}' (options: url, events)"
+                                    )));
+                                }
+                                target
+                            }
+                            _ => return Err(fail("a webhook is a URL or a table".into())),
+                        };
+                        targets.push(target);
+                    }
+                    file_app.webhooks = Some(targets);
+                }
+                other => {
+                    return Err(fail(format!(
+                        "unknown option '{other}' (options: id, key, secret, client-events, max-presence-members, webhooks)"
+                    )));
+                }
+            }
+        }
+        apps.push(file_app);
+    }
+    Ok(apps)
 }
 
 /// The config file's table of namespaces: `[namespaces.NAME]`.

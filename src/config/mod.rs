@@ -242,6 +242,16 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_PUSHER_CLIENT_EVENTS", value_name = "ON|OFF", default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub pusher_client_events: bool,
 
+    /// Where Pusher webhooks go (repeatable): every event of every app the config
+    /// file gives no webhooks of its own. Default: none
+    #[arg(
+        long,
+        env = "THRONG_PUSHER_WEBHOOK",
+        value_name = "URL",
+        value_delimiter = ','
+    )]
+    pub pusher_webhook: Vec<crate::pusher::webhook::Target>,
+
     /// Most users one Pusher presence channel may have; a new one beyond gets
     /// pusher:subscription_error (Pusher's limit is 100)
     #[arg(
@@ -498,8 +508,34 @@ impl ServeArgs {
                 "--handshake-timeout must be above 0".into(),
             ));
         }
-        for (i, app) in self.pusher_app.iter().enumerate() {
-            let earlier = &self.pusher_app[..i];
+        let file_apps = match &self.config {
+            Some(path) => pusher_apps_from_file(path)?,
+            None => Vec::new(),
+        };
+        if self.pusher_max_presence_members == 0 {
+            return Err(ConfigError::Invalid(
+                "--pusher-max-presence-members must be above 0".into(),
+            ));
+        }
+        let mut pusher_apps = self.pusher_app;
+        for app in &mut pusher_apps {
+            app.client_events = self.pusher_client_events;
+            app.max_presence_members = self.pusher_max_presence_members;
+            app.webhooks = self.pusher_webhook.clone();
+        }
+        for file_app in file_apps {
+            let mut app = file_app.app;
+            app.client_events = file_app.client_events.unwrap_or(self.pusher_client_events);
+            app.max_presence_members = file_app
+                .max_presence_members
+                .unwrap_or(self.pusher_max_presence_members);
+            app.webhooks = file_app
+                .webhooks
+                .unwrap_or_else(|| self.pusher_webhook.clone());
+            pusher_apps.push(app);
+        }
+        for (i, app) in pusher_apps.iter().enumerate() {
+            let earlier = &pusher_apps[..i];
             if earlier.iter().any(|a| a.id == app.id || a.key == app.key) {
                 return Err(ConfigError::Invalid(format!(
                     "--pusher-app {}: another app has the same id or key",
@@ -507,7 +543,7 @@ impl ServeArgs {
                 )));
             }
         }
-        if self.pusher_app.len() > usize::from(u16::MAX) {
+        if pusher_apps.len() > usize::from(u16::MAX) {
             return Err(ConfigError::Invalid("too many --pusher-app".into()));
         }
         if self.history_ttl.subsec_nanos() != 0 {
@@ -540,7 +576,7 @@ impl ServeArgs {
                 .collect(),
             trusted_proxies: self.trusted_proxy,
             echo_prefix: self.echo_prefix,
-            pusher_apps: self.pusher_app,
+            pusher_apps,
             pusher_client_events: self.pusher_client_events,
             pusher_max_presence_members: self.pusher_max_presence_members,
             drain_timeout: self.drain_timeout,
@@ -565,7 +601,9 @@ pub fn serve_args_from(matches: &ArgMatches) -> Result<ServeArgs, clap::Error> {
 }
 
 mod file;
-pub use file::{apply_config_file, config_path_from, namespaces_from_file};
+pub use file::{
+    FileApp, apply_config_file, config_path_from, namespaces_from_file, pusher_apps_from_file,
+};
 
 #[cfg(test)]
 mod tests {

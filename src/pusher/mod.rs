@@ -8,6 +8,7 @@
 //! connection.
 
 pub mod sign;
+pub mod webhook;
 
 use crate::hub::SocketId;
 use std::str::FromStr;
@@ -26,14 +27,24 @@ pub const MAX_SUBSCRIPTIONS: usize = 100;
 /// server does differently.
 pub const PROTOCOLS: std::ops::RangeInclusive<u32> = 5..=7;
 
-/// One app: its id (in API paths), key (in connection URLs and signatures) and
-/// secret (what signs).
+/// One app: its id (in API paths), key (in connection URLs and signatures),
+/// secret (what signs), and its settings (the server's flags unless the config
+/// file gives the app its own).
 #[derive(Clone, PartialEq, Eq)]
 pub struct App {
     pub id: Box<str>,
     pub key: Box<str>,
     pub secret: Box<str>,
+    /// Its clients may send client events.
+    pub client_events: bool,
+    /// Most users one of its presence channels may have.
+    pub max_presence_members: usize,
+    /// Where its webhooks go.
+    pub webhooks: Vec<webhook::Target>,
 }
+
+/// Pusher's limit of users in one presence channel.
+pub const MAX_PRESENCE_MEMBERS: usize = 100;
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -88,6 +99,9 @@ impl FromStr for App {
             id: id.into(),
             key: key.into(),
             secret: secret.into(),
+            client_events: false,
+            max_presence_members: MAX_PRESENCE_MEMBERS,
+            webhooks: Vec::new(),
         })
     }
 }

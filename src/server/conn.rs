@@ -77,6 +77,7 @@ impl Mode {
                     out,
                     broker: &*shared.broker,
                     config: &shared.config,
+                    webhooks: shared.webhooks.as_deref(),
                     counts,
                     chosen_name,
                     changes,

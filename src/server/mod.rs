@@ -195,7 +195,15 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
             config.namespaces.clone(),
         )?),
     };
-    let shared = Arc::new(Shared::new(config, hub, broker));
+    let webhooks = crate::pusher::webhook::Webhooks::start(&config.pusher_apps)
+        .map_err(ServerError::Spawn)?
+        .map(Arc::new);
+    if let Some(hooks) = &webhooks {
+        broker.set_watch(Arc::clone(hooks) as Arc<dyn crate::broker::ChannelWatch>);
+    }
+    let mut shared = Shared::new(config, hub, broker);
+    shared.webhooks = webhooks;
+    let shared = Arc::new(shared);
     let mut handles = Vec::with_capacity(threads);
     for (index, (listeners, poll)) in per_thread.into_iter().zip(polls).enumerate() {
         let event_loop = event_loop::EventLoop::new(poll, listeners, Arc::clone(&shared), index)

@@ -105,6 +105,8 @@ pub struct Shared {
     pub verifier: Option<Verifier>,
     /// The next client id (a chat member's name is `c<id>`).
     next_client: AtomicU32,
+    /// Pusher webhooks, when an app has any.
+    pub webhooks: Option<Arc<crate::pusher::webhook::Webhooks>>,
 }
 
 impl Shared {
@@ -119,6 +121,7 @@ impl Shared {
             broker,
             feed: Feed::default(),
             next_client: AtomicU32::new(1),
+            webhooks: None,
         }
     }
 

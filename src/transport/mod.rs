@@ -252,6 +252,8 @@ pub struct Ctx<'a> {
     pub out: &'a mut Vec<u8>,
     pub broker: &'a dyn Broker,
     pub config: &'a ServeConfig,
+    /// Pusher webhooks, when an app has any (client events note theirs here).
+    pub webhooks: Option<&'a crate::pusher::webhook::Webhooks>,
     pub counts: &'a mut TurnCounts,
     /// The name this chat client chose (`name=`), if it did.
     pub chosen_name: Option<&'a str>,

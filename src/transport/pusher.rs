@@ -508,7 +508,7 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
             return;
         }
     }
-    let presence = match channel_data.map(|text| presence_user(text, ctx.config)) {
+    let presence = match channel_data.map(|text| presence_user(text, app.max_presence_members)) {
         None => None,
         Some(Ok(user)) => Some(Box::new(user)),
         Some(Err(error)) => {
@@ -599,7 +599,7 @@ const MAX_USER_INFO: usize = 1024;
 
 /// A presence member's user from its signed `channel_data`
 /// (`{"user_id": string or number, "user_info": any}`).
-fn presence_user(text: &str, config: &crate::config::ServeConfig) -> Result<PresenceUser, String> {
+fn presence_user(text: &str, limit: usize) -> Result<PresenceUser, String> {
     let Ok(Value::Object(data)) = serde_json::from_str::<Value>(text) else {
         return Err("channel_data is a JSON object".into());
     };
@@ -622,7 +622,7 @@ fn presence_user(text: &str, config: &crate::config::ServeConfig) -> Result<Pres
     Ok(PresenceUser {
         user_id: user_id.into(),
         user_info: user_info.into(),
-        limit: config.pusher_max_presence_members,
+        limit,
     })
 }
 
@@ -635,8 +635,11 @@ fn client_event(
     event: &str,
     ctx: &mut Ctx<'_>,
 ) {
-    if !ctx.config.pusher_client_events {
-        let reason = "client events are not enabled on this server (--pusher-client-events on)";
+    let Some(app) = ctx.config.pusher_apps.get(usize::from(state.app)) else {
+        return;
+    };
+    if !app.client_events {
+        let reason = "client events are not enabled for this app (--pusher-client-events on, or client-events in its [[pusher-app]])";
         write_error(ctx.out, None, reason);
         return;
     }
@@ -653,9 +656,6 @@ fn client_event(
         write_error(ctx.out, None, reason);
         return;
     }
-    let Some(app) = ctx.config.pusher_apps.get(usize::from(state.app)) else {
-        return;
-    };
     let channel = pusher::throng_channel(&app.id, name);
     if !state.subs.iter().any(|s| s.channel.name() == channel) {
         let shown: String = name.chars().take(pusher::MAX_CHANNEL_NAME).collect();
@@ -694,7 +694,13 @@ fn client_event(
         skip: Some(SocketId::local(state.client)),
     };
     match ctx.broker.publish(&channel, outgoing) {
-        Ok(_) => ctx.counts.published += 1,
+        Ok(_) => {
+            ctx.counts.published += 1;
+            if let Some(hooks) = ctx.webhooks {
+                let socket = pusher::socket_id(state.client);
+                hooks.client_event(&channel, event, &payload, &socket, user_id);
+            }
+        }
         Err(e) => write_error(ctx.out, Some(code::OVER_CAPACITY), &e.to_string()),
     }
 }

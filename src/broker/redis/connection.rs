@@ -178,6 +178,10 @@ mod tests {
             mode: Subscribe::Pattern,
             subs: Mutex::new(Subs::default()),
             confirmed: Condvar::new(),
+            watch: std::sync::OnceLock::new(),
+            occupy: Script::new(crate::broker::redis::occupancy::OCCUPY_LUA),
+            vacate: Script::new(crate::broker::redis::occupancy::VACATE_LUA),
+            occupying: Mutex::new(Default::default()),
         };
         // The first command waits out the timeout and fails ...
         let first = shared.heartbeat().unwrap_err().to_string();

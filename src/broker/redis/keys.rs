@@ -21,6 +21,8 @@ pub(super) struct Keys {
     pub(super) users: String,
     pub(super) user_conns: String,
     pub(super) node_conns: String,
+    /// The nodes with subscribers of a channel whose occupancy is watched.
+    pub(super) occupants: String,
 }
 
 impl Keys {
@@ -33,8 +35,18 @@ impl Keys {
             users: format!("throng:{{{channel}}}:users"),
             user_conns: format!("throng:{{{channel}}}:userconns"),
             node_conns: format!("throng:{{{channel}}}:nodeconns"),
+            occupants: format!("throng:{{{channel}}}:occupants"),
         }
     }
+}
+
+/// The nodes that hold watched channels (each node's list is [`occupied_by`]):
+/// where the keeper looks for a gone node's channels.
+pub(super) const OCCUPIERS: &str = "throng:occupiers";
+
+/// The watched channels `node` holds.
+pub(super) fn occupied_by(node: &str) -> String {
+    format!("throng:occupied-by:{node}")
 }
 
 pub(super) fn node_key(node: &str) -> String {

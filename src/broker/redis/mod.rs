@@ -29,6 +29,8 @@
 //! - `snapshot`: a channel's seq, epoch and history in one instant, and replays;
 //! - `presence`: member counts, join/leave events, the keeper thread;
 //! - `users`: Pusher presence channels' users (`users_*.lua`);
+//! - `occupancy`: watched channels' occupants across the cluster (`occupy.lua`,
+//!   `vacate.lua`), for Pusher's webhooks;
 //! - `listener`: the pubsub thread and the subscriptions it holds;
 //! - `publish.lua`, `snapshot.lua`, `members.lua`: the scripts Redis runs, by
 //!   EVALSHA of their text (the `redis` crate loads one on Redis' first NOSCRIPT).
@@ -38,13 +40,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use ::redis::{Client, Connection, Script};
 
 use super::{
-    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, Member, Members, Outgoing, Replay, Resume,
-    Stored, Subscribed, new_epoch,
+    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, Member, Members, Outgoing,
+    Replay, Resume, Stored, Subscribed, new_epoch,
 };
 use crate::history::{self, Limits};
 use crate::hub::{Channel, ConnRef, Hub};
@@ -59,6 +61,7 @@ use wire::{MAGIC, PUBSUB_PREFIX, encode_message};
 mod connection;
 mod keys;
 mod listener;
+mod occupancy;
 mod presence;
 mod snapshot;
 mod users;
@@ -111,6 +114,11 @@ struct Shared {
     subs: Mutex<Subs>,
     /// Signalled when the listener confirmed subscriptions.
     confirmed: Condvar,
+    /// Told of what this node decides for the cluster (webhooks).
+    watch: OnceLock<Arc<dyn ChannelWatch>>,
+    occupy: Script,
+    vacate: Script,
+    occupying: Mutex<occupancy::Occupying>,
 }
 
 /// Channels kept in Redis, shared by every node on it.
@@ -160,6 +168,10 @@ impl RedisBroker {
             mode,
             subs: Mutex::new(Subs::default()),
             confirmed: Condvar::new(),
+            watch: OnceLock::new(),
+            occupy: Script::new(occupancy::OCCUPY_LUA),
+            vacate: Script::new(occupancy::VACATE_LUA),
+            occupying: Mutex::new(Default::default()),
         });
         let listener = Listener {
             shared: Arc::clone(&shared),
@@ -383,6 +395,10 @@ impl Broker for RedisBroker {
 
     fn maintain(&self) {
         // The keeper thread does this node's Redis housekeeping every second.
+    }
+
+    fn set_watch(&self, watch: Arc<dyn ChannelWatch>) {
+        let _ = self.shared.watch.set(watch);
     }
 
     fn describe(&self) -> String {

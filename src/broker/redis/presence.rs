@@ -42,10 +42,13 @@ impl Shared {
             let unhealthy = !self.commands_ok.load(Ordering::Relaxed);
             let result = if tick.is_multiple_of(5) || unhealthy {
                 self.heartbeat()
+                    .and_then(|()| self.write_occupancy())
                     .and_then(|()| self.write_members(refresh))
                     .and_then(|()| self.sweep_users())
+                    .and_then(|()| self.sweep_occupiers())
             } else {
-                self.write_members(refresh)
+                self.write_occupancy()
+                    .and_then(|()| self.write_members(refresh))
             };
             if let Err(e) = result {
                 tracing::debug!(error = %e, "redis housekeeping failed");

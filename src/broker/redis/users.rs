@@ -59,6 +59,9 @@ impl Shared {
             .map(|pair| (pair[0].clone(), pair[1].clone()))
             .collect();
         if result == 1 {
+            if let Some(watch) = self.watch.get() {
+                watch.member_added(channel, member.user_id);
+            }
             members.push((member.user_id.to_string(), member.user_info.to_string()));
         }
         Ok(members)
@@ -88,6 +91,9 @@ impl Shared {
                 .arg(&removed)
                 .invoke::<i64>(con)
         });
+        if let (Ok(1), Some(watch)) = (&result, self.watch.get()) {
+            watch.member_removed(channel, member.user_id);
+        }
         if let Err(e) = result {
             // The keeper's sweep takes it out once this node's heartbeat is gone;
             // until then the user stays listed.
@@ -113,7 +119,7 @@ impl Shared {
         let head = presence_head(false, None);
         for channel in channels {
             let keys = Keys::of(&channel);
-            let removed: i64 = self.with_connection(|con| {
+            let removed: Vec<String> = self.with_connection(|con| {
                 self.users_sweep
                     .key(&keys.users)
                     .key(&keys.user_conns)
@@ -123,10 +129,15 @@ impl Shared {
                     .arg(&head)
                     .invoke(con)
             })?;
-            if removed > 0 {
+            if let Some(watch) = self.watch.get() {
+                for user in &removed {
+                    watch.member_removed(&channel, user);
+                }
+            }
+            if !removed.is_empty() {
                 tracing::info!(
                     channel = &*channel,
-                    removed,
+                    removed = removed.len(),
                     "presence users of a gone node removed"
                 );
             }

@@ -3,9 +3,9 @@
 -- announcing each user left with none.
 -- KEYS as users_join.lua.   ARGV[1] the node key prefix   ARGV[2] pubsub channel
 -- ARGV[3] what a member_removed message starts with (its data follows)
--- Returns how many users were removed.
+-- Returns the users removed.
 local all = redis.call('HGETALL', KEYS[3])
-local removed = 0
+local removed = {}
 for i = 1, #all, 2 do
   local node, user = string.match(all[i], '^([^\n]*)\n(.*)$')
   if node and redis.call('EXISTS', ARGV[1] .. node) == 0 then
@@ -14,7 +14,7 @@ for i = 1, #all, 2 do
       redis.call('HDEL', KEYS[2], user)
       if redis.call('HDEL', KEYS[1], user) == 1 then
         redis.call('PUBLISH', ARGV[2], ARGV[3] .. cjson.encode({user_id = user}))
-        removed = removed + 1
+        removed[#removed + 1] = user
       end
     end
   end

@@ -192,6 +192,8 @@ pub(super) fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>)
             "uptime_seconds": uptime,
             "broker": ctx.shared.broker.describe(),
             "broker_healthy": ctx.shared.broker.healthy(),
+            // Pusher webhook events by outcome (null: no app has webhooks).
+            "pusher_webhooks": ctx.shared.webhooks.as_ref().map(|h| h.counts().tally()),
             // Which process answered (with --workers, each counts its own).
             "pid": std::process::id(),
         }),
@@ -210,6 +212,7 @@ pub(super) fn prometheus(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec
         broker_up: shared.broker.healthy(),
         uptime: shared.stats.started.elapsed(),
         process: metrics::Process::read(),
+        webhooks: shared.webhooks.as_ref().map(|h| h.counts().tally()),
     };
     let body = metrics::render(&scrape);
     ok(req, ctx, out, metrics::CONTENT_TYPE, body.as_bytes(), 0)

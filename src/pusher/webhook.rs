@@ -1,0 +1,505 @@
+//! Pusher webhooks: what an app is told of its channels (`channel_occupied`,
+//! `channel_vacated`, `member_added`, `member_removed`, `client_event`), in
+//! Pusher's batched body (`{"time_ms": …, "events": […]}`), signed
+//! (`X-Pusher-Key`, `X-Pusher-Signature`: HMAC-SHA256 of the body under the
+//! app's secret, in hex) and POSTed to each of the app's webhook URLs.
+//!
+//! Each URL has a thread of its own and a bounded queue: noting an event is a
+//! `try_send` and never waits, so no event loop or broker lock is held up by a
+//! slow receiver; a URL that is down is retried with back-off while its queue
+//! fills, and what no longer fits is counted and logged as dropped, never lost
+//! in silence. What is decided once for the cluster (occupancy, users) comes
+//! from the broker through [`ChannelWatch`]; client events come from the Pusher
+//! transport. It must not touch connections or the broker.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+
+use super::App;
+use crate::broker::ChannelWatch;
+
+/// Events waiting for one URL; what comes while it is full is dropped and
+/// counted.
+pub const QUEUE: usize = 10_000;
+/// Most events in one request.
+pub const MAX_BATCH: usize = 100;
+/// How long a batch waits for more events once it has one.
+pub const BATCH_WINDOW: Duration = Duration::from_millis(50);
+/// Waits between tries of one batch: it is given up after the last.
+pub const RETRY_DELAYS: [Duration; 5] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(16),
+];
+/// How long one request may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A kind of webhook event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    ChannelOccupied,
+    ChannelVacated,
+    MemberAdded,
+    MemberRemoved,
+    ClientEvent,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::ChannelOccupied,
+        Kind::ChannelVacated,
+        Kind::MemberAdded,
+        Kind::MemberRemoved,
+        Kind::ClientEvent,
+    ];
+
+    /// Its name in a webhook body and in the config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::ChannelOccupied => "channel_occupied",
+            Kind::ChannelVacated => "channel_vacated",
+            Kind::MemberAdded => "member_added",
+            Kind::MemberRemoved => "member_removed",
+            Kind::ClientEvent => "client_event",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// Which kinds of event one URL is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kinds(u8);
+
+impl Kinds {
+    pub const ALL: Kinds = Kinds(0b1_1111);
+
+    pub fn has(self, kind: Kind) -> bool {
+        self.0 & kind.bit() != 0
+    }
+
+    /// The kinds named, e.g. `["channel_occupied", "member_added"]`.
+    pub fn parse<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Kinds, String> {
+        let mut kinds = Kinds(0);
+        for name in names {
+            let kind = Kind::ALL
+                .into_iter()
+                .find(|k| k.name() == name)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+                    format!(
+                        "unknown webhook event '{name}' (known: {})",
+                        known.join(", ")
+                    )
+                })?;
+            kinds.0 |= kind.bit();
+        }
+        if kinds.0 == 0 {
+            return Err("a webhook needs at least one event".into());
+        }
+        Ok(kinds)
+    }
+}
+
+/// One webhook URL and the kinds of event it is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub url: Box<str>,
+    pub kinds: Kinds,
+}
+
+/// Why a webhook URL is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a webhook URL is http://HOST[:PORT]/PATH or https://…, without spaces: '{0}'")]
+pub struct TargetError(String);
+
+impl FromStr for Target {
+    type Err = TargetError;
+
+    /// A URL (`--pusher-webhook`), sent every kind of event.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let rest = s
+            .strip_prefix("http://")
+            .or_else(|| s.strip_prefix("https://"));
+        let host_given = rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'));
+        if !host_given || s.len() > 2048 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(TargetError(s.chars().take(100).collect()));
+        }
+        Ok(Target {
+            url: s.into(),
+            kinds: Kinds::ALL,
+        })
+    }
+}
+
+/// One event of a webhook body, as Pusher sends it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Event {
+    pub name: &'static str,
+    pub channel: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_id: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    time_ms: u64,
+    events: &'a [Event],
+}
+
+/// What the webhooks did, across every URL (`/metrics`, `/api/stats`).
+#[derive(Debug, Default)]
+pub struct Counts {
+    /// Events in requests a URL answered with 2xx.
+    pub delivered: AtomicU64,
+    /// Events in batches given up after every retry.
+    pub failed: AtomicU64,
+    /// Events that found their URL's queue full.
+    pub dropped: AtomicU64,
+    /// Requests that failed and were tried again.
+    pub retries: AtomicU64,
+}
+
+/// A moment's copy of [`Counts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    pub delivered: u64,
+    pub failed: u64,
+    pub dropped: u64,
+    pub retries: u64,
+}
+
+impl Counts {
+    pub fn tally(&self) -> Tally {
+        Tally {
+            delivered: self.delivered.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A URL's queue, and what it is sent.
+#[derive(Debug)]
+struct Queue {
+    kinds: Kinds,
+    url: Box<str>,
+    tx: SyncSender<Event>,
+}
+
+/// Every app's webhooks: where events are noted.
+#[derive(Debug)]
+pub struct Webhooks {
+    /// By app id: its URLs' queues.
+    apps: HashMap<Box<str>, Vec<Queue>>,
+    counts: Arc<Counts>,
+}
+
+impl Webhooks {
+    /// Starts a sender thread for every webhook URL of `apps`; `None` when no
+    /// app has one.
+    pub fn start(apps: &[App]) -> std::io::Result<Option<Webhooks>> {
+        let counts = Arc::new(Counts::default());
+        let mut by_app = HashMap::new();
+        for app in apps.iter().filter(|a| !a.webhooks.is_empty()) {
+            let mut queues = Vec::new();
+            for target in &app.webhooks {
+                let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
+                let sender = Sender {
+                    url: target.url.clone(),
+                    key: app.key.clone(),
+                    secret: app.secret.clone(),
+                    counts: Arc::clone(&counts),
+                };
+                std::thread::Builder::new()
+                    .name("throng-webhook".into())
+                    .spawn(move || sender.run(rx))?;
+                queues.push(Queue {
+                    kinds: target.kinds,
+                    url: target.url.clone(),
+                    tx,
+                });
+            }
+            by_app.insert(app.id.clone(), queues);
+        }
+        if by_app.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Webhooks {
+            apps: by_app,
+            counts,
+        }))
+    }
+
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// The queues of the app `channel` (a throng channel, `ID:NAME`) belongs to
+    /// that are sent `kind`.
+    fn queues<'a>(&'a self, channel: &'a str, kind: Kind) -> impl Iterator<Item = &'a Queue> + 'a {
+        let app = channel.split_once(':').map(|(app, _)| app);
+        app.and_then(|app| self.apps.get(app))
+            .into_iter()
+            .flatten()
+            .filter(move |q| q.kinds.has(kind))
+    }
+
+    /// Notes an event for every URL of `channel`'s app that is sent `kind`;
+    /// `make` is called only when one is.
+    fn note(&self, channel: &str, kind: Kind, make: impl FnOnce(String) -> Event) {
+        let mut queues = self.queues(channel, kind).peekable();
+        if queues.peek().is_none() {
+            return;
+        }
+        let event = make(super::pusher_name(channel).into_owned());
+        for queue in queues {
+            match queue.tx.try_send(event.clone()) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                    let dropped = self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+                    // The first of a run and then every thousandth: a URL that is
+                    // down must not also flood the log.
+                    if dropped.is_multiple_of(1000) {
+                        tracing::warn!(
+                            url = &*queue.url,
+                            event = kind.name(),
+                            dropped = dropped + 1,
+                            "webhook queue full (its URL is slow or down): event dropped"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A client event on a private or presence channel (`client_event`).
+    pub fn client_event(
+        &self,
+        channel: &str,
+        event: &str,
+        data: &str,
+        socket_id: &str,
+        user_id: Option<&str>,
+    ) {
+        self.note(channel, Kind::ClientEvent, |name| Event {
+            name: Kind::ClientEvent.name(),
+            channel: name,
+            user_id: user_id.map(str::to_string),
+            event: Some(event.to_string()),
+            data: Some(data.to_string()),
+            socket_id: Some(socket_id.to_string()),
+        });
+    }
+
+    fn channel_event(&self, channel: &str, kind: Kind, user_id: Option<&str>) {
+        self.note(channel, kind, |name| Event {
+            name: kind.name(),
+            channel: name,
+            user_id: user_id.map(str::to_string),
+            event: None,
+            data: None,
+            socket_id: None,
+        });
+    }
+}
+
+impl ChannelWatch for Webhooks {
+    fn watches_occupancy(&self, channel: &str) -> bool {
+        self.queues(channel, Kind::ChannelOccupied).next().is_some()
+            || self.queues(channel, Kind::ChannelVacated).next().is_some()
+    }
+
+    fn occupied(&self, channel: &str) {
+        self.channel_event(channel, Kind::ChannelOccupied, None);
+    }
+
+    fn vacated(&self, channel: &str) {
+        self.channel_event(channel, Kind::ChannelVacated, None);
+    }
+
+    fn member_added(&self, channel: &str, user_id: &str) {
+        self.channel_event(channel, Kind::MemberAdded, Some(user_id));
+    }
+
+    fn member_removed(&self, channel: &str, user_id: &str) {
+        self.channel_event(channel, Kind::MemberRemoved, Some(user_id));
+    }
+}
+
+/// What one URL's thread needs.
+struct Sender {
+    url: Box<str>,
+    key: Box<str>,
+    secret: Box<str>,
+    counts: Arc<Counts>,
+}
+
+impl Sender {
+    /// Takes batches off the queue and posts them until every noting side is gone.
+    fn run(self, rx: Receiver<Event>) {
+        let agent = ureq::Agent::new_with_config(
+            ureq::Agent::config_builder()
+                .timeout_global(Some(REQUEST_TIMEOUT))
+                .http_status_as_error(false)
+                .max_redirects(0)
+                .build(),
+        );
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            let until = Instant::now() + BATCH_WINDOW;
+            while batch.len() < MAX_BATCH {
+                match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    Ok(event) => batch.push(event),
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            self.deliver(&agent, &batch);
+        }
+    }
+
+    /// Posts one batch, retrying with back-off; counts how it ended.
+    fn deliver(&self, agent: &ureq::Agent, batch: &[Event]) {
+        let n = batch.len() as u64;
+        let body = match serde_json::to_vec(&Body {
+            time_ms: now_ms(),
+            events: batch,
+        }) {
+            Ok(body) => body,
+            Err(e) => {
+                tracing::error!(error = %e, "webhook body not encoded");
+                self.counts.failed.fetch_add(n, Ordering::Relaxed);
+                return;
+            }
+        };
+        let signature = super::sign::sign(&self.secret, &body);
+        let mut delays = RETRY_DELAYS.iter();
+        loop {
+            let outcome = agent
+                .post(&*self.url)
+                .header("X-Pusher-Key", &*self.key)
+                .header("X-Pusher-Signature", &signature)
+                .content_type("application/json")
+                .send(&body[..]);
+            let why = match outcome {
+                Ok(answer) if answer.status().is_success() => {
+                    self.counts.delivered.fetch_add(n, Ordering::Relaxed);
+                    return;
+                }
+                Ok(answer) => format!("answered {}", answer.status()),
+                Err(e) => e.to_string(),
+            };
+            let Some(delay) = delays.next() else {
+                self.counts.failed.fetch_add(n, Ordering::Relaxed);
+                tracing::error!(
+                    url = &*self.url,
+                    events = n,
+                    tries = RETRY_DELAYS.len() + 1,
+                    reason = why,
+                    "webhook given up"
+                );
+                return;
+            };
+            self.counts.retries.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(url = &*self.url, reason = why, retry_in = ?delay, "webhook failed; retrying");
+            std::thread::sleep(*delay);
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse_by_pusher_name() {
+        let kinds = Kinds::parse(["channel_occupied", "member_added"]).unwrap();
+        assert!(kinds.has(Kind::ChannelOccupied) && kinds.has(Kind::MemberAdded));
+        assert!(!kinds.has(Kind::ClientEvent));
+        assert!(Kinds::parse(["occupied"]).unwrap_err().contains("known"));
+        assert!(Kinds::parse([]).is_err());
+        assert!(Kind::ALL.iter().all(|k| Kinds::ALL.has(*k)));
+    }
+
+    #[test]
+    fn targets_are_http_urls() {
+        let t: Target = "http://127.0.0.1:9/hook".parse().unwrap();
+        assert_eq!((&*t.url, t.kinds), ("http://127.0.0.1:9/hook", Kinds::ALL));
+        assert!("https://example.com".parse::<Target>().is_ok());
+        for bad in [
+            "",
+            "ftp://x",
+            "http://",
+            "http:///x",
+            "http://a b",
+            "127.0.0.1:9",
+        ] {
+            assert!(bad.parse::<Target>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn events_serialize_as_pusher_sends_them() {
+        let e = Event {
+            name: "member_added",
+            channel: "presence-a".into(),
+            user_id: Some("7".into()),
+            event: None,
+            data: None,
+            socket_id: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"name":"member_added","channel":"presence-a","user_id":"7"}"#
+        );
+    }
+
+    #[test]
+    fn noting_for_an_app_without_webhooks_does_nothing_and_a_full_queue_counts() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let mut apps = HashMap::new();
+        apps.insert(
+            Box::from("1"),
+            vec![Queue {
+                kinds: Kinds::parse(["channel_occupied"]).unwrap(),
+                url: "http://127.0.0.1:9/".into(),
+                tx,
+            }],
+        );
+        let hooks = Webhooks {
+            apps,
+            counts: Arc::default(),
+        };
+        hooks.occupied("2:news");
+        hooks.vacated("1:news");
+        assert!(rx.try_recv().is_err(), "not for app 2, and not vacated");
+        assert!(hooks.watches_occupancy("1:x") && !hooks.watches_occupancy("2:x"));
+        hooks.occupied("1:news");
+        hooks.occupied("1:sport");
+        assert_eq!(rx.try_recv().unwrap().channel, "news");
+        assert_eq!(hooks.counts().dropped.load(Ordering::Relaxed), 1);
+    }
+}
