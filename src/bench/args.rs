@@ -321,7 +321,9 @@ pub struct BenchArgs {
     pub channels: u64,
 
     /// push (and idle under --protocol pusher): channel names are this prefix plus
-    /// 0..K (under pusher, a private- prefix makes the bench sign each subscription)
+    /// 0..K (under pusher, a private- or presence- prefix makes the bench sign each
+    /// subscription; in a presence- channel each connection is a user of its own,
+    /// u<index>, so --conns / --channels must stay within the server's member limit)
     #[arg(long, value_name = "PREFIX", default_value = "bench-")]
     pub channel_prefix: String,
 

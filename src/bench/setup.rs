@@ -17,7 +17,7 @@ use super::args::{
 use super::client::Plan;
 use super::publish::PublishPlan;
 use crate::client::HttpUrl;
-use crate::pusher::{App, ChannelKind, validate_channel_name};
+use crate::pusher::{App, validate_channel_name};
 
 /// Descriptors a bench process keeps for itself (epoll, wakers, stdio, publisher).
 const RESERVED_FDS: u64 = 100;
@@ -90,11 +90,6 @@ impl BenchArgs {
         let last = format!("{}{}", self.channel_prefix, self.channels - 1);
         if let Err(e) = validate_channel_name(&last) {
             return bad(format!("--channel-prefix: Pusher channel '{last}': {e}"));
-        }
-        if ChannelKind::of(&last) == ChannelKind::Presence {
-            return bad(
-                "--channel-prefix: presence- channels need channel_data, which the bench does not send; use a public or private- prefix".into(),
-            );
         }
         Ok(())
     }

@@ -184,7 +184,7 @@ fn pusher_flags_give_one_app_and_are_refused_where_they_mean_nothing() {
         "--reconnect",
         "0.5"
     ]));
-    assert!(bad(&[
+    assert!(!bad(&[
         "push",
         "--pusher-app",
         "1:k:s",

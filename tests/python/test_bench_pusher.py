@@ -126,3 +126,31 @@ def test_pusher_unknown_key_fails_every_connection_with_pushers_code(start_serve
     assert r["opened"] == 0 and r["failed"] == 3, ctx
     assert len(r["failures"]) == 1, ctx
     assert next(iter(r["failures"])).startswith("pusher:error 4001"), ctx
+
+
+def test_pusher_presence_channels_make_each_connection_a_member(start_server):
+    """A presence- prefix: every connection joins as a user of its own (u<index>,
+    signed with its channel_data), from two processes; member events are not
+    counted as deliveries, the published events all arrive."""
+    srv = start_server("--pusher-app", APP)
+    conns, channels = 40, 2
+    run = pusher_push(
+        srv, "--channel-prefix", "presence-bp-", "--procs", 2,
+        conns=conns, channels=channels, rate=20,
+    )
+    ctx = run.describe()
+    assert_no_panic(run)
+    assert run.returncode == 0, ctx
+    assert_all_delivered(run.report(), conns, channels, ctx)
+
+
+def test_pusher_presence_beyond_the_member_limit_is_refused_with_the_reason(start_server):
+    srv = start_server("--pusher-app", APP, "--pusher-max-presence-members", "5")
+    run = pusher_push(srv, "--channel-prefix", "presence-full-", conns=8, channels=1, rate=10)
+    ctx = run.describe()
+    assert_no_panic(run)
+    assert run.returncode == 1, ctx
+    r = run.report()
+    assert r["opened"] == 5 and r["failed"] == 3, ctx
+    (reason, count), = r["failures"].items()
+    assert reason.startswith("pusher:subscription_error") and count == 3, ctx

@@ -1,7 +1,8 @@
 //! The client side of Pusher Channels protocol 7 (`--protocol pusher`), on top of
 //! the WebSocket client: reading a Pusher server's JSON messages ([`parse`], pure,
 //! fed by unit tests), the messages a subscriber writes (`pusher:subscribe`,
-//! signed for `private-` channels with the app's secret, and `pusher:pong`), and
+//! signed for `private-` and `presence-` channels with the app's secret, a
+//! presence member as user `u<index>`, and `pusher:pong`), and
 //! what one message does to its connection: `connection_established` sends the
 //! subscription, `subscription_succeeded` makes the connection open, an event on
 //! its channel is a delivery whose data carries the publisher's count and time.
@@ -186,13 +187,27 @@ pub(super) fn parse(frame: &[u8]) -> Option<Incoming<'_>> {
     })
 }
 
-/// The `pusher:subscribe` message for `channel`, with `auth` for a private one.
-pub(super) fn subscribe_message(channel: &str, auth: Option<&str>) -> String {
-    let data = match auth {
-        Some(auth) => serde_json::json!({ "channel": channel, "auth": auth }),
-        None => serde_json::json!({ "channel": channel }),
-    };
+/// The `pusher:subscribe` message for `channel`, with `auth` for a private one
+/// and `channel_data` (what `auth` signed) for a presence one.
+pub(super) fn subscribe_message(
+    channel: &str,
+    auth: Option<&str>,
+    channel_data: Option<&str>,
+) -> String {
+    let mut data = serde_json::json!({ "channel": channel });
+    if let Some(auth) = auth {
+        data["auth"] = auth.into();
+    }
+    if let Some(channel_data) = channel_data {
+        data["channel_data"] = channel_data.into();
+    }
     serde_json::json!({ "event": "pusher:subscribe", "data": data }).to_string()
+}
+
+/// A presence member's `channel_data`: one user per connection, named by its
+/// index (`u<index>`).
+pub(super) fn presence_data(index: u64) -> String {
+    format!(r#"{{"user_id":"u{index}","user_info":{{}}}}"#)
 }
 
 /// What `pusher:pong` is, answering a server's `pusher:ping`.
@@ -239,13 +254,18 @@ pub(super) fn on_message(
                 return Step::Nothing;
             }
             let channel = plan.channel_name(index);
+            let kind = ChannelKind::of(&channel);
+            let channel_data = (kind == ChannelKind::Presence).then(|| presence_data(index));
             let auth = match &plan.pusher {
-                Some(app) if ChannelKind::of(&channel).signed() => {
-                    Some(channel_auth(app, &socket_id, &channel, None))
-                }
+                Some(app) if kind.signed() => Some(channel_auth(
+                    app,
+                    &socket_id,
+                    &channel,
+                    channel_data.as_deref(),
+                )),
                 _ => None,
             };
-            let text = subscribe_message(&channel, auth.as_deref());
+            let text = subscribe_message(&channel, auth.as_deref(), channel_data.as_deref());
             encode_client_frame(out, opcode::TEXT, true, text.as_bytes(), next_mask(rng));
             tally.c.messages_out += 1;
             Step::Nothing

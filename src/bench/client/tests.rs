@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::delivery::{leading_number, publish_stamp};
 use super::lifecycle::{BACKOFF_CAP, backoff_delay};
 use super::plan::{with_query, without_param};
-use super::pusher::{Incoming, PONG, code_says_come_back, parse, subscribe_message};
+use super::pusher::{Incoming, PONG, code_says_come_back, parse, presence_data, subscribe_message};
 use super::websocket::{close_says_come_back, padded};
 use super::*;
 use crate::bench::SeqFrom;
@@ -231,7 +231,7 @@ fn pusher_events_give_their_data_string_borrowed_when_it_has_no_escapes() {
 #[test]
 fn pusher_subscriptions_are_written_and_private_ones_signed() {
     let public: serde_json::Value =
-        serde_json::from_str(&subscribe_message("bench-0", None)).unwrap();
+        serde_json::from_str(&subscribe_message("bench-0", None, None)).unwrap();
     assert_eq!(
         public,
         serde_json::json!({"event": "pusher:subscribe", "data": {"channel": "bench-0"}})
@@ -242,10 +242,27 @@ fn pusher_subscriptions_are_written_and_private_ones_signed() {
     // Pusher's documented example of a private channel's auth.
     let auth = crate::pusher::sign::channel_auth(&app, "1234.1234", "private-foobar", None);
     let private: serde_json::Value =
-        serde_json::from_str(&subscribe_message("private-foobar", Some(&auth))).unwrap();
+        serde_json::from_str(&subscribe_message("private-foobar", Some(&auth), None)).unwrap();
     assert_eq!(
         private["data"]["auth"],
         "278d425bdf160c739803:58df8b0c36d6982b82c3ecf6b4662e34fe8c25bba48f5369f135bf843651c3a4"
+    );
+    let data = presence_data(7);
+    let auth = crate::pusher::sign::channel_auth(&app, "1.2", "presence-x", Some(&data));
+    let presence: serde_json::Value =
+        serde_json::from_str(&subscribe_message("presence-x", Some(&auth), Some(&data))).unwrap();
+    assert_eq!(presence["data"]["channel_data"], data);
+    let member: serde_json::Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(member["user_id"], "u7");
+    assert!(
+        crate::pusher::sign::check_channel_auth(
+            &app,
+            "1.2",
+            "presence-x",
+            Some(&data),
+            Some(&auth)
+        )
+        .is_ok()
     );
     let pong: serde_json::Value = serde_json::from_slice(PONG).unwrap();
     assert_eq!(pong["event"], "pusher:pong");
