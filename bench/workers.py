@@ -21,13 +21,27 @@ Keeps the run in bench/results/workers-STAMP.json (UTC stamp; the provenance:
 commit, dirty tree, machine, command line; the binary, redis-server's version,
 the settings, the master's log and every figure) and workers-STAMP.md.
 
+With --pusher-presence-channels K the connections speak Pusher Channels instead:
+the server gets --pusher-app 1:bench-key:bench-secret and the bench runs `idle
+--protocol pusher --channels K --channel-prefix presence-w-`, so every connection
+is a presence member (a user of its own, u<index>) of one of K presence channels,
+its join written to Redis by whichever worker holds it. While the connections are
+held the run asks the signed Pusher API (GET /apps/1/channels?filter_by_prefix=
+presence-&info=user_count, through any worker) until the users it counts across
+the cluster are every connection, and keeps the workers' resident memory then
+(against before the bench: the cost of a connection with its presence
+subscription) and Redis's used_memory.
+
 Usage: bench/workers.py [--workers 4] [--conns 40000] [--procs 4] [--rate 4000]
-                        [--duration 5s] [--bin target/release/throng] [--out bench/results]
+                        [--duration 5s] [--pusher-presence-channels 0]
+                        [--bin target/release/throng] [--out bench/results]
 Needs: redis-server (scripts/test.sh installs it); python3, standard library only.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -124,6 +138,57 @@ class LogReader(threading.Thread):
         return next((line for _, line in list(self.lines) if needle in line), None)
 
 
+PUSHER_APP_ID, PUSHER_KEY, PUSHER_SECRET = "1", "bench-key", "bench-secret"
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def redis_used_memory(port: int) -> int | None:
+    """used_memory from INFO memory, over a plain socket (RESP)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"INFO memory\r\n")
+            data = b""
+            while b"used_memory:" not in data or not data.endswith(b"\r\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        m = re.search(rb"used_memory:(\d+)", data)
+        return int(m.group(1)) if m else None
+    except OSError:
+        return None
+
+
+def pusher_users(port: int) -> int | None:
+    """The users of every presence- channel, across the cluster, as the signed
+    Pusher API counts them (GET /apps/ID/channels, info=user_count)."""
+    path = f"/apps/{PUSHER_APP_ID}/channels"
+    params = {"auth_key": PUSHER_KEY, "auth_timestamp": str(int(time.time())), "auth_version": "1.0",
+              "filter_by_prefix": "presence-", "info": "user_count"}
+    query = "&".join(f"{k}={params[k]}" for k in sorted(params))
+    sig = hmac.new(PUSHER_SECRET.encode(), f"GET\n{path}\n{query}".encode(), hashlib.sha256).hexdigest()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(f"GET {path}?{query}&auth_signature={sig} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                      .encode())
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        if b" 200 " not in head.split(b"\r\n", 1)[0]:
+            return None
+        channels = json.loads(body)["channels"]
+        return sum(c.get("user_count", 0) for c in channels.values())
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def seconds(text: str) -> float:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)?", text)
     if not m:
@@ -140,6 +205,8 @@ def main() -> int:
     ap.add_argument("--duration", default="5s")
     ap.add_argument("--connect-timeout", default="10s")
     ap.add_argument("--drain-timeout", default="10s")
+    ap.add_argument("--pusher-presence-channels", type=int, default=0,
+                    help="speak Pusher: every connection a member of one of this many presence channels")
     ap.add_argument("--bin", default=throng_server.DEFAULT_BIN)
     ap.add_argument("--out", default=str(provenance.RESULTS_DIR), help="where the raw JSON and .md go")
     args = ap.parse_args()
@@ -166,6 +233,10 @@ def main() -> int:
         serve_cmd = [args.bin, "serve", "--listen", f"127.0.0.1:{port}", "--workers", str(args.workers),
                      "--threads", "1", "--broker", f"redis://127.0.0.1:{rport}", "--stats-interval", "0",
                      "--drain-timeout", args.drain_timeout]
+        pusher_app = f"{PUSHER_APP_ID}:{PUSHER_KEY}:{PUSHER_SECRET}"
+        presence = args.pusher_presence_channels > 0
+        if presence:
+            serve_cmd += ["--pusher-app", pusher_app]
         master = subprocess.Popen(serve_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
         log = LogReader(master.stdout)
@@ -181,7 +252,15 @@ def main() -> int:
         limits = open_files_limit(workers[0])
         say(f"a worker's open-files limit: {limits}")
 
-        bench_cmd = [args.bin, "bench", "idle", "--url", f"ws://127.0.0.1:{port}/ws/idle", "--conns",
+        if presence:
+            target = ["--protocol", "pusher", "--pusher-app", pusher_app, "--url", f"ws://127.0.0.1:{port}/",
+                      "--channels", str(args.pusher_presence_channels), "--channel-prefix", "presence-w-"]
+        else:
+            target = ["--url", f"ws://127.0.0.1:{port}/ws/idle"]
+        time.sleep(1)
+        rss_before = {w: rss_kib(w) for w in workers}
+        redis_before = redis_used_memory(rport)
+        bench_cmd = [args.bin, "bench", "idle", *target, "--conns",
                      str(args.conns), "--procs", str(args.procs), "--rate", str(args.rate), "--duration",
                      args.duration, "--source-ips", "127.0.0.2-127.0.0.254", "--connect-timeout",
                      args.connect_timeout, "--interval", "0", "--json", "--allow-failures"]
@@ -192,7 +271,25 @@ def main() -> int:
         # While it runs: each worker's open descriptors, the most seen at once.
         peak: dict[int, int] = {w: 0 for w in workers}
         peak_total = 0
+        held: dict | None = None
+        last_ask = 0.0
         while bench.poll() is None:
+            if presence and held is None and time.monotonic() - last_ask > 2:
+                last_ask = time.monotonic()
+                users = pusher_users(port)
+                if users is not None and users >= args.conns:
+                    rss = {w: rss_kib(w) for w in workers}
+                    held = {"users_seen_by_api": users, "at_secs": time.monotonic() - started,
+                            "worker_rss_kib": {str(w): rss[w] for w in workers},
+                            "worker_rss_kib_before": {str(w): rss_before[w] for w in workers},
+                            "rss_growth_bytes_per_conn": (sum(rss.values()) - sum(rss_before.values()))
+                            * 1024 / args.conns,
+                            "redis_used_memory": redis_used_memory(rport),
+                            "redis_used_memory_before": redis_before}
+                    say(f"the Pusher API counts {users:,} presence users across the cluster after "
+                        f"{held['at_secs']:.1f} s; workers' resident memory grew "
+                        f"{held['rss_growth_bytes_per_conn']:,.0f} B per connection; redis used_memory "
+                        f"{redis_before:,} -> {held['redis_used_memory']:,} B")
             if time.monotonic() - started > bound:
                 bench.terminate()
                 bench.wait(timeout=15)
@@ -242,11 +339,13 @@ def main() -> int:
 
         doc = {"provenance": prov, "binary": provenance.binary(args.bin), "redis_server": redis_version,
                "settings": {"workers": args.workers, "threads_per_worker": 1, "conns": args.conns,
+                            "pusher_presence_channels": args.pusher_presence_channels,
                             "procs": args.procs, "rate": args.rate, "duration": args.duration,
                             "serve_command": serve_cmd, "bench_command": bench_cmd},
                "master_pid": master.pid, "worker_pids": workers, "worker_open_files_limit": limits,
                "master_plan_line": plan, "workers_alive_at_load_end": workers_alive_before,
                "bench": result, "bench_wall_secs": bench_secs,
+               "pusher_presence": held if presence else None,
                "opened": result["opened"], "failed": result["failed"], "dropped": result["dropped"],
                "connect_secs": result["connect_secs"],
                "worker_open_fds_peak": {str(w): peak[w] for w in workers}, "open_fds_peak_sum": peak_total,
@@ -258,7 +357,8 @@ def main() -> int:
             "    " + line for line in printed)
         path = provenance.write_raw(provenance.raw_path("workers", out_dir=args.out), doc, md)
         print(f"wrote {path}", file=sys.stderr)
-        return 0 if all_exited and result["failed"] == 0 and result["dropped"] == 0 else 1
+        complete = held is not None if presence else True
+        return 0 if all_exited and complete and result["failed"] == 0 and result["dropped"] == 0 else 1
     finally:
         if bench and bench.poll() is None:
             bench.terminate()
