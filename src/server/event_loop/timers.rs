@@ -17,6 +17,8 @@ use crate::transport::CloseReason;
 pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long to wait for the peer's FIN after ours.
 pub(super) const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// A ping sent this much after its time was held up by the loop, not the client.
+const LATE_PING: Duration = Duration::from_secs(1);
 /// How often loop 0 gives the broker its housekeeping turn.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
 /// How often a loop with io_uring weighs which connections are busy enough to
@@ -137,12 +139,22 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        if idle_ticks > 0
+        let silent = idle_ticks > 0
             && conn.mode.expects_input()
-            && now.saturating_sub(conn.last_seen) >= idle_ticks
-        {
+            && now.saturating_sub(conn.last_seen) >= idle_ticks;
+        // A ping this loop sends late (it was busy with fan-outs, which pings
+        // wait for) is not the client's fault: its silence is counted from the
+        // ping on, with one interval to answer, instead of closing a client that
+        // was never asked.
+        let ping_late = conn.next_ping != NEVER
+            && now.saturating_sub(conn.next_ping) >= ticks(LATE_PING);
+        if silent && !ping_late {
             self.close_with(key, CloseReason::IdleTimeout);
             return;
+        }
+        if silent {
+            let answer_within = ping_ticks.clamp(1, idle_ticks);
+            conn.last_seen = now.saturating_sub(idle_ticks - answer_within);
         }
         if conn.next_ping != NEVER && now >= conn.next_ping {
             conn.next_ping = if ping_ticks > 0 {
