@@ -255,7 +255,7 @@ def measure_idle(srv: Server, args) -> dict:
     before = rss_median_kib(srv.pid)
     hold = args.settle + args.idle_window + 3
     run = BenchRun(bench_argv(args, "idle", srv.port, "--conns", args.idle_conns,
-                              "--channels", args.channels, "--channel-prefix", "idle-",
+                              "--channels", args.channels, "--channel-prefix", args.idle_prefix,
                               "--rate", args.connect_rate, "--duration", f"{round(hold * 1000)}ms"))
     try:
         if not run.opened.wait(connect_budget(args.idle_conns, args)) or run.proc.poll() is not None:
@@ -384,6 +384,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--idle-conns", type=int, default=10_000)
     ap.add_argument("--channels", type=int, default=100)
+    ap.add_argument("--idle-prefix", default="idle-",
+                    help="idle connections' channel prefix: presence-… makes each a presence member (u<index>)")
     ap.add_argument("--settle", type=float, default=2.0, help="seconds between subscribed and RSS")
     ap.add_argument("--idle-window", type=float, default=10.0, help="seconds of idle CPU")
     ap.add_argument("--subscribers", type=int, default=10_000)

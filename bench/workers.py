@@ -277,7 +277,15 @@ def main() -> int:
             if presence and time.monotonic() - last_ask > 2:
                 last_ask = time.monotonic()
                 users = pusher_users(port)
-                if users is not None and users > (held or {}).get("users_seen_by_api", 0):
+                if held and users == held["users_seen_by_api"]:
+                    # Still all there: the latest moment of the hold, after the ramp's churn.
+                    rss = {w: rss_kib(w) for w in workers}
+                    held["late"] = {"at_secs": time.monotonic() - started,
+                                    "worker_rss_kib": {str(w): rss[w] for w in workers},
+                                    "rss_growth_bytes_per_conn": (sum(rss.values()) - sum(rss_before.values()))
+                                    * 1024 / users,
+                                    "redis_used_memory": redis_used_memory(rport)}
+                elif users is not None and users > (held or {}).get("users_seen_by_api", 0):
                     rss = {w: rss_kib(w) for w in workers}
                     held = {"users_seen_by_api": users, "at_secs": time.monotonic() - started,
                             "worker_rss_kib": {str(w): rss[w] for w in workers},
@@ -309,6 +317,10 @@ def main() -> int:
                 f"({held['at_secs']:.1f} s in); workers' resident memory then {held['rss_growth_bytes_per_conn']:,.0f} B "
                 f"per user above before the bench; redis used_memory {held['redis_used_memory_before']:,} -> "
                 f"{held['redis_used_memory']:,} B")
+            if "late" in held:
+                late = held["late"]
+                say(f"still all there {late['at_secs']:.1f} s in: {late['rss_growth_bytes_per_conn']:,.0f} B per user; "
+                    f"redis used_memory {late['redis_used_memory']:,} B")
         workers_alive_before = {w: alive(w) for w in workers}
 
         # SIGTERM the master: it passes it on; each worker drains; then the master exits.
