@@ -517,10 +517,11 @@ fn subscribe(state: &mut PusherState, data: &Value, ctx: &mut Ctx<'_>) {
         }
     };
     if let Some(user) = &presence {
-        state
-            .identity()
-            .presence
-            .push((channel.as_str().into(), user.user_id.clone()));
+        let joined = &mut state.identity().presence;
+        // Most connections join one presence channel: room for one, not the
+        // four a first push would make.
+        joined.reserve_exact(1);
+        joined.push((channel.as_str().into(), user.user_id.clone()));
     }
     ctx.changes.push(join(channel, presence, state.client));
 }
