@@ -154,11 +154,17 @@ impl Direction {
             ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
                 (Cipher::Chacha20Poly1305, key, iv)
             }
-            _ => return Err(RecordError::Unsupported("a cipher other than AES-GCM or ChaCha20")),
+            _ => {
+                return Err(RecordError::Unsupported(
+                    "a cipher other than AES-GCM or ChaCha20",
+                ));
+            }
         };
         let (key, iv) = (key.as_ref(), iv.as_ref());
         if key.len() != cipher.algorithm().key_len() || iv.len() != aead::NONCE_LEN {
-            return Err(RecordError::Unsupported("key or IV of an unexpected length"));
+            return Err(RecordError::Unsupported(
+                "key or IV of an unexpected length",
+            ));
         }
         let mut direction = Direction {
             cipher,
@@ -235,7 +241,11 @@ impl Session {
         let version = match version {
             ProtocolVersion::TLSv1_3 => Version::Tls13,
             ProtocolVersion::TLSv1_2 => Version::Tls12,
-            _ => return Err(RecordError::Unsupported("a version other than TLS 1.2 or 1.3")),
+            _ => {
+                return Err(RecordError::Unsupported(
+                    "a version other than TLS 1.2 or 1.3",
+                ));
+            }
         };
         let (tx_seq, tx) = secrets.tx;
         let (rx_seq, rx) = secrets.rx;
@@ -279,7 +289,11 @@ impl Session {
 
     /// Appends an alert record (close_notify is a warning, the rest fatal).
     pub fn seal_alert(&mut self, description: u8, out: &mut Vec<u8>) -> Result<(), RecordError> {
-        let level = if description == alert::CLOSE_NOTIFY { 1 } else { 2 };
+        let level = if description == alert::CLOSE_NOTIFY {
+            1
+        } else {
+            2
+        };
         let key = self.tx.aead_key()?;
         self.seal_one(&key, content::ALERT, &[level, description], out)
     }
@@ -388,7 +402,11 @@ impl Session {
                     // The receiving key changed: build it anew for the next record.
                     key = None;
                 }
-                _ => return Err(RecordError::Unexpected("a record of an unknown content type")),
+                _ => {
+                    return Err(RecordError::Unexpected(
+                        "a record of an unknown content type",
+                    ));
+                }
             }
         }
         Ok(opened)
@@ -407,7 +425,9 @@ impl Session {
             Version::Tls13 => {
                 if outer != content::APPLICATION_DATA {
                     // A change_cipher_spec after the handshake, or plaintext.
-                    return Err(RecordError::Unexpected("an unprotected record after the handshake"));
+                    return Err(RecordError::Unexpected(
+                        "an unprotected record after the handshake",
+                    ));
                 }
                 if fragment.len() < TAG + 1 {
                     return Err(RecordError::Malformed("a record shorter than its tag"));
@@ -435,7 +455,9 @@ impl Session {
             }
             Version::Tls12 => {
                 if outer == content::CHANGE_CIPHER_SPEC {
-                    return Err(RecordError::Unexpected("change_cipher_spec after the handshake"));
+                    return Err(RecordError::Unexpected(
+                        "change_cipher_spec after the handshake",
+                    ));
                 }
                 let explicit = self.rx.cipher.explicit_nonce(self.version);
                 if fragment.len() < explicit + TAG {
@@ -475,7 +497,12 @@ impl Session {
         if request {
             // KeyUpdate(update_not_requested), under the old sending key.
             let key = self.tx.aead_key()?;
-            self.seal_one(&key, content::HANDSHAKE, &[HANDSHAKE_KEY_UPDATE, 0, 0, 1, 0], out)?;
+            self.seal_one(
+                &key,
+                content::HANDSHAKE,
+                &[HANDSHAKE_KEY_UPDATE, 0, 0, 1, 0],
+                out,
+            )?;
             let kernel = self.kernel.as_mut().ok_or(RecordError::Exhausted)?;
             let (seq, secrets) = kernel
                 .update_tx_secret()

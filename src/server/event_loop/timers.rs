@@ -146,8 +146,8 @@ impl EventLoop {
         // wait for) is not the client's fault: its silence is counted from the
         // ping on, with one interval to answer, instead of closing a client that
         // was never asked.
-        let ping_late = conn.next_ping != NEVER
-            && now.saturating_sub(conn.next_ping) >= ticks(LATE_PING);
+        let ping_late =
+            conn.next_ping != NEVER && now.saturating_sub(conn.next_ping) >= ticks(LATE_PING);
         if silent && !ping_late {
             self.close_with(key, CloseReason::IdleTimeout);
             return;
