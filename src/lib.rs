@@ -54,6 +54,7 @@ pub mod pusher;
 pub mod rules;
 pub mod server;
 pub mod stats;
+pub mod tls;
 pub mod transport;
 pub mod tune;
 pub mod units;
