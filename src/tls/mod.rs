@@ -9,4 +9,5 @@
 //! This module owns the bytes between the socket and the transports: it must not
 //! read or write a socket itself, nor know what the plaintext means.
 
-pub mod record;
+pub mod config;
+pub mod handshake;
