@@ -11,3 +11,4 @@
 
 pub mod config;
 pub mod handshake;
+pub mod record;

@@ -546,47 +546,4 @@ fn key_update(body: &[u8], version: Version) -> Result<bool, RecordError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nonces_fold_the_sequence_into_the_iv() {
-        let mut d = Direction {
-            cipher: Cipher::Aes128Gcm,
-            key: [0; 32],
-            iv: [0xff; 12],
-            seq: 0,
-        };
-        assert_eq!(d.nonce_bytes(), [0xff; 12]);
-        d.seq = 0x0102;
-        let n = d.nonce_bytes();
-        assert_eq!(&n[..10], &[0xff; 10]);
-        assert_eq!(&n[10..], &[0xff ^ 1, 0xff ^ 2]);
-        d.seq = u64::MAX;
-        assert_eq!(d.advance(), Err(RecordError::Exhausted));
-    }
-
-    #[test]
-    fn key_updates_are_the_only_post_handshake_message() {
-        assert_eq!(key_update(&[24, 0, 0, 1, 0], Version::Tls13), Ok(false));
-        assert_eq!(key_update(&[24, 0, 0, 1, 1], Version::Tls13), Ok(true));
-        assert!(matches!(
-            key_update(&[24, 0, 0, 1, 2], Version::Tls13),
-            Err(RecordError::Malformed(_))
-        ));
-        assert!(matches!(
-            key_update(&[4, 0, 0, 0], Version::Tls13),
-            Err(RecordError::Unexpected(_))
-        ));
-        assert!(matches!(
-            key_update(&[24, 0, 0, 1, 0], Version::Tls12),
-            Err(RecordError::Unexpected(_))
-        ));
-    }
-
-    #[test]
-    fn an_idle_session_keeps_little() {
-        let size = std::mem::size_of::<Session>();
-        assert!(size <= 136, "Session is {size} bytes");
-    }
-}
+mod tests;
