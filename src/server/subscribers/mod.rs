@@ -13,7 +13,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use slab::Slab;
 use smallvec::SmallVec;
@@ -85,8 +85,17 @@ struct Fresh {
     live_after: u64,
     /// Kept until batch number `until` (the next one taken after the join) is
     /// delivered: everything published before the join is in it or before it.
+    /// [`UNTIL_NEWER`] with a broker whose deliveries come later (Redis's
+    /// listener): then until a message newer than `live_after` arrives, or `expires`.
     until: u64,
+    expires: Instant,
 }
+
+/// A filter kept until the channel's next newer message (see [`Fresh::until`]).
+const UNTIL_NEWER: u64 = u64::MAX;
+/// How long a filter waits for that message: a live copy of a replayed message
+/// later than this was held up far longer than any delivery path takes.
+const FRESH_LIFE: Duration = Duration::from_secs(30);
 
 /// A fan-out larger than one turn's share, part done: the subscribers it had
 /// when it began, and the next one to write to.
@@ -197,11 +206,20 @@ impl LocalSubscribers {
                 .insert((key, channel_key(&joined.channel)), user.user_id.clone());
         }
         if let Some(replay) = &joined.replay {
+            // A live copy of a replayed message may still be on its way when
+            // the broker delivers through another thread: the filter then stays
+            // until the channel's first newer message, not one batch.
+            let until = if broker.delivers_before_subscribe_returns() {
+                self.taken + 1
+            } else {
+                UNTIL_NEWER
+            };
             self.fresh.push(Fresh {
                 key,
                 channel: channel_key(&joined.channel),
                 live_after: replay.last_seq,
-                until: self.taken + 1,
+                until,
+                expires: Instant::now() + FRESH_LIFE,
             });
         }
         // A fan-out part done started before this subscriber: it starts at the
@@ -438,7 +456,8 @@ impl LocalSubscribers {
             self.batch.clear();
             self.start = 0;
             // Everything published before these subscribers joined was in it.
-            self.fresh.retain(|f| f.until > done);
+            let now = Instant::now();
+            self.fresh.retain(|f| f.until > done && f.expires > now);
         }
     }
 
@@ -500,6 +519,8 @@ impl LocalSubscribers {
             .map(|s| s.client);
         // A close-all message is grouped alone too: it ends every subscriber here.
         let close_all = matches!(group[0].body, Body::CloseAll);
+        // Returning subscribers whose filters this group makes needless.
+        let mut passed: Vec<(usize, usize)> = Vec::new();
         for &key in &keys[from..until] {
             if joined.contains(&key) {
                 continue;
@@ -536,6 +557,13 @@ impl LocalSubscribers {
             let frames = match fresh {
                 // History already gave it these: only what is newer goes out.
                 Some(after) => {
+                    let newer = group
+                        .iter()
+                        .any(|m| matches!(m.body, Body::Data { seq, .. } if seq > after));
+                    if newer {
+                        // Every live copy of what history gave it came before this.
+                        passed.push((key, ckey));
+                    }
                     only_new = group
                         .iter()
                         .filter(|m| {
@@ -573,6 +601,9 @@ impl LocalSubscribers {
             }
         }
         *budget -= until - from;
+        if !passed.is_empty() {
+            self.fresh.retain(|f| !passed.contains(&(f.key, f.channel)));
+        }
         match cursor {
             Some(mut c) if until < c.keys.len() => {
                 c.next = until;

@@ -6,7 +6,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use super::*;
-use crate::broker::{MemoryBroker, Outgoing, Resume};
+use crate::broker::{Broker, MemoryBroker, Outgoing, Resume};
 use crate::history::Limits;
 use crate::hub::Hub;
 use crate::protocol::DataKind;
@@ -91,7 +91,7 @@ fn assert_got(client: &mut TcpStream, want: &[u8], who: &str) {
 
 fn ws_subscribe(
     subscribers: &mut LocalSubscribers,
-    broker: &MemoryBroker,
+    broker: &dyn Broker,
     conns: &mut Slab<Conn>,
     key: usize,
     channel: &str,
@@ -389,4 +389,102 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
         vec![Follow::Slow(key)],
         "live bytes past --max-queue"
     );
+}
+
+/// A memory broker that says its deliveries come later, through another
+/// thread (as Redis's listener does), so returning subscribers keep their
+/// filters until a newer message comes.
+#[derive(Debug)]
+struct LaterBroker(MemoryBroker);
+
+impl Broker for LaterBroker {
+    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
+        self.0.publish(channel, message)
+    }
+    fn subscribe(
+        &self,
+        channel: &str,
+        member: crate::broker::Member<'_>,
+        resume: Option<Resume>,
+    ) -> Result<crate::broker::Subscribed, BrokerError> {
+        self.0.subscribe(channel, member, resume)
+    }
+    fn unsubscribe(&self, channel: &Arc<crate::hub::Channel>, member: crate::broker::Member<'_>) {
+        self.0.unsubscribe(channel, member)
+    }
+    fn history(&self, channel: &str, since: u64) -> Result<Replay, BrokerError> {
+        self.0.history(channel, since)
+    }
+    fn channel_info(&self, channel: &str) -> crate::broker::ChannelInfo {
+        self.0.channel_info(channel)
+    }
+    fn presence_members(&self, channel: &str) -> Result<crate::broker::Members, BrokerError> {
+        self.0.presence_members(channel)
+    }
+    fn close_subscribers(&self, channel: &str) -> Result<(), BrokerError> {
+        self.0.close_subscribers(channel)
+    }
+    fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError> {
+        self.0.occupied(prefix)
+    }
+    fn channel_count(&self) -> usize {
+        self.0.channel_count()
+    }
+    fn maintain(&self) {}
+    fn set_watch(&self, watch: Arc<dyn crate::broker::ChannelWatch>) {
+        self.0.set_watch(watch)
+    }
+    fn describe(&self) -> String {
+        "later".into()
+    }
+    fn healthy(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
+    let (_poll, hub, memory) = broker(10);
+    let broker = LaterBroker(memory);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    broker.publish("c", text("one")).unwrap();
+    let (key, mut client) = connect(&listener, &mut conns);
+    let resume = Some(Resume {
+        since: 0,
+        epoch: None,
+    });
+    let replay = ws_subscribe(&mut subscribers, &broker, &mut conns, key, "c", resume);
+    assert_eq!(replay.unwrap().last_seq, 1);
+    let mut counts = TurnCounts::default();
+    let mut failed = Vec::new();
+    // The inbox is taken once with nothing in it ...
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    assert!(subscribers.has_fresh(), "kept until a newer message comes");
+    // ... and then the live copy of seq 1 arrives, as Redis's listener may
+    // deliver a message published between the count and the history snapshot.
+    let channel = hub.find("c").unwrap();
+    hub.deliver(&channel, crate::hub::Audience::Everyone, None, || {
+        Body::Data {
+            seq: 1,
+            epoch: 0,
+            payload: bytes::Bytes::from_static(b"one"),
+            kind: DataKind::Text,
+            from: None,
+            event: None,
+            skip: None,
+        }
+    })
+    .unwrap();
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    broker.publish("c", text("two")).unwrap();
+    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    assert!(failed.is_empty());
+    assert_eq!(
+        received(&mut client),
+        b"\x81\x03two",
+        "seq 1 came from history only"
+    );
+    assert!(!subscribers.has_fresh(), "a newer message ends the filter");
 }
