@@ -12,3 +12,4 @@
 pub mod config;
 pub mod handshake;
 pub mod record;
+pub mod stream;

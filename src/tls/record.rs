@@ -546,4 +546,4 @@ fn key_update(body: &[u8], version: Version) -> Result<bool, RecordError> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

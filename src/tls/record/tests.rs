@@ -44,7 +44,7 @@ fn an_idle_session_keeps_little() {
     assert!(size <= 136, "Session is {size} bytes");
 }
 
-mod against_rustls {
+pub(crate) mod against_rustls {
     use super::super::*;
     use crate::tls::handshake::tests::{client, client_flight, deliver, drive, fixture};
     use crate::tls::handshake::{Handshake, Progress};
@@ -57,7 +57,7 @@ mod against_rustls {
 
     /// A client that offers only `suite`, and the server's record layer after
     /// a handshake with it; with what the client sent after its Finished.
-    fn established(suite: SupportedCipherSuite) -> (ClientConnection, Session, Vec<u8>) {
+    pub(crate) fn established(suite: SupportedCipherSuite) -> (ClientConnection, Session, Vec<u8>) {
         let f = fixture();
         let mut roots = RootCertStore::empty();
         roots.add(f.cert.cert_der.clone()).unwrap();
@@ -85,7 +85,7 @@ mod against_rustls {
         (c, Session::new(version, secrets, kernel).unwrap(), left)
     }
 
-    const SUITES: [SupportedCipherSuite; 6] = [
+    pub(crate) const SUITES: [SupportedCipherSuite; 6] = [
         cipher_suite::TLS13_AES_128_GCM_SHA256,
         cipher_suite::TLS13_AES_256_GCM_SHA384,
         cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
@@ -109,7 +109,7 @@ mod against_rustls {
         (plain, answer, closed)
     }
 
-    fn client_reads(c: &mut ClientConnection, mut wire: &[u8]) -> Vec<u8> {
+    pub(crate) fn client_reads(c: &mut ClientConnection, mut wire: &[u8]) -> Vec<u8> {
         // A record at a time, reading as it goes: rustls holds little plaintext.
         let mut got = Vec::new();
         while !wire.is_empty() {
