@@ -297,13 +297,13 @@ impl Outbound {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A socket that takes at most `room` bytes, then would block.
-    struct Tight {
-        taken: Vec<u8>,
-        room: usize,
+    pub(crate) struct Tight {
+        pub(crate) taken: Vec<u8>,
+        pub(crate) room: usize,
     }
 
     impl Write for Tight {
@@ -322,7 +322,7 @@ mod tests {
         }
     }
 
-    fn tight(room: usize) -> Tight {
+    pub(crate) fn tight(room: usize) -> Tight {
         Tight {
             taken: Vec::new(),
             room,

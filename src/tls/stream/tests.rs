@@ -2,29 +2,9 @@
 //! takes a little at a time, and records opened from reads split anywhere.
 
 use super::*;
+use crate::outbound::tests::tight;
 use crate::tls::handshake::tests::client_flight;
 use crate::tls::record::tests::against_rustls::{SUITES, client_reads, established};
-
-/// A socket that takes `room` bytes, then would block until `drain`.
-struct Tight {
-    wire: Vec<u8>,
-    room: usize,
-}
-
-impl Write for Tight {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.room == 0 {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let n = buf.len().min(self.room);
-        self.wire.extend_from_slice(&buf[..n]);
-        self.room -= n;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 #[test]
 fn what_the_socket_cannot_take_is_kept_sealed_and_goes_first() {
@@ -33,10 +13,7 @@ fn what_the_socket_cannot_take_is_kept_sealed_and_goes_first() {
         let (mut client, mut session, _) = established(suite);
         let mut leftover = Leftover::default();
         let mut scratch = Vec::new();
-        let mut socket = Tight {
-            wire: Vec::new(),
-            room: 1000,
-        };
+        let mut socket = tight(1000);
         let (mut sent, mut blocked, mut kept) = (0, 0, false);
         while sent < big.len() {
             let mut w = SealingWriter {
@@ -62,7 +39,7 @@ fn what_the_socket_cannot_take_is_kept_sealed_and_goes_first() {
             "{suite:?}: the socket never pushed back"
         );
         assert!(leftover.is_empty());
-        assert_eq!(client_reads(&mut client, &socket.wire), big, "{suite:?}");
+        assert_eq!(client_reads(&mut client, &socket.taken), big, "{suite:?}");
     }
 }
 
