@@ -10,6 +10,7 @@
 //! read or write a socket itself, nor know what the plaintext means.
 
 pub mod config;
+pub mod connection;
 pub mod handshake;
 pub mod record;
 pub mod stream;

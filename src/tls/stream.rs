@@ -12,7 +12,7 @@
 //!
 //! It must not decide when to read or write, nor know what the plaintext means.
 
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 
 use super::record::{Opened, RecordError, Session};
 
@@ -59,6 +59,39 @@ impl Leftover {
             .is_some_and(|p| p.unsent.is_empty() && p.partial.is_empty())
         {
             self.0 = None;
+        }
+    }
+
+    /// Sends ciphertext sealed outside a writer (a handshake flight, an
+    /// alert): after what is owed, and what the socket does not take is owed.
+    pub fn send_sealed<W: Write>(&mut self, mut socket: W, bytes: &[u8]) -> io::Result<()> {
+        let n = if self.unsent() == 0 {
+            write_some(&mut socket, bytes)?
+        } else {
+            0
+        };
+        if n < bytes.len() {
+            self.parts().unsent.extend_from_slice(&bytes[n..]);
+        }
+        Ok(())
+    }
+
+    /// Takes the start of a record (or handshake flight) kept from earlier
+    /// reads, leaving none; empty when there was none.
+    pub(super) fn take_partial(&mut self) -> Vec<u8> {
+        let taken = self
+            .0
+            .as_mut()
+            .map(|p| std::mem::take(&mut p.partial))
+            .unwrap_or_default();
+        self.tidy();
+        taken
+    }
+
+    /// Keeps `bytes` (the start of what is still incomplete) for the next read.
+    pub(super) fn keep_partial(&mut self, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            self.parts().partial.extend_from_slice(bytes);
         }
     }
 
@@ -130,6 +163,38 @@ impl<W: Write> Write for SealingWriter<'_, W> {
                 .extend_from_slice(&self.scratch[n..]);
         }
         Ok(take)
+    }
+
+    /// Seals several buffers (a fan-out's queued frames) and writes them in
+    /// one system call: a record each, up to [`SEAL_PER_WRITE`] in all.
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        if !self.leftover.flush_unsent(&mut self.socket)? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.scratch.clear();
+        let mut taken = 0;
+        for buf in bufs.iter().filter(|b| !b.is_empty()) {
+            let room = SEAL_PER_WRITE - taken;
+            if room == 0 {
+                break;
+            }
+            let take = buf.len().min(room);
+            self.session
+                .seal(&buf[..take], self.scratch)
+                .map_err(record_error)?;
+            taken += take;
+        }
+        if taken == 0 {
+            return Ok(0);
+        }
+        let n = write_some(&mut self.socket, self.scratch)?;
+        if n < self.scratch.len() {
+            self.leftover
+                .parts()
+                .unsent
+                .extend_from_slice(&self.scratch[n..]);
+        }
+        Ok(taken)
     }
 
     fn flush(&mut self) -> io::Result<()> {
