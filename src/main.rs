@@ -195,6 +195,7 @@ fn serve(config: ServeConfig) -> Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
     ])
     .context("cannot install signal handlers")?;
     let handle = server::start(config.clone()).context("cannot start the server")?;
@@ -259,13 +260,25 @@ fn serve(config: ServeConfig) -> Result<()> {
         warn_if_limited(config.max_conns, limit.connection_ceiling(listeners), 1);
     }
 
+    match &config.tls {
+        Some(files) => tracing::info!(
+            "TLS on every listener (wss://, https://): {} (SIGHUP reads it again)",
+            files.cert.display()
+        ),
+        None => tracing::info!("TLS: off (--tls-cert, --tls-key)"),
+    }
     let stopper = handle.stopper();
+    let certificates = handle.tls();
     let drain = config.drain_timeout;
     std::thread::Builder::new()
         .name("throng-signals".into())
         .spawn(move || {
             let mut seen = 0;
             for signal in signals.forever() {
+                if signal == signal_hook::consts::SIGHUP {
+                    reload_certificates(certificates.as_deref());
+                    continue;
+                }
                 seen += 1;
                 if seen == 1 {
                     tracing::info!(
@@ -287,6 +300,19 @@ fn serve(config: ServeConfig) -> Result<()> {
     handle.join().context("server stopped with an error")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGHUP: new TLS handshakes use the certificate and key as the files now
+/// hold them; open connections keep theirs. A bad file keeps the old pair.
+fn reload_certificates(certificates: Option<&throng::tls::config::Certificates>) {
+    match certificates.map(|c| c.reload()) {
+        None => tracing::info!("SIGHUP: no --tls-cert to reload; ignored"),
+        Some(Ok(())) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+        Some(Err(e)) => tracing::warn!(
+            error = %e,
+            "SIGHUP: TLS reload failed; new handshakes keep the previous certificate"
+        ),
+    }
 }
 
 /// One line pointing to `throng tune` when `--max-conns` (per process) is more than

@@ -36,10 +36,14 @@ pub enum HandshakeFailure {
     Unauthorized,
     /// A browser page from an origin `--allowed-origin` does not list (403).
     Origin,
+    /// A TLS handshake that failed (plain HTTP to a TLS port, a broken or
+    /// truncated ClientHello, no common version or cipher) or did not finish
+    /// within `--handshake-timeout`.
+    Tls,
 }
 
 impl HandshakeFailure {
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
     pub const ALL: [HandshakeFailure; Self::COUNT] = [
         HandshakeFailure::BadRequest,
         HandshakeFailure::UnsupportedVersion,
@@ -49,6 +53,7 @@ impl HandshakeFailure {
         HandshakeFailure::BrokerUnavailable,
         HandshakeFailure::Unauthorized,
         HandshakeFailure::Origin,
+        HandshakeFailure::Tls,
     ];
 
     /// The label value.
@@ -62,6 +67,7 @@ impl HandshakeFailure {
             HandshakeFailure::BrokerUnavailable => "broker_unavailable",
             HandshakeFailure::Unauthorized => "unauthorized",
             HandshakeFailure::Origin => "origin",
+            HandshakeFailure::Tls => "tls",
         }
     }
 }

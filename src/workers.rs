@@ -97,10 +97,26 @@ pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
     for index in 0..count {
         workers.push(spawn(&exe, &args, index)?);
     }
+    let reloads = Arc::new(AtomicUsize::new(0));
+    {
+        let seen = Arc::clone(&reloads);
+        // SAFETY: the handler only increments an atomic.
+        unsafe {
+            signal_hook::low_level::register(signal_hook::consts::SIGHUP, move || {
+                seen.fetch_add(1, Ordering::SeqCst);
+            })
+        }
+        .map_err(WorkersError::Signals)?;
+    }
     let mut restarts: Vec<(usize, Instant)> = Vec::new();
     loop {
         if signals.load(Ordering::SeqCst) > 0 {
             break;
+        }
+        if reloads.swap(0, Ordering::SeqCst) > 0 {
+            // Each worker reads its certificates again itself.
+            tracing::info!("SIGHUP: passing it on to {} worker(s)", workers.len());
+            signal_all(&workers, libc::SIGHUP);
         }
         let mut i = 0;
         while i < workers.len() {

@@ -289,6 +289,25 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_REDIS_SUBSCRIBE", value_name = "HOW", default_value = defaults::REDIS_SUBSCRIBE, value_parser = parse_redis_subscribe)]
     pub redis_subscribe: crate::broker::Subscribe,
 
+    /// Serve TLS (wss://, https://) on every --listen address with this
+    /// certificate chain (PEM); needs --tls-key. SIGHUP reads both again
+    #[arg(
+        long,
+        env = "THRONG_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The certificate's private key (PEM: PKCS#8, RSA or EC); needs --tls-cert
+    #[arg(
+        long,
+        env = "THRONG_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
     /// Processes sharing the listeners (SO_REUSEPORT), each with --threads I/O
     /// threads; above 1 they reach each other through the broker (needs redis://)
     #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
@@ -397,6 +416,9 @@ pub struct ServeConfig {
     /// `io_uring_enter` (docs/BENCHMARKS.md §16–17). False (`off`), or a kernel
     /// without it: epoll and `recv` for every connection.
     pub io_uring: bool,
+    /// TLS on every listener: the certificate chain and key files (read at
+    /// start and again on SIGHUP). Default: none (plain ws:// and http://).
+    pub tls: Option<TlsFiles>,
     /// Worker processes sharing the listeners. Default 1 (this process serves);
     /// above 1 a master runs that many and restarts any that dies, each holding up
     /// to its own open-files limit. Needs a Redis broker.
@@ -405,6 +427,13 @@ pub struct ServeConfig {
     /// the built-in rules and the history flags for its channels. Default: none
     /// (`chat:*` channels are chat rooms, every other channel is push-only).
     pub namespaces: Namespaces,
+}
+
+/// Where TLS's certificate chain and private key are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// A built-in default from [`defaults`]; a unit test proves every one parses.
@@ -447,6 +476,7 @@ impl Default for ServeConfig {
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
             redis_subscribe: builtin(parse_redis_subscribe, defaults::REDIS_SUBSCRIBE),
             io_uring: builtin(parse_io_uring, defaults::IO_URING),
+            tls: None,
             namespaces: Namespaces::default(),
         }
     }
@@ -587,6 +617,15 @@ impl ServeArgs {
             workers: self.workers,
             redis_subscribe: self.redis_subscribe,
             io_uring: self.io_uring,
+            tls: match (self.tls_cert, self.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+                (None, None) => None,
+                _ => {
+                    return Err(ConfigError::Invalid(
+                        "--tls-cert and --tls-key go together".into(),
+                    ));
+                }
+            },
             namespaces: match &self.config {
                 Some(path) => namespaces_from_file(path)?,
                 None => Namespaces::default(),

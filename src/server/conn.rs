@@ -3,9 +3,14 @@
 //! A [`Conn`] is kept small on purpose (it lives in the loop's slab, one per
 //! socket): its [`Mode`] is plain HTTP or its transport's [`Session`] (holding
 //! only what that transport needs between reads), and its outbound side is empty
-//! until the socket falls behind. Behaviour lives in the event loop, `http` and
-//! the transports; this module owns the data layout and names no transport.
+//! until the socket falls behind. On a TLS listener the connection's [`Tls`]
+//! is kept beside the slab (so a plain connection's record does not grow by a
+//! pointer) and handed to [`Conn`]'s writes, which seal through it: no caller
+//! writes a socket directly. Behaviour lives in
+//! the event loop, `http` and the transports; this module owns the data layout
+//! and names no transport.
 
+use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -14,9 +19,12 @@ use mio::net::TcpStream;
 use super::http::{self, Next};
 use super::shared::Shared;
 use super::timer::Tick;
+use bytes::Bytes;
+
 use crate::hub::Channel;
 use crate::outbound::Outbound;
 use crate::stats::{Counted, TurnCounts};
+use crate::tls::connection::{Tls, TlsWriter};
 use crate::transport::{After, Change, CloseReason, Ctx, Session, Subscription};
 
 /// A tick value meaning "no deadline" / "no wheel entry".
@@ -177,6 +185,46 @@ pub struct Conn {
     pub mode: Mode,
 }
 
+/// Where a connection's bytes go: its socket, counted, either as they are or
+/// sealed by its TLS.
+pub enum Wire<'a> {
+    Plain(Counted<'a, &'a mut TcpStream>),
+    Sealed(TlsWriter<'a, Counted<'a, &'a mut TcpStream>>),
+}
+
+impl<'a> Wire<'a> {
+    pub fn new(socket: &'a mut TcpStream, tls: Option<&'a mut Tls>, sent: &'a mut u64) -> Self {
+        let socket = Counted::new(socket, sent);
+        match tls {
+            Some(tls) => Wire::Sealed(tls.writer(socket)),
+            None => Wire::Plain(socket),
+        }
+    }
+}
+
+impl Write for Wire<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Wire::Plain(w) => w.write(buf),
+            Wire::Sealed(w) => w.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Wire::Plain(w) => w.write_vectored(bufs),
+            Wire::Sealed(w) => w.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Wire::Plain(w) => w.flush(),
+            Wire::Sealed(w) => w.flush(),
+        }
+    }
+}
+
 impl Conn {
     pub fn new(socket: TcpStream, peer: IpAddr, now: Tick) -> Self {
         Conn {
@@ -192,10 +240,43 @@ impl Conn {
         }
     }
 
+    /// Nothing is waiting to go out: no queued plaintext, no sealed bytes owed.
+    pub fn is_flushed(&self, tls: Option<&Tls>) -> bool {
+        self.out.is_empty() && tls.is_none_or(|t| t.unsent() == 0)
+    }
+
     /// Sends `bytes`, queueing what the socket does not take; adds what it took
     /// to `sent`.
-    pub fn send(&mut self, bytes: &[u8], sent: &mut u64) -> std::io::Result<()> {
-        self.out.send(Counted::new(&mut self.socket, sent), bytes)
+    pub fn send(
+        &mut self,
+        bytes: &[u8],
+        tls: Option<&mut Tls>,
+        sent: &mut u64,
+    ) -> std::io::Result<()> {
+        self.out.send(Wire::new(&mut self.socket, tls, sent), bytes)
+    }
+
+    /// Sends frames shared with other subscribers (a fan-out's).
+    pub fn send_shared(
+        &mut self,
+        frames: &[&Bytes],
+        tls: Option<&mut Tls>,
+        sent: &mut u64,
+    ) -> io::Result<()> {
+        self.out
+            .send_shared(Wire::new(&mut self.socket, tls, sent), frames)
+    }
+
+    /// Sends bytes TLS itself produced (a handshake flight, an alert): already
+    /// sealed, they go after what is owed and ahead of anything queued later.
+    pub fn send_sealed(&mut self, bytes: &[u8], tls: &mut Tls, sent: &mut u64) -> io::Result<()> {
+        tls.send_sealed(Counted::new(&mut self.socket, sent), bytes)
+    }
+
+    /// Tells a TLS peer the stream ends here (close_notify), if the socket
+    /// takes it now; writing is shut down next.
+    pub fn say_close_notify(&mut self, tls: &mut Tls, sent: &mut u64) {
+        tls.close_notify(Counted::new(&mut self.socket, sent));
     }
 
     /// Sends `bytes`, whose last `catch_up` are a returning subscriber's replay:
@@ -204,15 +285,55 @@ impl Conn {
         &mut self,
         bytes: &[u8],
         catch_up: usize,
+        tls: Option<&mut Tls>,
         sent: &mut u64,
     ) -> std::io::Result<()> {
         self.out
-            .send_catch_up(Counted::new(&mut self.socket, sent), bytes, catch_up)
+            .send_catch_up(Wire::new(&mut self.socket, tls, sent), bytes, catch_up)
     }
 
-    /// Writes what is queued; `Ok(true)` once nothing is left.
-    pub fn flush(&mut self, sent: &mut u64) -> std::io::Result<bool> {
-        self.out.flush(Counted::new(&mut self.socket, sent))
+    /// Writes what is queued (sealed bytes owed first); `Ok(true)` once
+    /// nothing is left.
+    pub fn flush(&mut self, mut tls: Option<&mut Tls>, sent: &mut u64) -> std::io::Result<bool> {
+        if let Some(tls) = tls.as_deref_mut()
+            && !tls.flush_unsent(Counted::new(&mut self.socket, &mut *sent))?
+        {
+            return Ok(false);
+        }
+        let queue_done = self
+            .out
+            .flush(Wire::new(&mut self.socket, tls.as_deref_mut(), sent))?;
+        Ok(queue_done && self.is_flushed(tls.as_deref()))
+    }
+}
+
+/// The TLS of a loop's connections, by slab key, beside the slab: empty
+/// (and never grown) on a loop without TLS.
+#[derive(Debug, Default)]
+pub struct TlsConns(Vec<Option<Box<Tls>>>);
+
+impl TlsConns {
+    /// A connection just accepted on a TLS listener: its TLS starts fresh.
+    pub fn start(&mut self, key: usize) {
+        if self.0.len() <= key {
+            self.0.resize_with(key + 1, || None);
+        }
+        self.0[key] = Some(Box::default());
+    }
+
+    pub fn get(&self, key: usize) -> Option<&Tls> {
+        self.0.get(key)?.as_deref()
+    }
+
+    pub fn get_mut(&mut self, key: usize) -> Option<&mut Tls> {
+        self.0.get_mut(key)?.as_deref_mut()
+    }
+
+    /// The connection is gone.
+    pub fn remove(&mut self, key: usize) {
+        if let Some(slot) = self.0.get_mut(key) {
+            *slot = None;
+        }
     }
 }
 

@@ -59,6 +59,8 @@ pub enum ServerError {
     Panicked,
     #[error("cannot start the broker: {0}")]
     Broker(#[from] crate::broker::BrokerError),
+    #[error("cannot set up TLS: {0}")]
+    Tls(#[from] crate::tls::config::TlsConfigError),
 }
 
 /// A running server.
@@ -76,6 +78,11 @@ impl ServerHandle {
 
     pub fn stats(&self) -> &ServerStats {
         &self.stopper.shared.stats
+    }
+
+    /// With `--tls-cert`: the certificates, to reload on SIGHUP.
+    pub fn tls(&self) -> Option<Arc<crate::tls::config::Certificates>> {
+        self.stopper.shared.tls.clone()
     }
 
     /// The broker in use, as logs and stats name it.
@@ -149,6 +156,14 @@ fn bind_listener(addr: SocketAddr) -> io::Result<mio::net::TcpListener> {
 /// Binds the listeners, starts the I/O threads and returns at once.
 pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
     let threads = config.threads;
+    // Bad certificate files stop the start, before any port answers.
+    let tls = match &config.tls {
+        Some(files) => Some(Arc::new(crate::tls::config::Certificates::load(
+            &files.cert,
+            &files.key,
+        )?)),
+        None => None,
+    };
     let mut per_thread: Vec<Vec<mio::net::TcpListener>> =
         (0..threads).map(|_| Vec::new()).collect();
     let mut local_addrs = Vec::with_capacity(config.listen.len());
@@ -203,6 +218,7 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
     }
     let mut shared = Shared::new(config, hub, broker);
     shared.webhooks = webhooks;
+    shared.tls = tls;
     let shared = Arc::new(shared);
     let mut handles = Vec::with_capacity(threads);
     for (index, (listeners, poll)) in per_thread.into_iter().zip(polls).enumerate() {

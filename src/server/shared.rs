@@ -107,6 +107,8 @@ pub struct Shared {
     next_client: AtomicU32,
     /// Pusher webhooks, when an app has any.
     pub webhooks: Option<Arc<crate::pusher::webhook::Webhooks>>,
+    /// With `--tls-cert`: what new TLS handshakes use (SIGHUP replaces it).
+    pub tls: Option<Arc<crate::tls::config::Certificates>>,
 }
 
 impl Shared {
@@ -122,6 +124,7 @@ impl Shared {
             feed: Feed::default(),
             next_client: AtomicU32::new(1),
             webhooks: None,
+            tls: None,
         }
     }
 

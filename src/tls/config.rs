@@ -148,6 +148,15 @@ pub struct Certificates {
     current: RwLock<Arc<ServerConfig>>,
 }
 
+impl std::fmt::Debug for Certificates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Certificates")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Certificates {
     pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsConfigError> {
         Ok(Self {

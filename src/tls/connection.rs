@@ -23,6 +23,13 @@ use super::stream::{self, Leftover, SealingWriter};
 /// and its certificate-free follow-ups are far smaller; more is an attack.
 const MAX_HANDSHAKE_PENDING: usize = 64 * 1024;
 
+/// The answer to a plain HTTP request on a TLS port.
+const PLAIN_HTTP_ANSWER: &[u8] = b"HTTP/1.1 400 Bad Request\r\n\
+Content-Type: text/plain; charset=utf-8\r\n\
+Content-Length: 58\r\n\
+Connection: close\r\n\r\n\
+This port speaks TLS: use https:// or wss:// to reach it.\n";
+
 thread_local! {
     /// Where a loop seals before writing: one per thread, reused by every
     /// connection, so sealing allocates nothing per message.
@@ -124,6 +131,12 @@ impl Tls {
         send: &mut Vec<u8>,
     ) -> Result<Received, TlsError> {
         let result = self.receive_inner(config, input, plain, send);
+        if let Err(TlsError::Handshake(TlsHandshakeError::PlainHttp(_))) = &result {
+            // Someone typed http:// for an https:// port: an HTTP answer they
+            // can read says so, where a TLS alert would be noise to them.
+            send.clear();
+            send.extend_from_slice(PLAIN_HTTP_ANSWER);
+        }
         if let Err(e) = &result {
             if let (State::Open(session), TlsError::Record(record)) = (&mut self.state, e)
                 && let Some(description) = record.alert()

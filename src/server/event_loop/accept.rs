@@ -108,6 +108,9 @@ impl EventLoop {
         }
         self.ring.opened(key);
         let conn = entry.insert(Conn::new(socket, addr.ip(), self.clock.now));
+        if self.shared.tls.is_some() {
+            self.tls.start(key);
+        }
         let due = self.clock.now + self.clock.handshake_ticks;
         set_deadline(&mut self.clock.wheel, key, conn, due);
         // The listener defers accepts until the request's first bytes are in

@@ -95,7 +95,9 @@ impl EventLoop {
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.phase == Phase::Active && !c.mode.is_counted() && c.out.is_empty())
+            .filter(|(k, c)| {
+                c.phase == Phase::Active && !c.mode.is_counted() && c.is_flushed(self.tls.get(*k))
+            })
             .map(|(k, _)| k)
             .collect();
         for key in idle {

@@ -19,6 +19,7 @@ mod drain;
 mod open;
 mod ring;
 mod timers;
+mod tls;
 
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::conn::{Conn, Handled, Mode, Phase};
+use super::conn::{Conn, Handled, Mode, Phase, TlsConns};
 use super::http::Next;
 use super::shared::Shared;
 use super::subscribers::{Follow, LocalSubscribers};
@@ -64,6 +65,9 @@ struct Buffers {
     failed: Vec<Follow>,
     /// Subscriptions the connection being served asked for (a Pusher subscribe).
     changes: Vec<Change>,
+    /// What a TLS connection's read opened to, and what TLS itself must send.
+    plain: Vec<u8>,
+    sealed: Vec<u8>,
 }
 
 /// The loop's counters: shared with whoever reports them, and this turn's.
@@ -76,6 +80,8 @@ pub struct EventLoop {
     poll: Poll,
     accept: Acceptor,
     conns: Slab<Conn>,
+    /// The TLS of each connection, on TLS listeners (see [`TlsConns`]).
+    tls: TlsConns,
     clock: Clock,
     buf: Buffers,
     /// Connections that still had input when their read turn ended.
@@ -110,7 +116,10 @@ impl EventLoop {
                 out: Vec::with_capacity(READ_BUF),
                 failed: Vec::new(),
                 changes: Vec::new(),
+                plain: Vec::new(),
+                sealed: Vec::new(),
             },
+            tls: TlsConns::default(),
             unfinished: Vec::new(),
             tally: Tally {
                 shared: shared.stats.loop_counters(index),
@@ -236,6 +245,7 @@ impl EventLoop {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
         };
+        self.tls.remove(key);
         self.ring.forget(&self.poll, key, &mut conn);
         if let Mode::Open(session) = &conn.mode {
             let counters = &self.tally.shared;
@@ -250,7 +260,7 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        match conn.flush(&mut self.tally.turn.bytes_sent) {
+        match conn.flush(self.tls.get_mut(key), &mut self.tally.turn.bytes_sent) {
             Ok(true) if conn.phase == Phase::Closing => self.finish_close(key),
             Ok(_) => {}
             Err(_) => self.drop_conn(key),
@@ -314,10 +324,11 @@ impl EventLoop {
         let Some(conn) = self.conns.get(key) else {
             return;
         };
-        if !conn.out.is_empty() && conn.phase == Phase::Closing {
+        let flushed = conn.is_flushed(self.tls.get(key));
+        if !flushed && conn.phase == Phase::Closing {
             return;
         }
-        if !conn.out.is_empty() && !conn.mode.is_counted() {
+        if !flushed && !conn.mode.is_counted() {
             self.buf.out.clear();
             self.send_out(key, After::Close);
             return;
@@ -328,6 +339,10 @@ impl EventLoop {
     /// Hands `buf.read[..n]` to the connection's handler.
     fn on_input(&mut self, key: usize, n: usize) {
         self.buf.out.clear();
+        if self.tls.get(key).is_some() {
+            self.on_tls_input(key, n);
+            return;
+        }
         self.feed(key, None, n);
     }
 
@@ -382,6 +397,7 @@ impl EventLoop {
         self.subscribers.deliver(
             inbox,
             &mut self.conns,
+            &mut self.tls,
             self.shared.config.max_queue,
             &mut self.tally.turn,
             &mut self.buf.failed,
@@ -407,7 +423,8 @@ impl EventLoop {
             return;
         };
         if !self.buf.out.is_empty() {
-            let sent = conn.send(&self.buf.out, &mut self.tally.turn.bytes_sent);
+            let tls = self.tls.get_mut(key);
+            let sent = conn.send(&self.buf.out, tls, &mut self.tally.turn.bytes_sent);
             self.buf.out.clear();
             if sent.is_err() {
                 self.drop_conn(key);
@@ -425,7 +442,7 @@ impl EventLoop {
             };
             let due = self.clock.now + ticks(CLOSE_TIMEOUT);
             set_deadline(&mut self.clock.wheel, key, conn, due);
-            if conn.out.is_empty() {
+            if conn.is_flushed(self.tls.get(key)) {
                 self.finish_close(key);
             }
             return;
@@ -463,6 +480,9 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        if let Some(tls) = self.tls.get_mut(key) {
+            conn.say_close_notify(tls, &mut self.tally.turn.bytes_sent);
+        }
         if conn.socket.shutdown(std::net::Shutdown::Write).is_err() {
             self.drop_conn(key);
             return;

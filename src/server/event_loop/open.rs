@@ -138,7 +138,13 @@ impl EventLoop {
         // not a slow consumer for that: only what comes on top of it counts
         // against --max-queue.
         let catch_up = self.buf.out.len() - start;
-        let sent = conn.send_catch_up(&self.buf.out, catch_up, &mut self.tally.turn.bytes_sent);
+        let tls = self.tls.get_mut(key);
+        let sent = conn.send_catch_up(
+            &self.buf.out,
+            catch_up,
+            tls,
+            &mut self.tally.turn.bytes_sent,
+        );
         self.buf.out.clear();
         if sent.is_err() {
             self.drop_conn(key);

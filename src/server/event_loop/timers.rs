@@ -108,7 +108,9 @@ impl EventLoop {
             } else {
                 // A request begun and not finished in time (a kept-alive connection
                 // idle between requests has nothing pending).
-                if conn.phase == Phase::Active && conn.mode.has_partial_request() {
+                if self.tls.get(key).is_some_and(|t| t.is_handshaking()) {
+                    self.tally.turn.handshake_failed(HandshakeFailure::Tls);
+                } else if conn.phase == Phase::Active && conn.mode.has_partial_request() {
                     self.tally.turn.handshake_failed(HandshakeFailure::Timeout);
                 }
                 self.drop_conn(key);

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 use smallvec::SmallVec;
 
-use super::conn::{Conn, Phase};
+use super::conn::{Conn, Phase, TlsConns};
 use crate::broker::{Broker, BrokerError, Member, Members, PresenceMember, Replay};
 use crate::hub::Body;
 use crate::hub::{Channel, ConnRef, Delivery, Inbox, SocketId};
 use crate::rules::{self, Namespaces};
-use crate::stats::{Counted, TurnCounts};
+use crate::stats::TurnCounts;
 use crate::transport::{Format, Subscribe, Subscription};
 
 /// Deliveries of one channel gathered into one write per subscriber.
@@ -391,6 +391,7 @@ impl LocalSubscribers {
         &mut self,
         inbox: &Inbox,
         conns: &mut Slab<Conn>,
+        tls: &mut TlsConns,
         max_queue: usize,
         counts: &mut TurnCounts,
         failed: &mut Vec<Follow>,
@@ -431,6 +432,7 @@ impl LocalSubscribers {
                 group,
                 end,
                 conns,
+                tls,
                 max_queue,
                 counts,
                 failed,
@@ -473,6 +475,7 @@ impl LocalSubscribers {
         group: &[Delivery],
         end: usize,
         conns: &mut Slab<Conn>,
+        tls: &mut TlsConns,
         max_queue: usize,
         counts: &mut TurnCounts,
         failed: &mut Vec<Follow>,
@@ -589,8 +592,10 @@ impl LocalSubscribers {
             counts.messages_out += frames.len() as u64;
             counts.delivered += frames.len() as u64;
             wrote = true;
-            let socket = Counted::new(&mut conn.socket, &mut counts.bytes_sent);
-            if conn.out.send_shared(socket, frames).is_err() {
+            if conn
+                .send_shared(frames, tls.get_mut(key), &mut counts.bytes_sent)
+                .is_err()
+            {
                 failed.push(Follow::Dead(key));
             } else if conn.out.counted_bytes() > max_queue {
                 failed.push(Follow::Slow(key));

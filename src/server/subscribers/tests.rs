@@ -128,7 +128,14 @@ fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
     broker.publish("big", text("m1")).unwrap();
     broker.publish("big", text("m2")).unwrap();
     let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
     // One turn's share written (both messages in one write each), the rest left.
     assert!(subscribers.has_pending());
     assert_eq!(counts.delivered, 2 * FAN_OUT_SLICE as u64);
@@ -167,7 +174,14 @@ fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
     // Published after they joined: everyone gets it, once the fan-out is done.
     broker.publish("big", text("m3")).unwrap();
     while subscribers.has_pending() || hub.inbox(0).has_work() {
-        subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+        subscribers.deliver(
+            hub.inbox(0),
+            &mut conns,
+            &mut TlsConns::default(),
+            1 << 20,
+            &mut counts,
+            &mut failed,
+        );
     }
     assert!(failed.is_empty(), "{failed:?}");
     for (key, client) in &mut clients {
@@ -217,7 +231,14 @@ fn a_long_poll_gets_one_answer_however_many_messages_wait() {
     }
     let mut counts = TurnCounts::default();
     let mut follow = Vec::new();
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut follow);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut follow,
+    );
     assert_eq!(follow, vec![Follow::Answered(key)]);
     let answer = String::from_utf8(received(&mut client)).unwrap();
     assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 1, "{answer}");
@@ -255,9 +276,23 @@ fn a_returning_subscriber_gets_no_live_copy_of_what_history_gave_it() {
     }
     let mut counts = TurnCounts::default();
     let mut failed = Vec::new();
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
     broker.publish("c", text("two")).unwrap();
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
     assert!(failed.is_empty());
     assert_eq!(received(&mut clients[0]), b"\x81\x03one\x81\x03two");
     assert_eq!(received(&mut clients[1]), b"\x81\x03two");
@@ -284,11 +319,25 @@ fn a_quiet_channels_returning_subscriber_keeps_no_filter_once_the_inbox_is_taken
     // Nothing was published: taking the (empty) inbox is enough to drop the filter.
     let mut counts = TurnCounts::default();
     let mut failed = Vec::new();
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
     assert!(!subscribers.has_fresh());
     // And what comes next is delivered once.
     broker.publish("q", text("after")).unwrap();
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
     assert!(failed.is_empty());
     assert_eq!(received(&mut client), b"\x81\x05after");
 }
@@ -360,13 +409,15 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
     // A catch-up far larger than the queue limit and than the socket's buffers.
     let max_queue = 4096;
     let replay = vec![b'r'; 16 << 20];
-    conn.send_catch_up(&replay, replay.len(), &mut 0).unwrap();
+    conn.send_catch_up(&replay, replay.len(), None, &mut 0)
+        .unwrap();
     assert!(conn.out.queued_bytes() > max_queue);
     let (mut counts, mut follow) = (TurnCounts::default(), Vec::new());
     broker.publish("big", text(&"a".repeat(3000))).unwrap();
     subscribers.deliver(
         hub.inbox(0),
         &mut conns,
+        &mut TlsConns::default(),
         max_queue,
         &mut counts,
         &mut follow,
@@ -380,6 +431,7 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
     subscribers.deliver(
         hub.inbox(0),
         &mut conns,
+        &mut TlsConns::default(),
         max_queue,
         &mut counts,
         &mut follow,
@@ -460,7 +512,14 @@ fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
     let mut counts = TurnCounts::default();
     let mut failed = Vec::new();
     // The inbox is taken once with nothing in it ...
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
     assert!(subscribers.has_fresh(), "kept until a newer message comes");
     // ... and then the live copy of seq 1 arrives, as Redis's listener may
     // deliver a message published between the count and the history snapshot.
@@ -477,9 +536,23 @@ fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
         }
     })
     .unwrap();
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
     broker.publish("c", text("two")).unwrap();
-    subscribers.deliver(hub.inbox(0), &mut conns, 1 << 20, &mut counts, &mut failed);
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
     assert!(failed.is_empty());
     assert_eq!(
         received(&mut client),

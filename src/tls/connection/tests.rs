@@ -93,6 +93,14 @@ fn plain_http_to_a_tls_port_fails_with_a_reason_and_no_state_is_kept() {
     );
     assert!(plain.is_empty());
     assert!(tls.leftover.is_empty());
+    let answer = String::from_utf8(send.clone()).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(
+        head.contains(&format!("Content-Length: {}", body.len())),
+        "{answer}"
+    );
+    assert!(body.contains("https://"), "{answer}");
     // Whatever comes after is ignored, not opened.
     let mut more = b"more".to_vec();
     let r = tls
