@@ -39,7 +39,7 @@ FAMILIES = {
     "process_resident_memory_bytes": "gauge",
     "process_open_fds": "gauge",
 }
-REASONS = {"bad_request", "unsupported_version", "max_conns", "max_conns_per_ip", "timeout", "broker_unavailable", "unauthorized", "origin"}
+REASONS = {"bad_request", "unsupported_version", "max_conns", "max_conns_per_ip", "timeout", "broker_unavailable", "unauthorized", "origin", "tls"}
 HISTOGRAM = "throng_delivery_latency_seconds"
 
 

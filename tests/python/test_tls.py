@@ -1,0 +1,373 @@
+"""TLS on the server's own listeners (--tls-cert, --tls-key), with clients throng
+did not write: Python's ssl module under websockets and httpx, curl and
+openssl s_client. Every transport, both TLS versions, session resumption, the
+bad inputs (plain HTTP, garbage, a truncated or stalled ClientHello, a client
+that never reads), and SIGHUP reloads, one of them under load."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+
+from conftest import free_port
+
+
+def make_cert(directory: Path, name: str, key_type: str = "ec") -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost, with its key."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    newkey = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"] if key_type == "ec" else ["-newkey", "rsa:2048"]
+    subprocess.run(
+        ["openssl", "req", "-x509", *newkey, "-nodes", "-days", "2", "-subj", f"/CN={name}",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    return cert, key
+
+
+def client_context(cert: Path, version: ssl.TLSVersion | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(cert))
+    if version is not None:
+        ctx.minimum_version = version
+        ctx.maximum_version = version
+    return ctx
+
+
+@pytest.fixture
+def tls_server(start_server, tmp_path):
+    """start(*flags) -> (server, cert, key): a server speaking TLS with a fresh certificate."""
+
+    def start(*flags, key_type="ec"):
+        cert, key = make_cert(tmp_path, "served", key_type)
+        srv = start_server("--tls-cert", cert, "--tls-key", key, *flags)
+        return srv, cert, key
+
+    return start
+
+
+def scrape(port: int, cert: Path) -> str:
+    return httpx.get(f"https://127.0.0.1:{port}/metrics", verify=client_context(cert), timeout=5).text
+
+
+def metric(port: int, cert: Path, series: str) -> float:
+    for line in scrape(port, cert).splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} not in /metrics")
+
+
+def tls_failures(port: int, cert: Path) -> float:
+    return metric(port, cert, 'throng_handshake_failures_total{reason="tls"}')
+
+
+def wait_for(check, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def served_cert(port: int) -> bytes:
+    """The DER certificate a new handshake is given (not verified)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+            return s.getpeercert(binary_form=True)
+
+
+def der(cert: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(cert.read_text())
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_websocket_echo_and_a_published_message_over_both_versions(tls_server, version):
+    srv, cert, _ = tls_server()
+    ctx = client_context(cert, version)
+
+    async def run():
+        async with websockets.connect(f"wss://127.0.0.1:{srv.port}/echo", ssl=ctx) as ws:
+            ssl_object = ws.transport.get_extra_info("ssl_object")
+            assert ssl_object.version() == {"TLSv1_2": "TLSv1.2", "TLSv1_3": "TLSv1.3"}[version.name]
+            for i in range(5):
+                await ws.send(f"hello {i}")
+                assert await ws.recv() == f"hello {i}"
+            # Larger than one TLS record (16 KiB): split and sealed in several.
+            big = "x" * 60_000
+            await ws.send(big)
+            assert await ws.recv() == big
+        async with websockets.connect(f"wss://127.0.0.1:{srv.port}/ws/news", ssl=ctx) as sub:
+            async with httpx.AsyncClient(verify=ctx) as api:
+                r = await api.post(f"https://127.0.0.1:{srv.port}/api/publish/news", content="over tls")
+                assert r.status_code == 200, r.text
+            assert await asyncio.wait_for(sub.recv(), 5) in ("over tls", b"over tls")
+
+    asyncio.run(run())
+
+
+def test_an_rsa_key_serves_too(tls_server):
+    srv, cert, _ = tls_server(key_type="rsa")
+    r = httpx.get(f"https://127.0.0.1:{srv.port}/healthz", verify=client_context(cert), timeout=5)
+    assert r.status_code == 200
+
+
+def test_sse_and_long_poll_over_tls(tls_server):
+    srv, cert, _ = tls_server()
+    ctx = client_context(cert)
+    base = f"https://127.0.0.1:{srv.port}"
+    with httpx.Client(verify=ctx, timeout=10) as client:
+        with client.stream("GET", f"{base}/sse/feed") as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.iter_lines()
+            assert next(lines).startswith("retry:")
+            with httpx.Client(verify=ctx, timeout=5) as api:
+                assert api.post(f"{base}/api/publish/feed", content="sse over tls", headers={"content-type": "text/plain"}).status_code == 200
+            for line in lines:
+                if line.startswith("data:"):
+                    assert line == "data: sse over tls"
+                    break
+        # The message is in history: a long-poll from the start gets it at once.
+        r = client.get(f"{base}/poll/feed", params={"since": "0"})
+        assert r.status_code == 200, r.text
+        assert "sse over tls" in r.text
+
+
+def test_curl_and_openssl_s_client(tls_server):
+    srv, cert, _ = tls_server()
+    out = subprocess.run(
+        ["curl", "-sS", "--cacert", str(cert), "-w", "\n%{http_code} %{http_version}",
+         f"https://localhost:{srv.port}/healthz", "--resolve", f"localhost:{srv.port}:127.0.0.1"],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.endswith("200 1.1"), out.stdout
+    for flag, name in (("-tls1_2", "TLSv1.2"), ("-tls1_3", "TLSv1.3")):
+        s = subprocess.run(
+            ["openssl", "s_client", "-connect", f"127.0.0.1:{srv.port}", "-servername", "localhost",
+             "-CAfile", str(cert), "-alpn", "http/1.1", flag],
+            input="", capture_output=True, text=True, timeout=20,
+        )
+        text = s.stdout + s.stderr
+        assert "Verify return code: 0 (ok)" in text, text
+        assert f"New, {name}, Cipher is" in text, text
+        assert "ALPN protocol: http/1.1" in text, text
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_a_reconnect_resumes_its_session(tls_server, version):
+    srv, cert, _ = tls_server()
+    ctx = client_context(cert, version)
+
+    def get(session=None):
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                body = b""
+                while chunk := s.recv(4096):
+                    body += chunk
+                assert body.startswith(b"HTTP/1.1 200"), body
+                return s.session, s.session_reused
+
+    session, reused = get()
+    assert not reused
+    assert session is not None
+    for _ in range(3):
+        session, reused = get(session)
+        assert reused, "the ticket from the last connection did not resume"
+
+
+def test_plain_http_to_the_tls_port_is_told_so_and_counted(tls_server):
+    srv, cert, _ = tls_server()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert b"https://" in answer
+    assert wait_for(lambda: tls_failures(srv.port, cert) == 1)
+
+
+def client_hello() -> bytes:
+    """A real ClientHello, from Python's ssl over memory buffers."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()
+
+
+def closed_within(s: socket.socket, seconds: float) -> bool:
+    """True once the server closed (EOF or reset) within `seconds`."""
+    s.settimeout(seconds)
+    try:
+        while s.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_broken_and_stalled_hellos_close_only_their_own_connection(tls_server):
+    srv, cert, _ = tls_server("--handshake-timeout", "1s")
+    hello = client_hello()
+    ctx = client_context(cert)
+
+    async def echo_meanwhile():
+        async with websockets.connect(f"wss://127.0.0.1:{srv.port}/echo", ssl=ctx) as ws:
+            for i in range(20):
+                await ws.send(str(i))
+                assert await ws.recv() == str(i)
+                await asyncio.sleep(0.05)
+
+    # A ClientHello cut short that never goes on: closed by the handshake timeout.
+    stalled = socket.create_connection(("127.0.0.1", srv.port))
+    stalled.sendall(hello[: len(hello) // 2])
+    # A handshake record with garbage inside: refused at once.
+    garbage = socket.create_connection(("127.0.0.1", srv.port))
+    garbage.sendall(b"\x16\x03\x01\x00\x40" + os.urandom(64))
+    # A record header claiming more than TLS allows.
+    oversized = socket.create_connection(("127.0.0.1", srv.port))
+    oversized.sendall(b"\x16\x03\x01\xff\xff" + b"\x00" * 100)
+    asyncio.run(echo_meanwhile())
+    assert closed_within(garbage, 5)
+    assert closed_within(oversized, 5)
+    assert closed_within(stalled, 5)
+    for s in (stalled, garbage, oversized):
+        s.close()
+    assert wait_for(lambda: tls_failures(srv.port, cert) == 3), scrape(srv.port, cert)
+
+
+def test_a_subscriber_that_never_reads_is_dropped_and_the_others_get_everything(tls_server):
+    srv, cert, _ = tls_server("--max-queue", "64KiB")
+    ctx = client_context(cert)
+    # A TLS subscriber that completes its upgrade and then reads nothing more.
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.connect(("127.0.0.1", srv.port))
+    stuck = ctx.wrap_socket(raw, server_hostname="localhost")
+    stuck.sendall(
+        b"GET /ws/wide HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    assert stuck.recv(4096).startswith(b"HTTP/1.1 101")
+    payload = "y" * 30_000
+
+    async def run():
+        async with websockets.connect(f"wss://127.0.0.1:{srv.port}/ws/wide", ssl=ctx, max_size=None) as good:
+            async with httpx.AsyncClient(verify=ctx) as api:
+                # Bounded: the kernel's buffers take some megabytes before the
+                # server's own queue fills; far fewer rounds are needed.
+                for i in range(600):
+                    r = await api.post(f"https://127.0.0.1:{srv.port}/api/publish/wide", content=f"{i}:{payload}",
+                                       headers={"content-type": "text/plain"})
+                    assert r.status_code == 200
+                    got = await asyncio.wait_for(good.recv(), 5)
+                    assert got.split(":")[0] == str(i)
+                    if i % 50 == 49 and "throng_slow_consumer_disconnects_total 1" in (
+                        await api.get(f"https://127.0.0.1:{srv.port}/metrics")
+                    ).text:
+                        return i
+        return None
+
+    sent = asyncio.run(run())
+    assert sent is not None, "the subscriber that never reads was never dropped"
+    assert closed_within(stuck, 5)
+    stuck.close()
+
+
+def test_sighup_reloads_the_certificate_for_new_handshakes_only(tls_server, tmp_path):
+    srv, cert, key = tls_server()
+    first = der(cert)
+    assert served_cert(srv.port) == first
+    ctx_old = client_context(cert)
+
+    async def run():
+        async with websockets.connect(f"wss://127.0.0.1:{srv.port}/echo", ssl=ctx_old) as before:
+            # New files in place, then SIGHUP.
+            new_cert, new_key = make_cert(tmp_path, "renewed")
+            cert.write_bytes(new_cert.read_bytes())
+            key.write_bytes(new_key.read_bytes())
+            srv.signal(signal.SIGHUP)
+            assert await asyncio.to_thread(wait_for, lambda: served_cert(srv.port) == der(new_cert))
+            # The connection from before the reload goes on with its keys.
+            await before.send("still here")
+            assert await before.recv() == "still here"
+            # A bad file keeps the pair that works, and the log says why.
+            key.write_text("not a key")
+            srv.signal(signal.SIGHUP)
+            assert await asyncio.to_thread(wait_for, lambda: "TLS reload failed" in srv.stderr() + srv.stdout())
+            assert served_cert(srv.port) == der(new_cert)
+            await before.send("and here")
+            assert await before.recv() == "and here"
+
+    asyncio.run(run())
+    log = srv.stderr() + srv.stdout()
+    assert "TLS certificate and key reloaded" in log, log
+
+
+def test_reloads_under_load_lose_no_connection(tls_server, tmp_path):
+    srv, cert, key = tls_server()
+    ctx = client_context(cert)
+    conns, rounds = 40, 30
+
+    async def client(i: int):
+        async with websockets.connect(f"wss://127.0.0.1:{srv.port}/echo", ssl=ctx) as ws:
+            for n in range(rounds):
+                await ws.send(f"{i}/{n}")
+                assert await ws.recv() == f"{i}/{n}"
+                await asyncio.sleep(0.02)
+            return True
+
+    async def reloads():
+        for n in range(5):
+            await asyncio.sleep(0.1)
+            # The same pair rewritten: every reload reads the files anew.
+            c, k = make_cert(tmp_path, f"r{n}")
+            cert.write_bytes(c.read_bytes())
+            key.write_bytes(k.read_bytes())
+            srv.signal(signal.SIGHUP)
+
+    async def run():
+        results = await asyncio.gather(reloads(), *(client(i) for i in range(conns)))
+        return results[1:]
+
+    assert asyncio.run(run()) == [True] * conns
+    log = srv.stderr() + srv.stdout()
+    assert len(re.findall("TLS certificate and key reloaded", log)) == 5, log
+
+
+def test_a_missing_key_file_stops_the_start_with_the_reason(tmp_path):
+    from conftest import throng_bin
+
+    cert, _ = make_cert(tmp_path, "lonely")
+    out = subprocess.run(
+        [str(throng_bin()), "serve", "--listen", f"127.0.0.1:{free_port()}",
+         "--tls-cert", str(cert), "--tls-key", str(tmp_path / "missing.key")],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert out.returncode != 0
+    assert "missing.key" in out.stderr, out.stderr
+    half = subprocess.run(
+        [str(throng_bin()), "serve", "--listen", f"127.0.0.1:{free_port()}", "--tls-cert", str(cert)],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert half.returncode != 0
+    assert "--tls-key" in half.stderr, half.stderr
