@@ -67,7 +67,8 @@ type opening struct {
 // bounded by dialTimeout).
 func openAll(cfg *config, ips []net.IP, onOpen func(int, *websocket.Conn)) opening {
 	o := loadkit.Opener{Prog: "wsload", Conns: cfg.conns, Rate: cfg.rate, IPs: ips, Timeout: cfg.DialTimeout,
-		ReadBuf: cfg.readBuf, WriteBuf: cfg.writeBuf, URL: func(int) string { return cfg.url }}
+		ReadBuf: cfg.readBuf, WriteBuf: cfg.writeBuf, URL: func(int) string { return cfg.url },
+		TLS: cfg.TLSConfig("wsload")}
 	return opening{Mode: cfg.mode, URL: cfg.url, Conns: cfg.conns, Rate: cfg.rate, Opening: o.Open(onOpen)}
 }
 

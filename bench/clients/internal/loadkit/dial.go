@@ -1,6 +1,7 @@
 package loadkit
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -57,6 +58,7 @@ type Opener struct {
 	ReadBuf  int                // gorilla's buffer sizes (0 = its default)
 	WriteBuf int                //
 	URL      func(i int) string // where connection i goes
+	TLS      *tls.Config        // for wss:// URLs (nil: Go's defaults, the system roots)
 }
 
 // Opening is what both clients report about opening their connections.
@@ -72,7 +74,7 @@ func (o *Opener) dialers() []*websocket.Dialer {
 	mk := func(local net.Addr) *websocket.Dialer {
 		nd := &net.Dialer{Timeout: o.Timeout, LocalAddr: local}
 		return &websocket.Dialer{NetDialContext: nd.DialContext, HandshakeTimeout: o.Timeout,
-			ReadBufferSize: o.ReadBuf, WriteBufferSize: o.WriteBuf}
+			ReadBufferSize: o.ReadBuf, WriteBufferSize: o.WriteBuf, TLSClientConfig: o.TLS}
 	}
 	var out []*websocket.Dialer
 	if len(o.IPs) == 0 {

@@ -1,8 +1,11 @@
 package loadkit
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"flag"
 	"net"
+	"os"
 	"time"
 )
 
@@ -14,6 +17,8 @@ type Common struct {
 	ClkTck      int
 	DialTimeout time.Duration
 	RSSSamples  int
+	CAFile      string
+	Insecure    bool
 }
 
 // Register defines the common flags on the default flag set.
@@ -23,6 +28,29 @@ func (c *Common) Register() {
 	flag.IntVar(&c.ClkTck, "clk-tck", 100, "clock ticks per second for /proc/PID/stat (getconf CLK_TCK)")
 	flag.DurationVar(&c.DialTimeout, "dial-timeout", 10*time.Second, "TCP connect + handshake timeout")
 	flag.IntVar(&c.RSSSamples, "rss-samples", 5, "server RSS samples (200 ms apart) before and after; the median is used")
+	flag.StringVar(&c.CAFile, "ca", "", "wss://: trust the CA certificates in this PEM file (default: the system roots)")
+	flag.BoolVar(&c.Insecure, "insecure", false, "wss://: accept any server certificate (self-signed test certificates)")
+}
+
+// TLSConfig is the client TLS configuration for wss:// URLs the flags ask for
+// (nil: Go's defaults). A bad -ca file ends the program (status 2).
+func (c *Common) TLSConfig(prog string) *tls.Config {
+	if c.CAFile == "" && !c.Insecure {
+		return nil
+	}
+	cfg := &tls.Config{InsecureSkipVerify: c.Insecure}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			Fail(prog, err.Error())
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			Fail(prog, "-ca "+c.CAFile+": no PEM certificate in it")
+		}
+		cfg.RootCAs = pool
+	}
+	return cfg
 }
 
 // Check settles the common flags after parsing and returns the source
