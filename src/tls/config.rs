@@ -94,6 +94,8 @@ fn build(
     config.send_tls13_tickets = TLS13_TICKETS;
     // The record layer is throng's own once the handshake is done.
     config.enable_secret_extraction = true;
+    // TLS 1.3 key updates are answered from the traffic secrets, caught here.
+    config.key_log = Arc::new(super::traffic::Capture);
     Ok(Arc::new(config))
 }
 

@@ -17,6 +17,8 @@ use rustls::unbuffered::{
 use rustls::{ExtractedSecrets, ProtocolVersion, ServerConfig};
 use rustls_pki_types::DnsName;
 
+use super::traffic::{Captured, TrafficSecrets, take_captured};
+
 /// TLS record header: content type, legacy version, length.
 const RECORD_HEADER: usize = 5;
 const CONTENT_HANDSHAKE: u8 = 0x16;
@@ -38,6 +40,10 @@ pub enum TlsHandshakeError {
     PeerClosed,
     #[error("rustls offered application data before the handshake was done")]
     DataDuringHandshake,
+    #[error(
+        "rustls did not log the TLS 1.3 traffic secrets (the configuration lacks throng's key log)"
+    )]
+    NoTrafficSecrets,
     #[error("cannot encode a handshake record: {0}")]
     Encode(#[source] EncodeError),
 }
@@ -61,6 +67,8 @@ struct Conn {
     /// rustls's unbuffered server does not expose the SNI, so it is read from
     /// the ClientHello on the way in.
     sni: Option<Box<str>>,
+    /// TLS 1.3's traffic secrets as rustls logs them (see [`super::traffic`]).
+    captured: Captured,
 }
 
 pub struct Handshake {
@@ -82,6 +90,7 @@ impl Handshake {
             conn: Box::new(Conn {
                 tls: UnbufferedServerConnection::new(config)?,
                 sni: None,
+                captured: Captured::default(),
             }),
         })
     }
@@ -96,6 +105,14 @@ impl Handshake {
     /// the next call must be given them exactly as they are now, followed by
     /// whatever arrived since.
     pub fn advance(&mut self, input: &mut [u8], out: &mut Vec<u8>) -> (usize, Progress) {
+        // What rustls logs during this step is this connection's.
+        drop(take_captured());
+        let step = self.advance_records(input, out);
+        self.conn.captured.merge(take_captured());
+        step
+    }
+
+    fn advance_records(&mut self, input: &mut [u8], out: &mut Vec<u8>) -> (usize, Progress) {
         let conn = &mut *self.conn;
         if conn.sni.is_none() && conn.tls.protocol_version().is_none() {
             conn.sni = sni_from_client_hello(input);
@@ -180,25 +197,27 @@ impl Handshake {
         }
     }
 
-    /// After `Done`: hands the traffic keys over: `(rustls::ProtocolVersion,
-    /// rustls::ExtractedSecrets, rustls::kernel::KernelConnection<rustls::server::ServerConnectionData>)`
-    /// (the KernelConnection is kept for TLS 1.3 key updates).
+    /// After `Done`: hands the traffic keys over, with TLS 1.3's traffic
+    /// secrets (for key updates; none under TLS 1.2). rustls's own state is
+    /// dropped here.
     pub fn finish(
         self,
-    ) -> Result<
-        (
-            ProtocolVersion,
-            ExtractedSecrets,
-            rustls::kernel::KernelConnection<ServerConnectionData>,
-        ),
-        TlsHandshakeError,
-    > {
-        let Conn { tls, .. } = *self.conn;
+    ) -> Result<(ProtocolVersion, ExtractedSecrets, Option<TrafficSecrets>), TlsHandshakeError>
+    {
+        let Conn { tls, captured, .. } = *self.conn;
         let version = tls
             .protocol_version()
             .ok_or(rustls::Error::HandshakeNotComplete)?;
-        let (secrets, kernel) = tls.dangerous_into_kernel_connection()?;
-        Ok((version, secrets, kernel))
+        let (secrets, _kernel) = tls.dangerous_into_kernel_connection()?;
+        let traffic = match version {
+            ProtocolVersion::TLSv1_3 => Some(
+                captured
+                    .complete()
+                    .ok_or(TlsHandshakeError::NoTrafficSecrets)?,
+            ),
+            _ => None,
+        };
+        Ok((version, secrets, traffic))
     }
 
     /// The name the client asked for (SNI), for logs.

@@ -14,3 +14,4 @@ pub mod connection;
 pub mod handshake;
 pub mod record;
 pub mod stream;
+pub mod traffic;

@@ -7,15 +7,15 @@
 //! direction, the raw key, the IV and the sequence number, about a hundred bytes,
 //! and builds the AEAD key object only while it seals or opens (a few hundred
 //! nanoseconds), instead of keeping ring's 544-byte key per direction for every
-//! idle connection. rustls's `KernelConnection` is kept too (boxed) for TLS 1.3
-//! key updates, the one thing after the handshake that needs the traffic secrets.
+//! idle connection. Under TLS 1.3 the two traffic secrets are kept too (boxed,
+//! [`TrafficSecrets`]) for key updates, the one thing after the handshake that
+//! needs them.
 //!
 //! It works on the caller's buffers and keeps none; it must not touch sockets,
 //! and it does not know what the plaintext means.
 
+use super::traffic::{IV_LEN, TrafficSecrets};
 use ring::aead;
-use rustls::kernel::KernelConnection;
-use rustls::server::ServerConnectionData;
 use rustls::{ConnectionTrafficSecrets, ExtractedSecrets, ProtocolVersion};
 
 /// Most plaintext in one record (RFC 8446 §5.1, RFC 5246 §6.2.1).
@@ -177,6 +177,18 @@ impl Direction {
         Ok(direction)
     }
 
+    /// The same cipher under new keys, from sequence number 0 (a key update).
+    fn rekeyed(&self, key: &[u8], iv: &[u8; aead::NONCE_LEN]) -> Direction {
+        let mut direction = Direction {
+            cipher: self.cipher,
+            key: [0; 32],
+            iv: *iv,
+            seq: 0,
+        };
+        direction.key[..key.len()].copy_from_slice(key);
+        direction
+    }
+
     /// The AEAD key, built for this use only.
     fn aead_key(&self) -> Result<aead::LessSafeKey, RecordError> {
         let algorithm = self.cipher.algorithm();
@@ -216,7 +228,7 @@ pub struct Session {
     tx: Direction,
     rx: Direction,
     /// For TLS 1.3 key updates; `None` under TLS 1.2, which has none.
-    kernel: Option<Box<KernelConnection<ServerConnectionData>>>,
+    traffic: Option<Box<TrafficSecrets>>,
     peer_closed: bool,
 }
 
@@ -231,12 +243,14 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Takes over from rustls: the negotiated version, the traffic keys and the
-    /// kernel connection `dangerous_into_kernel_connection` gave.
+    /// Takes over from rustls: the negotiated version, the traffic keys and,
+    /// under TLS 1.3, the traffic secrets (see [`Handshake::finish`]).
+    ///
+    /// [`Handshake::finish`]: super::handshake::Handshake::finish
     pub fn new(
         version: ProtocolVersion,
         secrets: ExtractedSecrets,
-        kernel: KernelConnection<ServerConnectionData>,
+        traffic: Option<TrafficSecrets>,
     ) -> Result<Session, RecordError> {
         let version = match version {
             ProtocolVersion::TLSv1_3 => Version::Tls13,
@@ -247,13 +261,22 @@ impl Session {
                 ));
             }
         };
+        let traffic = match (version, traffic) {
+            (Version::Tls13, Some(traffic)) => Some(Box::new(traffic)),
+            (Version::Tls13, None) => {
+                return Err(RecordError::Unsupported(
+                    "TLS 1.3 without its traffic secrets",
+                ));
+            }
+            (Version::Tls12, _) => None,
+        };
         let (tx_seq, tx) = secrets.tx;
         let (rx_seq, rx) = secrets.rx;
         Ok(Session {
             version,
             tx: Direction::new(tx_seq, tx)?,
             rx: Direction::new(rx_seq, rx)?,
-            kernel: (version == Version::Tls13).then(|| Box::new(kernel)),
+            traffic,
             peer_closed: false,
         })
     }
@@ -487,29 +510,46 @@ impl Session {
     /// The peer updated its sending key (so this side's receiving key moves on);
     /// if it asked, this side updates its own and says so first.
     fn take_key_update(&mut self, request: bool, out: &mut Vec<u8>) -> Result<(), RecordError> {
-        let Some(kernel) = self.kernel.as_mut() else {
+        let Some(traffic) = self.traffic.as_mut() else {
             return Err(RecordError::Unexpected("a handshake message under TLS 1.2"));
         };
-        let (seq, secrets) = kernel
-            .update_rx_secret()
-            .map_err(|e| RecordError::KeyUpdate(e.to_string()))?;
-        self.rx = Direction::new(seq, secrets)?;
+        let (mut key, mut iv) = ([0u8; 32], [0u8; IV_LEN]);
+        let len = self.rx.cipher.algorithm().key_len();
+        traffic
+            .update_client(&mut key[..len], &mut iv)
+            .map_err(|_| RecordError::KeyUpdate("cannot derive the client's next keys".into()))?;
+        self.rx = self.rx.rekeyed(&key[..len], &iv);
         if request {
             // KeyUpdate(update_not_requested), under the old sending key.
-            let key = self.tx.aead_key()?;
+            let sealing = self.tx.aead_key()?;
             self.seal_one(
-                &key,
+                &sealing,
                 content::HANDSHAKE,
                 &[HANDSHAKE_KEY_UPDATE, 0, 0, 1, 0],
                 out,
             )?;
-            let kernel = self.kernel.as_mut().ok_or(RecordError::Exhausted)?;
-            let (seq, secrets) = kernel
-                .update_tx_secret()
-                .map_err(|e| RecordError::KeyUpdate(e.to_string()))?;
-            self.tx = Direction::new(seq, secrets)?;
+            let Some(traffic) = self.traffic.as_mut() else {
+                return Err(RecordError::Exhausted);
+            };
+            let len = self.tx.cipher.algorithm().key_len();
+            traffic
+                .update_server(&mut key[..len], &mut iv)
+                .map_err(|_| {
+                    RecordError::KeyUpdate("cannot derive this side's next keys".into())
+                })?;
+            self.tx = self.tx.rekeyed(&key[..len], &iv);
         }
+        zero(&mut key);
+        zero(&mut iv);
         Ok(())
+    }
+}
+
+/// Overwrites key material that is going out of scope.
+fn zero(bytes: &mut [u8]) {
+    for b in bytes.iter_mut() {
+        // SAFETY: a valid, aligned, exclusive reference to a u8.
+        unsafe { std::ptr::write_volatile(b, 0) };
     }
 }
 
