@@ -37,6 +37,7 @@ have go || apt_install golang-go
 have python3 || apt_install python3
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
 have curl || apt_install curl
+have openssl || apt_install openssl
 have ip || apt_install iproute2   # network namespaces play remote peers in tests
 # Servers the tests start themselves, on free ports: Redis (the Redis broker's
 # tests; redis-cli comes along) and Nchan (nginx module: a foreign SSE server the

@@ -8,7 +8,12 @@
 #   2. gcc compiles uSockets (epoll, no TLS), g++ compiles echo.cpp / hub.cpp
 #      against uWebSockets/src (no zlib), -O3 -flto, and links them.
 # `build.sh --version` prints the version line for the benchmark reports.
-# Idempotent: does nothing when both binaries are newer than their sources and
+# `build.sh --tls` builds only bench/peers/uws/bin/uws-echo-tls instead (echo-tls.cpp:
+# the echo peer on uWS::SSLApp, TLS terminated by uSockets' OpenSSL layer):
+# uSockets with -DLIBUS_USE_OPENSSL plus src/crypto/*, linked with the system
+# -lssl -lcrypto (needs libssl-dev); `build.sh --tls --version` adds the OpenSSL
+# version to the version line.
+# Idempotent: does nothing when the binaries are newer than their sources and
 # this script. Prints the binaries' directory on stdout (last line).
 # Env: CXX (default g++), CC (default gcc), UWS_SRC (use this uWebSockets
 # directory instead of fetching), FORCE=1 (rebuild).
@@ -28,11 +33,29 @@ command -v "$CXX" >/dev/null 2>&1 || die "needs a C++20 compiler ($CXX): apt-get
 
 # ---- locate (and if needed fetch) the uWebSockets source
 MODE=build
-case "${1:-}" in
-  --version) MODE=version ;;
-  "") ;;
-  *) die "usage: build.sh [--version]" ;;
-esac
+TLS=0
+for arg in "$@"; do
+  case "$arg" in
+    --version) MODE=version ;;
+    --tls) TLS=1 ;;
+    *) die "usage: build.sh [--tls] [--version]" ;;
+  esac
+done
+
+# The OpenSSL uws-echo-tls links: the system libssl/libcrypto as `openssl version`
+# reports it (its "Library:" part), else the headers' OPENSSL_VERSION_TEXT.
+openssl_version() {
+  local v
+  v=$(openssl version 2>/dev/null | sed -n 's/.*(Library: \(.*\))$/\1/p;t;p' | head -1)
+  if [ -z "$v" ]; then
+    v=$(printf '#include <openssl/opensslv.h>\nOPENSSL_VERSION_TEXT\n' | "$CC" -E -P - 2>/dev/null \
+      | tr -d '"' | grep -i ssl | tail -1)
+  fi
+  echo "${v:-OpenSSL ?}"
+}
+if [ "$TLS" = 1 ] && ! printf '#include <openssl/ssl.h>\n' | "$CC" -E - >/dev/null 2>&1; then
+  die "--tls needs the OpenSSL headers (openssl/ssl.h): apt-get install -y libssl-dev"
+fi
 if [ -z "${UWS_SRC:-}" ]; then
   CARGO_HOME_DIR=${CARGO_HOME:-$HOME/.cargo}
   find_src() { ls -d "$CARGO_HOME_DIR"/registry/src/*/"$CRATE"/uWebSockets 2>/dev/null | head -1; }
@@ -48,25 +71,37 @@ fi
 US_SRC=$UWS_SRC/uSockets/src
 [ -f "$UWS_SRC/src/App.h" ] || die "$UWS_SRC/src/App.h not found (not a uWebSockets tree)"
 [ -f "$US_SRC/libusockets.h" ] || die "$US_SRC/libusockets.h not found (the crate lacks uSockets)"
+if [ "$TLS" = 1 ]; then
+  [ -f "$US_SRC/crypto/openssl.c" ] || die "$US_SRC/crypto/openssl.c not found (uSockets without TLS support)"
+fi
 
 # --version: the line the benchmark reports show for this peer. uWebSockets'
 # source carries no release number; its server header ("uWebSockets: 20") gives the major.
 if [ "$MODE" = version ]; then
+  tls=""
+  [ "$TLS" = 1 ] && tls=", TLS by $(openssl_version) (uSockets LIBUS_USE_OPENSSL)"
   if [ -f "$UWS_SRC/UPSTREAM" ]; then
     # Laid out by upstream.sh: the pinned upstream commits.
-    echo "$(cat "$UWS_SRC/UPSTREAM"), $("$CXX" --version | head -1)"
+    echo "$(cat "$UWS_SRC/UPSTREAM")$tls, $("$CXX" --version | head -1)"
     exit 0
   fi
   major=$(sed -n 's/.*writeHeader("uWebSockets", "\([0-9]*\)").*/\1/p' "$UWS_SRC/src/HttpResponse.h" | head -1)
-  echo "uWebSockets ${major:-?} (source of crates.io $CRATE), $("$CXX" --version | head -1)"
+  echo "uWebSockets ${major:-?} (source of crates.io $CRATE)$tls, $("$CXX" --version | head -1)"
   exit 0
 fi
 
 # ---- up to date?
-SOURCES=("$HERE/echo.cpp" "$HERE/hub.cpp" "$HERE/common.h" "$HERE/build.sh")
+if [ "$TLS" = 1 ]; then
+  PROGS=(echo-tls)
+  SOURCES=("$HERE/echo-tls.cpp" "$HERE/common.h" "$HERE/build.sh")
+else
+  PROGS=(echo hub)
+  SOURCES=("$HERE/echo.cpp" "$HERE/hub.cpp" "$HERE/common.h" "$HERE/build.sh")
+fi
 up_to_date() {
-  local b s
-  for b in "$BIN/uws-echo" "$BIN/uws-hub"; do
+  local p b s
+  for p in "${PROGS[@]}"; do
+    b=$BIN/uws-$p
     [ -x "$b" ] || return 1
     for s in "${SOURCES[@]}"; do [ "$b" -nt "$s" ] || return 1; done
     [ "$b" -nt "$UWS_SRC/src/App.h" ] || return 1
@@ -80,22 +115,50 @@ fi
 mkdir -p "$BIN"
 OBJ=$(mktemp -d "${TMPDIR:-/tmp}/uws-build.XXXXXX")
 trap 'rm -rf "$OBJ"' EXIT
-CFLAGS=(-O3 -flto=auto -DLIBUS_NO_SSL -std=c11 -I"$US_SRC")
-CXXFLAGS=(-O3 -flto=auto -DLIBUS_NO_SSL -DUWS_NO_ZLIB -std=c++20 -I"$UWS_SRC/src" -I"$US_SRC")
+if [ "$TLS" = 1 ]; then
+  # As uSockets' Makefile does WITH_OPENSSL=1: -DLIBUS_USE_OPENSSL, src/crypto/*.c
+  # with the C sources, src/crypto/*.cpp (SNI tree) as C++17, -lssl -lcrypto.
+  SSLDEF=-DLIBUS_USE_OPENSSL
+  CRYPTO_C=("$US_SRC"/crypto/*.c)
+  CRYPTO_CXX=("$US_SRC"/crypto/*.cpp)
+  LIBS=(-lssl -lcrypto)
+else
+  SSLDEF=-DLIBUS_NO_SSL
+  CRYPTO_C=()
+  CRYPTO_CXX=()
+  LIBS=()
+fi
+CFLAGS=(-O3 -flto=auto "$SSLDEF" -std=c11 -I"$US_SRC")
+CXXFLAGS=(-O3 -flto=auto "$SSLDEF" -DUWS_NO_ZLIB -std=c++20 -I"$UWS_SRC/src" -I"$US_SRC")
 
-say "compiling uSockets ($US_SRC)"
+say "compiling uSockets ($US_SRC${CRYPTO_C:+, with OpenSSL})"
 objs=()
 for f in "$US_SRC"/*.c "$US_SRC"/eventing/epoll_kqueue.c; do
   o=$OBJ/$(basename "${f%.c}").o
   "$CC" "${CFLAGS[@]}" -c "$f" -o "$o" || die "compiling $f failed"
   objs+=("$o")
 done
+# crypto/openssl.c's optional DH-params code uses APIs OpenSSL 3 deprecates: quiet.
+for f in "${CRYPTO_C[@]}"; do
+  o=$OBJ/crypto-$(basename "${f%.c}").o
+  "$CC" "${CFLAGS[@]}" -Wno-deprecated-declarations -c "$f" -o "$o" || die "compiling $f failed"
+  objs+=("$o")
+done
+for f in "${CRYPTO_CXX[@]}"; do
+  o=$OBJ/crypto-$(basename "${f%.cpp}").o
+  "$CXX" -O3 -flto=auto "$SSLDEF" -std=c++17 -I"$US_SRC" -c "$f" -o "$o" || die "compiling $f failed"
+  objs+=("$o")
+done
 
-for prog in echo hub; do
+for prog in "${PROGS[@]}"; do
   say "compiling uws-$prog ($CXX)"
-  "$CXX" "${CXXFLAGS[@]}" "$HERE/$prog.cpp" "${objs[@]}" -o "$BIN/uws-$prog.tmp" \
+  "$CXX" "${CXXFLAGS[@]}" "$HERE/$prog.cpp" "${objs[@]}" "${LIBS[@]}" -o "$BIN/uws-$prog.tmp" \
     || die "compiling/linking uws-$prog failed"
   mv "$BIN/uws-$prog.tmp" "$BIN/uws-$prog"
 done
-say "built $BIN/uws-echo and $BIN/uws-hub"
+if [ "$TLS" = 1 ]; then
+  say "built $BIN/uws-echo-tls ($(openssl_version))"
+else
+  say "built $BIN/uws-echo and $BIN/uws-hub"
+fi
 echo "$BIN"
