@@ -61,6 +61,7 @@ import (
 
 type config struct {
 	loadkit.Common
+	tls         bool
 	addr        string
 	prefix      string
 	format      string
@@ -224,7 +225,8 @@ func (r *run) openAll() loadkit.Opening {
 	}
 	o := loadkit.Opener{Prog: "fanload", Conns: cfg.conns, Rate: cfg.rate, IPs: r.ips, Timeout: cfg.DialTimeout,
 		ReadBuf: 1024, WriteBuf: 256,
-		URL: func(i int) string { return "ws://" + cfg.addr + "/ws/" + r.names[r.subs[i].ch] + q }}
+		URL: func(i int) string { return cfg.scheme("ws") + cfg.addr + "/ws/" + r.names[r.subs[i].ch] + q },
+		TLS: cfg.TLSConfig("fanload")}
 	return o.Open(func(i int, c *websocket.Conn) {
 		s := r.subs[i]
 		s.conn = c
@@ -318,6 +320,14 @@ type result struct {
 	OtherCores         float64        `json:"other_cores"`
 }
 
+// scheme is "ws://" or "http://", or with -tls "wss://" or "https://".
+func (c *config) scheme(plain string) string {
+	if c.tls {
+		return plain + "s://"
+	}
+	return plain + "://"
+}
+
 func postClient(cfg *config, ips []net.IP, ps *pubStats) *http.Client {
 	var next atomic.Uint64
 	tr := &http.Transport{
@@ -335,6 +345,7 @@ func postClient(cfg *config, ips []net.IP, ps *pubStats) *http.Client {
 		MaxIdleConnsPerHost:   cfg.publishers * 2,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: cfg.reqTimeout,
+		TLSClientConfig:       cfg.TLSConfig("fanload"),
 	}
 	return &http.Client{Transport: tr, Timeout: cfg.reqTimeout}
 }
@@ -352,7 +363,7 @@ func (r *run) publishOne(hc *http.Client, ps *pubStats, ch int, st *chanState, p
 	if len(body) < cfg.size {
 		body = append(body, pad[:cfg.size-len(body)]...)
 	}
-	req, _ := http.NewRequest("POST", "http://"+cfg.addr+"/api/publish/"+r.names[ch], bytes.NewReader(body))
+	req, _ := http.NewRequest("POST", cfg.scheme("http")+cfg.addr+"/api/publish/"+r.names[ch], bytes.NewReader(body))
 	req.Header.Set("Content-Type", "text/plain")
 	resp, err := hc.Do(req)
 	if err != nil {
@@ -384,6 +395,7 @@ func (r *run) publishOne(hc *http.Client, ps *pubStats, ch int, st *chanState, p
 func main() {
 	cfg := &config{}
 	flag.StringVar(&cfg.addr, "addr", "127.0.0.1:8080", "server host:port (ws://ADDR/ws/{ch}, http://ADDR/api/publish/{ch})")
+	flag.BoolVar(&cfg.tls, "tls", false, "subscribe with wss:// and publish with https:// (with -ca or -insecure for a test certificate)")
 	flag.StringVar(&cfg.prefix, "channel-prefix", "bench-", "channel names are PREFIX0 .. PREFIX(K-1)")
 	flag.StringVar(&cfg.format, "format", "raw", "raw | json (json: ?format=json, throng only)")
 	flag.IntVar(&cfg.conns, "conns", 1000, "subscriber connections")
