@@ -11,7 +11,9 @@ For each: idle bytes per connection (the Go gorilla client bench/clients/wsload
 holds --idle-conns idle connections; the RSS of every process of the server, its
 children and, for nginx, the throng behind it, before and after), echo CPU per
 message (wsload echo: --echo-conns connections, one 32-byte message in flight
-each, --echo-seconds), and for the TLS servers full and resumed handshakes per
+each, --echo-seconds), fan-out CPU per delivery (bench/clients/fanload:
+--fanout-conns subscribers of one channel, --fanout-rate messages/s published
+over the same scheme), and for the TLS servers full and resumed handshakes per
 server CPU-second under TLS 1.3 and 1.2 (bench/clients/tlshs: connect,
 handshake, GET /healthz, close).
 
@@ -265,6 +267,36 @@ def measure_echo(srv: Server, wsload: Path, conns: int, seconds: int) -> dict:
     }
 
 
+def measure_fanout(srv: Server, fanload: Path, conns: int, rate: int, seconds: int) -> dict:
+    pids = srv.pids()
+    cmd = [str(fanload), "-addr", f"127.0.0.1:{srv.port}", "-conns", str(conns), "-channels", "1",
+           "-publish-rate", str(rate), "-duration", f"{seconds}s", "-warmup", "1s", "-settle", "1s",
+           "-rate", "2000", "-source-ips", SOURCE_IPS]
+    if srv.tls:
+        cmd += ["-tls", "-ca", str(srv.cert)]
+    client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # Opening (2000/s), settle 1 s, warm-up 1 s, then `seconds` of publishing:
+    # the CPU of every process involved is read over the middle of that window.
+    time.sleep(conns / 2000 + 1.0 + 1.0 + 1.5)
+    t0, c0 = time.monotonic(), cpu_ticks(pids)
+    time.sleep(seconds - 2)
+    t1, c1 = time.monotonic(), cpu_ticks(pids)
+    out, _ = client.communicate(timeout=seconds + conns / 1000 + 60)
+    try:
+        report = json.loads(out.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        report = {"error": "fanload printed no JSON"}
+    per_sec = report.get("deliveries_per_sec") or 0
+    cpu = (c1 - c0) / CLK_TCK
+    keep = ("opened", "failed", "published_ok", "deliveries", "expected_deliveries", "deliveries_per_sec", "lost",
+            "duplicated", "out_of_order", "latency_us", "subscribers_closed_by_server")
+    return {
+        "fanload": {k: report.get(k) for k in keep},
+        "server_cpu_seconds": round(cpu, 3), "window_seconds": round(t1 - t0, 3),
+        "cpu_us_per_delivery": round(cpu * 1e6 / (per_sec * (t1 - t0)), 3) if per_sec else None,
+    }
+
+
 def measure_handshakes(srv: Server, tlshs: Path, count: int) -> dict:
     out = {}
     for version in ("1.3", "1.2"):
@@ -291,12 +323,14 @@ def main() -> int:
     ap.add_argument("--echo-conns", type=int, default=100)
     ap.add_argument("--echo-seconds", type=int, default=10)
     ap.add_argument("--handshakes", type=int, default=3000)
+    ap.add_argument("--fanout-conns", type=int, default=2000)
+    ap.add_argument("--fanout-rate", type=int, default=20, help="messages/s to the one channel")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--servers", default="throng,throng-tls,nginx-tls,uws-tls")
     ap.add_argument("--out", default=str(provenance.RESULTS_DIR))
     args = ap.parse_args()
     prov = provenance.provenance()
-    wsload, tlshs = go_build("wsload"), go_build("tlshs")
+    wsload, tlshs, fanload = go_build("wsload"), go_build("tlshs"), go_build("fanload")
     results: dict = {"provenance": prov, "args": vars(args), "servers": {}, "skipped": {}}
     with tempfile.TemporaryDirectory(prefix="throng-tls-bench-") as tmp:
         work = Path(tmp)
@@ -309,8 +343,11 @@ def main() -> int:
                 results["skipped"][name] = "nginx not installed"
                 continue
             row: dict = {}
-            for what in ("idle", "echo", "handshakes"):
+            for what in ("idle", "echo", "fanout", "handshakes"):
                 if what == "handshakes" and name == "throng":
+                    continue
+                if what == "fanout" and name == "uws-tls":
+                    row["fanout"] = {"skipped": "no TLS build of the uWS hub peer"}
                     continue
                 srv = Server(name, work, cert, key, args.threads)
                 try:
@@ -318,6 +355,9 @@ def main() -> int:
                         row["idle"] = measure_idle(srv, wsload, args.idle_conns)
                     elif what == "echo":
                         row["echo"] = measure_echo(srv, wsload, args.echo_conns, args.echo_seconds)
+                    elif what == "fanout":
+                        row["fanout"] = measure_fanout(srv, fanload, args.fanout_conns, args.fanout_rate,
+                                                       args.echo_seconds)
                     else:
                         row["handshakes"] = measure_handshakes(srv, tlshs, args.handshakes)
                 except subprocess.TimeoutExpired as e:
@@ -337,13 +377,14 @@ def table(results: dict) -> str:
     base = servers.get("throng", {}).get("idle", {}).get("bytes_per_conn")
     lines = [
         provenance.md_header("TLS servers side by side (bench/tls.py)", prov),
-        "| server | idle B/conn | beyond plain throng | echo CPU µs/msg | 1.3 full µs/hs | 1.3 resumed µs/hs | 1.2 full µs/hs | 1.2 resumed µs/hs |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| server | idle B/conn | beyond plain throng | echo CPU µs/msg | fan-out CPU µs/delivery | 1.3 full µs/hs | 1.3 resumed µs/hs | 1.2 full µs/hs | 1.2 resumed µs/hs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in servers.items():
         idle = row.get("idle", {}).get("bytes_per_conn")
         beyond = f"{idle - base:,.0f}" if idle is not None and base is not None and name != "throng" else ""
         echo = row.get("echo", {}).get("cpu_us_per_message")
+        fan = row.get("fanout", {}).get("cpu_us_per_delivery")
         hs = row.get("handshakes", {})
 
         def us(k):
@@ -351,10 +392,11 @@ def table(results: dict) -> str:
             return f"{v:,.0f}" if v else ""
 
         lines.append(f"| {name} | {idle:,.0f} | {beyond} | {echo if echo is not None else ''} | "
+                     f"{fan if fan is not None else ''} | "
                      f"{us('tls1.3-full')} | {us('tls1.3-resumed')} | {us('tls1.2-full')} | {us('tls1.2-resumed')} |"
-                     if idle is not None else f"| {name} | failed | | | | | | |")
+                     if idle is not None else f"| {name} | failed | | | | | | | |")
     for name, why in results.get("skipped", {}).items():
-        lines.append(f"| {name} | skipped: {why} | | | | | | |")
+        lines.append(f"| {name} | skipped: {why} | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
