@@ -49,8 +49,19 @@ struct Worker {
     started: Instant,
 }
 
-fn spawn(exe: &std::path::Path, args: &[OsString], index: usize) -> Result<Worker, WorkersError> {
-    let child = Command::new(exe)
+fn spawn(
+    exe: &std::path::Path,
+    args: &[OsString],
+    index: usize,
+    ticket_secret: Option<&str>,
+) -> Result<Worker, WorkersError> {
+    let mut command = Command::new(exe);
+    if let Some(secret) = ticket_secret {
+        // With TLS, a client resumes its session on whichever worker the
+        // kernel hands its next connection to.
+        command.env(crate::tls::tickets::SECRET_ENV, secret);
+    }
+    let child = command
         .args(args)
         .env(WORKER_ENV, index.to_string())
         // Its own process group: a terminal's Ctrl-C reaches the master only, which
@@ -93,9 +104,12 @@ pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
         }
         .map_err(WorkersError::Signals)?;
     }
+    let ticket_secret = std::env::var(crate::tls::tickets::SECRET_ENV)
+        .ok()
+        .or_else(crate::tls::tickets::random_secret_hex);
     let mut workers = Vec::with_capacity(count);
     for index in 0..count {
-        workers.push(spawn(&exe, &args, index)?);
+        workers.push(spawn(&exe, &args, index, ticket_secret.as_deref())?);
     }
     let reloads = Arc::new(AtomicUsize::new(0));
     {
@@ -143,7 +157,7 @@ pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
         while j < restarts.len() {
             if restarts[j].1 <= now {
                 let (index, _) = restarts.swap_remove(j);
-                match spawn(&exe, &args, index) {
+                match spawn(&exe, &args, index, ticket_secret.as_deref()) {
                     Ok(w) => workers.push(w),
                     Err(e) => {
                         tracing::warn!(error = %e, "restart failed; trying again");

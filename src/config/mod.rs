@@ -308,6 +308,18 @@ pub struct ServeArgs {
     )]
     pub tls_key: Option<PathBuf>,
 
+    /// Seal TLS session tickets with keys derived from this file (at least 32
+    /// random bytes): every process and node given the same file resumes the
+    /// others' sessions, also after a restart [default: --workers share a
+    /// random one; a single process keeps its own in memory]
+    #[arg(
+        long,
+        env = "THRONG_TLS_TICKET_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_ticket_key: Option<PathBuf>,
+
     /// Processes sharing the listeners (SO_REUSEPORT), each with --threads I/O
     /// threads; above 1 they reach each other through the broker (needs redis://)
     #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
@@ -434,6 +446,8 @@ pub struct ServeConfig {
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// `--tls-ticket-key`: the secret session tickets are sealed with.
+    pub ticket_key: Option<PathBuf>,
 }
 
 /// A built-in default from [`defaults`]; a unit test proves every one parses.
@@ -618,7 +632,11 @@ impl ServeArgs {
             redis_subscribe: self.redis_subscribe,
             io_uring: self.io_uring,
             tls: match (self.tls_cert, self.tls_key) {
-                (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert,
+                    key,
+                    ticket_key: self.tls_ticket_key,
+                }),
                 (None, None) => None,
                 _ => {
                     return Err(ConfigError::Invalid(

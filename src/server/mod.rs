@@ -158,10 +158,14 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
     let threads = config.threads;
     // Bad certificate files stop the start, before any port answers.
     let tls = match &config.tls {
-        Some(files) => Some(Arc::new(crate::tls::config::Certificates::load(
-            &files.cert,
-            &files.key,
-        )?)),
+        Some(files) => {
+            let secret = crate::tls::config::ticket_secret(files.ticket_key.as_deref())?;
+            Some(Arc::new(crate::tls::config::Certificates::load(
+                &files.cert,
+                &files.key,
+                secret.as_deref(),
+            )?))
+        }
         None => None,
     };
     let mut per_thread: Vec<Vec<mio::net::TcpListener>> =

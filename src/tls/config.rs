@@ -47,6 +47,8 @@ pub enum TlsConfigError {
     NoKey { path: PathBuf },
     #[error("the key in {} does not match the certificate in {}", key.display(), cert.display())]
     KeyMismatch { cert: PathBuf, key: PathBuf },
+    #[error("{} holds {len} bytes; a ticket key needs at least {min} random bytes (openssl rand -out FILE 48)", path.display(), min = super::tickets::MIN_SECRET)]
+    ShortTicketKey { path: PathBuf, len: usize },
     #[error("rustls refused {} with {}: {source}", cert.display(), key.display())]
     Rejected {
         cert: PathBuf,
@@ -150,6 +152,27 @@ pub struct Certificates {
     current: RwLock<Arc<ServerConfig>>,
 }
 
+/// The secret session tickets are sealed with: a `--tls-ticket-key` file's
+/// bytes, else what a `--workers` master handed on, else none (rustls's own).
+pub fn ticket_secret(file: Option<&Path>) -> Result<Option<Vec<u8>>, TlsConfigError> {
+    if let Some(path) = file {
+        let bytes = std::fs::read(path).map_err(|source| TlsConfigError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if bytes.len() < super::tickets::MIN_SECRET {
+            return Err(TlsConfigError::ShortTicketKey {
+                path: path.to_path_buf(),
+                len: bytes.len(),
+            });
+        }
+        return Ok(Some(bytes));
+    }
+    Ok(std::env::var(super::tickets::SECRET_ENV)
+        .ok()
+        .and_then(|hex| super::tickets::secret_from_hex(&hex)))
+}
+
 impl std::fmt::Debug for Certificates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Certificates")
@@ -160,9 +183,24 @@ impl std::fmt::Debug for Certificates {
 }
 
 impl Certificates {
-    pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsConfigError> {
+    /// Reads the pair; session tickets are sealed with keys derived from
+    /// `ticket_secret` when given (shared by every process that has it, see
+    /// [`super::tickets`]), else with rustls's in-memory keys.
+    pub fn load(
+        cert: &Path,
+        key: &Path,
+        ticket_secret: Option<&[u8]>,
+    ) -> Result<Self, TlsConfigError> {
+        let config = match ticket_secret {
+            Some(secret) => build(
+                cert,
+                key,
+                Arc::new(super::tickets::SharedTicketer::new(secret)),
+            )?,
+            None => server_config(cert, key)?,
+        };
         Ok(Self {
-            current: RwLock::new(server_config(cert, key)?),
+            current: RwLock::new(config),
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
         })
@@ -330,7 +368,7 @@ pub(crate) mod tests {
         let a = test_cert();
         let cert = dir.write("cert.pem", &a.cert_pem);
         let key = dir.write("key.pem", &a.key_pem);
-        let certs = Certificates::load(&cert, &key).unwrap();
+        let certs = Certificates::load(&cert, &key, None).unwrap();
         let first = certs.current();
         assert!(Arc::ptr_eq(&first, &certs.current()));
 

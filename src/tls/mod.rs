@@ -14,4 +14,5 @@ pub mod connection;
 pub mod handshake;
 pub mod record;
 pub mod stream;
+pub mod tickets;
 pub mod traffic;

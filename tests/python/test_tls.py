@@ -371,3 +371,50 @@ def test_a_missing_key_file_stops_the_start_with_the_reason(tmp_path):
     )
     assert half.returncode != 0
     assert "--tls-key" in half.stderr, half.stderr
+
+
+def https_get(port: int, ctx: ssl.SSLContext, session=None):
+    """GET /healthz over a new TLS connection; (session, whether it resumed)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            body = b""
+            while chunk := s.recv(4096):
+                body += chunk
+            assert body.startswith(b"HTTP/1.1 200"), body
+            return s.session, s.session_reused
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_servers_sharing_a_ticket_key_resume_each_others_sessions(start_server, tmp_path, version):
+    cert, key = make_cert(tmp_path, "shared")
+    ticket_key = tmp_path / "ticket.key"
+    ticket_key.write_bytes(os.urandom(48))
+    flags = ["--tls-cert", cert, "--tls-key", key]
+    first = start_server(*flags, "--tls-ticket-key", ticket_key)
+    second = start_server(*flags, "--tls-ticket-key", ticket_key)
+    alone = start_server(*flags)
+    ctx = client_context(cert, version)
+    session, reused = https_get(first.port, ctx)
+    assert not reused
+    # Another process (another worker, node, or this one after a restart).
+    _, reused = https_get(second.port, ctx, session)
+    assert reused, "a ticket sealed by a server with the same key was not taken"
+    # A server with its own in-memory keys does a full handshake instead.
+    _, reused = https_get(alone.port, ctx, session)
+    assert not reused
+
+
+def test_a_short_ticket_key_file_stops_the_start(tmp_path):
+    from conftest import throng_bin
+
+    cert, key = make_cert(tmp_path, "short")
+    ticket_key = tmp_path / "ticket.key"
+    ticket_key.write_bytes(b"too short")
+    out = subprocess.run(
+        [str(throng_bin()), "serve", "--listen", f"127.0.0.1:{free_port()}", "--tls-cert", str(cert),
+         "--tls-key", str(key), "--tls-ticket-key", str(ticket_key)],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert out.returncode != 0
+    assert "ticket key needs at least 32" in out.stderr, out.stderr

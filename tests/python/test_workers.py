@@ -93,3 +93,27 @@ def test_more_than_one_worker_needs_redis():
     )
     assert out.returncode != 0
     assert b"--workers 2 needs --broker redis://" in out.stderr, out.stderr
+
+
+def test_tls_workers_resume_each_others_sessions_and_reload_on_sighup(start_server, redis, tmp_path):
+    import ssl
+    from test_tls import client_context, der, https_get, make_cert, served_cert
+
+    cert, key = make_cert(tmp_path, "workers")
+    port = free_port()
+    master = start_server("--listen", f"127.0.0.1:{port}", "--workers", "3", "--broker", redis.url,
+                          "--tls-cert", cert, "--tls-key", key, ports=[port])
+    wait_for(lambda: len(children(master.pid)) == 3 or None, what="3 workers")
+    ctx = client_context(cert, ssl.TLSVersion.TLSv1_2)
+    session, _ = https_get(port, ctx)
+    # Each connection lands on whichever worker the kernel picks; with a ticket
+    # key the master handed them all, every one of them resumes.
+    resumed = [https_get(port, ctx, session)[1] for _ in range(20)]
+    assert all(resumed), resumed
+    # SIGHUP to the master reaches every worker.
+    new_cert, new_key = make_cert(tmp_path, "renewed")
+    cert.write_bytes(new_cert.read_bytes())
+    key.write_bytes(new_key.read_bytes())
+    master.signal(signal.SIGHUP)
+    wait_for(lambda: all(served_cert(port) == der(new_cert) for _ in range(20)) or None,
+             what="every worker serving the new certificate")

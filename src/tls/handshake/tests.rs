@@ -526,7 +526,7 @@ fn reload_serves_new_cert_and_still_resumes() {
     let a = test_cert();
     let cert = dir.write("cert.pem", &a.cert_pem);
     let key = dir.write("key.pem", &a.key_pem);
-    let certs = Certificates::load(&cert, &key).unwrap();
+    let certs = Certificates::load(&cert, &key, None).unwrap();
     let old_client = client_config(&a, &[&TLS13]);
     let mut c = client(&old_client);
     let mut hs = Handshake::new(certs.current()).unwrap();
