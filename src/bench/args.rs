@@ -25,6 +25,10 @@ pub enum Mode {
     Push,
     /// Rooms of --room-size; a --senders fraction sends every --send-interval
     Chat,
+    /// TLS handshakes/s: --conns connections one after another per thread (each a
+    /// handshake, a GET of --url's path, a close), without and then with session
+    /// resumption; reports how many resumed (--url https://HOST:PORT/healthz)
+    Handshakes,
 }
 
 impl Mode {
@@ -34,12 +38,13 @@ impl Mode {
             Mode::Idle => "idle",
             Mode::Push => "push",
             Mode::Chat => "chat",
+            Mode::Handshakes => "handshakes",
         }
     }
 
     pub(super) fn default_size(self) -> usize {
         match self {
-            Mode::Echo | Mode::Idle => 32,
+            Mode::Echo | Mode::Idle | Mode::Handshakes => 32,
             Mode::Push => 64,
             Mode::Chat => 1024,
         }
@@ -284,6 +289,10 @@ pub struct TlsArgs {
     /// built into the bench
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
+
+    /// handshakes: only the pass without session resumption
+    #[arg(long)]
+    pub no_resume: bool,
 }
 
 /// `throng bench` flags. Each doc line is its `--help` text.
@@ -493,7 +502,7 @@ pub struct BenchArgs {
     #[arg(long, hide = true, default_value_t = 0)]
     pub conn_offset: u64,
 
-    /// TLS (wss://, https://): what to trust. Last: its
+    /// TLS (wss://, https://): what to trust, and `handshakes`' passes. Last: its
     /// help heading holds for the flags after it. Boxed: most runs are plain.
     #[command(flatten)]
     pub tls: Box<TlsArgs>,

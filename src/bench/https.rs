@@ -1,6 +1,7 @@
 //! Blocking HTTPS for the bench's requests outside the event loop: push mode's
 //! publisher over an `https://` publish URL ([`HttpsSession`], kept alive as
-//! `crate::client::Session` keeps an `http://` one). It is rustls's
+//! `crate::client::Session` keeps an `http://` one), and `handshakes` mode's
+//! one-request connections ([`connect`], [`exchange`]). It is rustls's
 //! `StreamOwned` over a std `TcpStream` with read and write timeouts.
 //!
 //! It owns the TLS stream, writing a request and reading its response; its errors

@@ -18,7 +18,8 @@
 //! - `fleet`: this process's loops, or `--procs` child processes and their protocol;
 //! - `publish`: push mode's HTTP publisher (throng's API, or Pusher's signed one);
 //! - `tls`: what `wss://` and `https://` trust (`--insecure`, `--ca`) and the
-//!   server name; `https`: blocking HTTPS for the publisher;
+//!   server name; `https`: blocking HTTPS for the publisher and `handshakes`;
+//! - `handshakes`: `throng bench handshakes`, full and resumed TLS handshakes/s;
 //! - [`report`]: counters, seq tracking, histogram merging, the timeline, the
 //!   printed report;
 //! - [`html`] (in `report/`): the report as one self-contained HTML page
@@ -35,6 +36,7 @@ pub mod client;
 mod comet;
 mod driver;
 mod fleet;
+mod handshakes;
 mod https;
 mod publish;
 pub mod report;

@@ -186,6 +186,17 @@ impl BenchArgs {
                     return bad("--send-interval must be more than 0".into());
                 }
             }
+            Mode::Handshakes => {
+                if !url.tls {
+                    return bad(format!(
+                        "--url '{}': handshakes measures TLS; give https://HOST:PORT/PATH (or wss://)",
+                        self.url
+                    ));
+                }
+                if self.procs > 1 {
+                    return bad("handshakes runs in one process: leave --procs at 1".into());
+                }
+            }
             Mode::Echo | Mode::Idle => {}
         }
         let tls_used =
@@ -207,7 +218,7 @@ impl BenchArgs {
                 self.mode.name()
             ));
         }
-        if url.http && self.transport == Transport::Ws {
+        if url.http && self.transport == Transport::Ws && self.mode != Mode::Handshakes {
             return bad(format!(
                 "--url '{}': {}:// is for --transport sse or poll; WebSocket needs ws:// (wss:// over TLS)",
                 self.url,
@@ -535,6 +546,9 @@ impl BenchArgs {
                 s.push(("room size", self.room_size.to_string()));
                 s.push(("senders", self.senders.to_string()));
                 s.push(("send interval", d(self.send_interval)));
+            }
+            Mode::Handshakes => {
+                s.push(("resumption", (!self.tls.no_resume).to_string()));
             }
             Mode::Echo | Mode::Idle => {}
         }

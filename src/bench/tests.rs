@@ -338,6 +338,33 @@ fn tls_flags_are_refused_where_they_mean_nothing_or_cannot_work() {
         "no CERTIFICATE in it"
     );
     assert!(parse(&["echo", "--url", "wss://h:1/", "--insecure", "--ca", "x.pem"]).is_err());
+    assert!(
+        bad(&["handshakes", "--url", "http://h:1/"]),
+        "handshakes needs TLS"
+    );
+    assert!(bad(&[
+        "handshakes",
+        "--url",
+        "https://h:1/",
+        "--insecure",
+        "--procs",
+        "2",
+        "--conns",
+        "4"
+    ]));
+    assert!(!bad(&[
+        "handshakes",
+        "--url",
+        "https://h:1/healthz",
+        "--insecure"
+    ]));
+    assert!(!bad(&[
+        "handshakes",
+        "--url",
+        "wss://h:1/",
+        "--insecure",
+        "--no-resume"
+    ]));
     assert!(!bad(&[
         "push",
         "--transport",
@@ -354,4 +381,39 @@ fn tls_flags_are_refused_where_they_mean_nothing_or_cannot_work() {
         "https://h:1/",
         "--insecure"
     ]));
+}
+
+#[test]
+fn a_handshakes_report_says_each_pass_its_rate_and_resumptions() {
+    use super::handshakes::{HandshakeReport, Pass, to_text};
+    let pass = |resumption, full, resumed| Pass {
+        resumption,
+        attempted: 10,
+        handshakes: 10,
+        full,
+        resumed,
+        answered: 10,
+        secs: 0.5,
+        handshakes_per_sec: 20.0,
+        statuses: [(200, 10)].into(),
+        ..Pass::default()
+    };
+    let report = HandshakeReport {
+        mode: "handshakes",
+        url: "https://h:1/healthz".into(),
+        threads: 1,
+        conns: 10,
+        passes: vec![pass(false, 10, 0), pass(true, 1, 9)],
+        errors: 0,
+    };
+    let text = to_text(&report);
+    assert!(
+        text.contains("resumption off: 10 handshakes in 0.50 s = 20.0 handshakes/s"),
+        "{text}"
+    );
+    assert!(text.contains("full 1, resumed 9"), "{text}");
+    assert!(text.contains("answers: 200 ×10"), "{text}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["passes"][1]["resumed"], 9);
+    assert_eq!(json["passes"][0]["statuses"]["200"], 10);
 }

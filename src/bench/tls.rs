@@ -6,7 +6,7 @@
 //! address), and the text a TLS failure gets in the report.
 //!
 //! It owns no socket: the event loop's non-blocking glue is `client/tls.rs`, the
-//! publisher's blocking stream is `https.rs`.
+//! publisher's and `handshakes` mode's blocking streams are `https.rs`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,7 +3,8 @@
 The TLS servers are Python's, run as subprocesses on free ports and stopped by
 pid: the `websockets` library's echo server behind `ssl`, and a small TLS
 terminator in front of a plain throng server, so push over ws, sse and poll,
-and the publisher's `https://` API meet throng itself. When `throng serve` has `--tls-cert`, one case runs against
+the publisher's `https://` API and `bench handshakes` (a GET of /healthz) meet
+throng itself. When `throng serve` has `--tls-cert`, one case runs against
 its own TLS too.
 
 Certificates are made by `openssl` in a temporary directory: a self-signed one
@@ -283,6 +284,33 @@ def test_push_over_tls_with_an_https_publisher_loses_nothing(throng_tls, certs, 
     assert p["reconnects"] > 0, ctx
 
 
+def test_handshakes_counts_full_and_resumed(throng_tls, certs):
+    conns = 12
+    run = run_bench(
+        "handshakes", "--url", f"https://127.0.0.1:{throng_tls}/healthz", "--ca", certs / "ca.pem",
+        "--conns", conns, "--threads", 1, "--duration", "20s", "--json",
+    )
+    ctx = run.describe()
+    assert_no_panic(run)
+    assert run.returncode == 0, ctx
+    r = run.report()
+    assert r["mode"] == "handshakes" and r["errors"] == 0, ctx
+    off, on = r["passes"]
+    assert (off["resumption"], on["resumption"]) == (False, True), ctx
+    for p in (off, on):
+        assert p["handshakes"] == p["answered"] == conns and p["failed"] == 0, ctx
+        assert p["statuses"] == {"200": conns}, ctx
+        assert p["handshakes_per_sec"] > 0 and p["handshake_time"]["samples"] == conns, ctx
+    assert off["resumed"] == 0 and off["full"] == conns, ctx
+    # One thread: the first connection is full, every later one resumes.
+    assert on["resumed"] == conns - 1, ctx
+    # --no-resume: the first pass only.
+    run = run_bench(
+        "handshakes", "--url", f"https://127.0.0.1:{throng_tls}/healthz", "--ca", certs / "ca.pem",
+        "--conns", 3, "--no-resume", "--json",
+    )
+    assert run.returncode == 0, run.describe()
+    assert [p["resumption"] for p in run.report()["passes"]] == [False], run.describe()
 
 
 # -- against throng's own TLS, once it has it ----------------------------------------
@@ -297,8 +325,15 @@ def serve_has_tls() -> bool:
 
 
 @pytest.mark.skipif(not serve_has_tls(), reason="throng serve has no --tls-cert yet")
-def test_echo_against_throngs_own_tls(start_server, certs):
+def test_echo_and_handshakes_against_throngs_own_tls(start_server, certs):
     srv = start_server("--tls-cert", certs / "leaf.pem", "--tls-key", certs / "leaf.key")
     run = run_bench("echo", "--url", f"wss://localhost:{srv.port}/echo", "--ca", certs / "ca.pem",
                     "--conns", 4, *short())
     assert_echoed(run, 4)
+    run = run_bench("handshakes", "--url", f"https://127.0.0.1:{srv.port}/healthz", "--ca", certs / "ca.pem",
+                    "--conns", 6, "--threads", 1, "--json")
+    ctx = run.describe()
+    assert run.returncode == 0, ctx
+    off, on = run.report()["passes"]
+    assert off["handshakes"] == on["handshakes"] == 6 and off["resumed"] == 0, ctx
+    assert on["resumed"] > 0, ctx

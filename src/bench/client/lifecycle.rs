@@ -357,7 +357,7 @@ impl ClientLoop {
                         self.reconnect_queue.push_back((at, key, index));
                     }
                 }
-                Mode::Idle | Mode::Push => {}
+                Mode::Idle | Mode::Push | Mode::Handshakes => {}
             }
         }
         if p >= phase::CLOSE && from < phase::CLOSE {

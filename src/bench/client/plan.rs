@@ -119,7 +119,7 @@ impl Plan {
                     global / self.room_size.max(1)
                 ),
             )),
-            Mode::Echo | Mode::Idle => Cow::Borrowed(&self.path),
+            Mode::Echo | Mode::Idle | Mode::Handshakes => Cow::Borrowed(&self.path),
         }
     }
 }
