@@ -106,6 +106,10 @@ pub fn reason(e: &rustls::Error) -> String {
         rustls::Error::InvalidCertificate(_) => {
             format!("tls: {e} (trust its CA with --ca FILE, or --insecure for a test certificate)")
         }
+        // What a plain HTTP answer to a ClientHello looks like to rustls.
+        rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType) => {
+            format!("tls: {e} (does the server speak TLS on this port?)")
+        }
         _ => format!("tls: {e}"),
     }
 }

@@ -188,3 +188,13 @@ fn an_untrusted_certificate_is_a_failure_with_its_reason() {
     );
     server.join().expect("server thread");
 }
+
+#[test]
+fn a_plain_server_is_named_as_a_likely_cause() {
+    let e = rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType);
+    let reason = crate::bench::tls::reason(&e);
+    assert!(
+        reason.starts_with("tls: ") && reason.contains("speak TLS"),
+        "{reason}"
+    );
+}
