@@ -25,6 +25,10 @@ pub enum Mode {
     Push,
     /// Rooms of --room-size; a --senders fraction sends every --send-interval
     Chat,
+    /// TLS handshakes/s: --conns connections one after another per thread (each a
+    /// handshake, a GET of --url's path, a close), without and then with session
+    /// resumption; reports how many resumed (--url https://HOST:PORT/healthz)
+    Handshakes,
 }
 
 impl Mode {
@@ -34,12 +38,13 @@ impl Mode {
             Mode::Idle => "idle",
             Mode::Push => "push",
             Mode::Chat => "chat",
+            Mode::Handshakes => "handshakes",
         }
     }
 
     pub(super) fn default_size(self) -> usize {
         match self {
-            Mode::Echo | Mode::Idle => 32,
+            Mode::Echo | Mode::Idle | Mode::Handshakes => 32,
             Mode::Push => 64,
             Mode::Chat => 1024,
         }
@@ -192,12 +197,16 @@ fn writable(dir: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
-/// `ws://host[:port][/path]` (or `http://` for the comet transports), split.
+/// `ws://host[:port][/path]` (or `http://` for the comet transports; `wss://` and
+/// `https://` for the same over TLS), split.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WsUrl {
-    /// Written as `http://`.
+    /// Written as `http://` or `https://`.
     pub http: bool,
+    /// Written as `wss://` or `https://`: every connection speaks TLS.
+    pub tls: bool,
     pub host: String,
+    /// As written, or the scheme's (80; 443 under TLS).
     pub port: u16,
     /// `host:port` as written, for the Host header.
     pub authority: String,
@@ -207,34 +216,83 @@ pub struct WsUrl {
 
 impl WsUrl {
     pub fn parse(url: &str) -> Result<WsUrl, String> {
-        if url.starts_with("wss://") || url.starts_with("https://") {
-            return Err(format!(
-                "'{url}': TLS is not supported; use ws:// (or http:// for sse and poll)"
-            ));
-        }
-        let http = url.starts_with("http://");
-        let rest = url
-            .strip_prefix("ws://")
-            .or_else(|| url.strip_prefix("http://"))
-            .ok_or_else(|| format!("'{url}' is not a ws://host:port/path URL"))?;
+        let (rest, http, tls) = [
+            ("ws://", false, false),
+            ("http://", true, false),
+            ("wss://", false, true),
+            ("https://", true, true),
+        ]
+        .into_iter()
+        .find_map(|(scheme, http, tls)| url.strip_prefix(scheme).map(|r| (r, http, tls)))
+        .ok_or_else(|| format!("'{url}' is not a ws:// or wss://host:port/path URL"))?;
         let (authority, path) = match rest.find(['/', '?']) {
             Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
             Some(i) => (&rest[..i], rest[i..].to_string()),
             None => (rest, "/".to_string()),
         };
-        let parsed = HttpUrl::parse(&format!("http://{authority}")).map_err(|e| e.to_string())?;
+        let parsed = HttpUrl::parse(&format!("http://{}", with_port(authority, tls)))
+            .map_err(|e| e.to_string())?;
         Ok(WsUrl {
             http,
+            tls,
             host: parsed.host.clone(),
             port: parsed.port,
             authority: authority.to_string(),
             path,
         })
     }
+
+    /// The scheme as written (`ws`, `wss`, `http`, `https`).
+    pub fn scheme(&self) -> &'static str {
+        match (self.http, self.tls) {
+            (false, false) => "ws",
+            (false, true) => "wss",
+            (true, false) => "http",
+            (true, true) => "https",
+        }
+    }
+}
+
+/// `authority` with 443 added when it names no port and `tls` is on (80, the
+/// plain default, is what an `http://` URL without a port already means).
+pub(super) fn with_port(authority: &str, tls: bool) -> std::borrow::Cow<'_, str> {
+    let has_port = match authority.rsplit_once(':') {
+        // `[::1]` alone ends in `]`; `[::1]:9` and `h:9` end in digits.
+        Some((host, port)) => {
+            !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && (!host.contains(':') || host.ends_with(']'))
+        }
+        None => false,
+    };
+    if tls && !has_port {
+        std::borrow::Cow::Owned(format!("{authority}:443"))
+    } else {
+        std::borrow::Cow::Borrowed(authority)
+    }
 }
 
 pub(super) fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The flags of TLS runs (`wss://`, `https://` in --url or --publish-url).
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "TLS (wss://, https://)")]
+pub struct TlsArgs {
+    /// Accept any server certificate (self-signed test certificates); the
+    /// handshake's signatures are still checked
+    #[arg(long, conflicts_with = "ca")]
+    pub insecure: bool,
+
+    /// Trust the CA certificates in this PEM file instead of the Mozilla roots
+    /// built into the bench
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+
+    /// handshakes: only the pass without session resumption
+    #[arg(long)]
+    pub no_resume: bool,
 }
 
 /// `throng bench` flags. Each doc line is its `--help` text.
@@ -244,7 +302,8 @@ pub struct BenchArgs {
     #[arg(value_enum)]
     pub mode: Mode,
 
-    /// Server URL; in push and chat modes `{channel}` in the path is replaced by the
+    /// Server URL: ws:// or wss:// (TLS; http:// or https:// for --transport sse
+    /// and poll); in push and chat modes `{channel}` in the path is replaced by the
     /// channel (default path then: /ws/{channel}?format=json)
     #[arg(long, default_value = "ws://127.0.0.1:8080/")]
     pub url: String,
@@ -307,7 +366,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub allow_failures: bool,
 
-    /// A connection not open (TCP connect + upgrade) within this time counts as timed out
+    /// A connection not open (TCP connect, TLS handshake, upgrade) within this time
+    /// counts as timed out
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
 
@@ -331,7 +391,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PER_SEC", default_value_t = 100.0)]
     pub publish_rate: f64,
 
-    /// push: the server's HTTP API [default: http://HOST:PORT of --url] (under
+    /// push: the server's HTTP API [default: http://HOST:PORT of --url, https://
+    /// under wss:// or https://] (under
     /// pusher, the signed events API is /apps/ID/events after it)
     #[arg(long, value_name = "URL")]
     pub publish_url: Option<String>,
@@ -432,10 +493,17 @@ pub struct BenchArgs {
     pub room_prefix: String,
 
     /// Internal: this process is child I of a --procs run
+    // u32 (there are never 4 billion children) keeps `BenchArgs` within
+    // clippy's `large_enum_variant` margin over the other commands' flags.
     #[arg(long, hide = true)]
-    pub child_index: Option<usize>,
+    pub child_index: Option<u32>,
 
     /// Internal: global index of the first connection of this child
     #[arg(long, hide = true, default_value_t = 0)]
     pub conn_offset: u64,
+
+    /// TLS (wss://, https://): what to trust, and `handshakes`' passes. Last: its
+    /// help heading holds for the flags after it. Boxed: most runs are plain.
+    #[command(flatten)]
+    pub tls: Box<TlsArgs>,
 }

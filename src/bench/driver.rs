@@ -17,6 +17,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use super::args::{BenchArgs, Mode, Protocol};
 use super::client::phase;
 use super::fleet::{self, ChildFleet, Fleet, LocalFleet};
+use super::handshakes;
 use super::publish::{PublishPlan, Publisher};
 use super::report::{
     self, Counters, Machine, Phase, PublishSummary, RawResult, Report, RunInfo, Timeline,
@@ -44,6 +45,9 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             )?;
         }
         signal_hook::flag::register(signal, Arc::clone(&interrupted))?;
+    }
+    if args.mode == Mode::Handshakes {
+        return handshakes::run(&args, &url, &interrupted);
     }
     if args.child_index.is_some() {
         return fleet::run_child(plan);

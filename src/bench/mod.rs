@@ -17,6 +17,9 @@
 //! - `comet`: reading event streams and long-poll answers for push mode;
 //! - `fleet`: this process's loops, or `--procs` child processes and their protocol;
 //! - `publish`: push mode's HTTP publisher (throng's API, or Pusher's signed one);
+//! - `tls`: what `wss://` and `https://` trust (`--insecure`, `--ca`) and the
+//!   server name; `https`: blocking HTTPS for the publisher and `handshakes`;
+//! - `handshakes`: `throng bench handshakes`, full and resumed TLS handshakes/s;
 //! - [`report`]: counters, seq tracking, histogram merging, the timeline, the
 //!   printed report;
 //! - [`html`] (in `report/`): the report as one self-contained HTML page
@@ -33,11 +36,14 @@ pub mod client;
 mod comet;
 mod driver;
 mod fleet;
+mod handshakes;
+mod https;
 mod publish;
 pub mod report;
 mod setup;
 #[cfg(test)]
 mod tests;
+mod tls;
 
 pub use args::{BenchArgs, Mode, PortRange, Protocol, SeqFrom, SourceIps, Transport, WsUrl};
 pub use driver::run;

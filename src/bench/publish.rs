@@ -5,6 +5,9 @@
 //! message is an event `bench` sent through Pusher's signed `POST
 //! /apps/ID/events`, its `data` the same stamped payload.
 //!
+//! An `https://` publish URL goes through `https.rs` (TLS as `--insecure` and
+//! `--ca` say), an `http://` one through `crate::client`.
+//!
 //! It owns pacing and the publish requests. It must not touch WebSocket
 //! connections or print: the driver starts and stops it and hands its
 //! [`PublishSummary`] to the report.
@@ -16,8 +19,10 @@ use std::time::{Duration, Instant};
 
 use super::SeqFrom;
 use super::client::unix_nanos;
+use super::https::HttpsSession;
 use super::report::PublishSummary;
-use crate::client::{HttpUrl, Session};
+use super::tls::TlsTarget;
+use crate::client::{ClientError, HttpUrl, Response, Session};
 use crate::pusher::App;
 use crate::pusher::sign::signed_query;
 
@@ -29,6 +34,8 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct PublishPlan {
     /// The server; its prefix is already part of `path`.
     pub url: HttpUrl,
+    /// `https://`: TLS to the server.
+    pub tls: Option<TlsTarget>,
     /// Request path with `{channel}` in it (`/api/publish/{channel}` for throng),
     /// or Pusher's `/apps/ID/events`.
     pub path: String,
@@ -78,6 +85,37 @@ pub(super) fn pusher_request(
     let body = serde_json::json!({ "name": "bench", "channel": channel, "data": data }).to_string();
     let query = signed_query(app, "POST", path, body.as_bytes(), timestamp);
     (format!("{path}?{query}"), body.into_bytes())
+}
+
+/// One publisher thread's kept-alive connection, plain or TLS.
+enum PublishSession {
+    Plain(Session),
+    Tls(Box<HttpsSession>),
+}
+
+impl PublishSession {
+    fn new(plan: &PublishPlan) -> Self {
+        match &plan.tls {
+            Some(tls) => PublishSession::Tls(Box::new(HttpsSession::new(
+                plan.url.clone(),
+                tls.clone(),
+                PUBLISH_TIMEOUT,
+            ))),
+            None => PublishSession::Plain(Session::new(plan.url.clone(), PUBLISH_TIMEOUT)),
+        }
+    }
+
+    fn request(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Response, ClientError> {
+        match self {
+            PublishSession::Plain(s) => s.request("POST", path, headers, body),
+            PublishSession::Tls(s) => s.request("POST", path, headers, body),
+        }
+    }
 }
 
 pub struct Publisher {
@@ -157,7 +195,7 @@ fn publish_loop(
     }
     // One kept-alive connection per publisher thread (reconnecting if the server
     // closes it), so high rates do not pile up TIME_WAIT sockets.
-    let mut session = Session::new(plan.url.clone(), PUBLISH_TIMEOUT);
+    let mut session = PublishSession::new(plan);
     // Payload numbering: a channel's messages must leave in order, so thread `id`
     // owns the channels `c % threads == id` (walking every message index, taking
     // its own); with the server's seqs, threads simply take turns.
@@ -198,7 +236,7 @@ fn publish_loop(
             }
             None => (plan.path.replace("{channel}", &name), body),
         };
-        let outcome = session.request("POST", &path, &headers, &body);
+        let outcome = session.request(&path, &headers, &body);
         match outcome {
             Ok(r) if plan.seq_from == SeqFrom::Payload && (200..300).contains(&r.status) => {
                 summary.record(channel, count);
@@ -226,7 +264,7 @@ fn publish_loop(
 
 /// An error and its causes, so a failed publish says what the socket said
 /// (timed out, reset, closed) and not only that the request failed.
-fn with_causes(e: &dyn std::error::Error) -> String {
+pub(super) fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -245,7 +283,6 @@ fn fail(summary: &mut PublishSummary, reason: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::ClientError;
     use crate::pusher::sign::{Request, check_request, decode_query};
 
     #[test]

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use super::BenchError;
 use super::args::{
-    BenchArgs, Mode, PortRange, Protocol, SeqFrom, Transport, WsUrl, default_threads,
+    BenchArgs, Mode, PortRange, Protocol, SeqFrom, Transport, WsUrl, default_threads, with_port,
 };
 use super::client::Plan;
 use super::publish::PublishPlan;
+use super::tls::{TlsTarget, Trust, client_config};
 use crate::client::HttpUrl;
 use crate::pusher::{App, validate_channel_name};
 
@@ -39,6 +40,20 @@ impl BenchArgs {
             Protocol::Pusher => SeqFrom::Payload,
             Protocol::Throng => self.seq_from,
         }
+    }
+
+    /// What `--insecure` and `--ca` say to trust.
+    pub(super) fn trust(&self) -> Trust {
+        Trust {
+            insecure: self.tls.insecure,
+            ca: self.tls.ca.clone(),
+        }
+    }
+
+    /// TLS to `host` as `--insecure` and `--ca` say; `resume`: keep sessions.
+    pub(super) fn tls_target(&self, host: &str, resume: bool) -> Result<TlsTarget, BenchError> {
+        let config = client_config(&self.trust(), resume).map_err(BenchError::BadArgs)?;
+        TlsTarget::new(config, host).map_err(BenchError::BadArgs)
     }
 
     /// The Pusher app: --pusher-key, --pusher-secret and --pusher-app-id together
@@ -171,7 +186,30 @@ impl BenchArgs {
                     return bad("--send-interval must be more than 0".into());
                 }
             }
+            Mode::Handshakes => {
+                if !url.tls {
+                    return bad(format!(
+                        "--url '{}': handshakes measures TLS; give https://HOST:PORT/PATH (or wss://)",
+                        self.url
+                    ));
+                }
+                if self.procs > 1 {
+                    return bad("handshakes runs in one process: leave --procs at 1".into());
+                }
+            }
             Mode::Echo | Mode::Idle => {}
+        }
+        let tls_used =
+            url.tls || (self.mode == Mode::Push && self.publish_url().is_ok_and(|(_, tls)| tls));
+        if (self.tls.insecure || self.tls.ca.is_some()) && !tls_used {
+            return bad(format!(
+                "--insecure and --ca are for TLS: --url '{}' is not wss:// or https://",
+                self.url
+            ));
+        }
+        if tls_used {
+            // A --ca file that cannot be read is refused before anything runs.
+            client_config(&self.trust(), true).map_err(BenchError::BadArgs)?;
         }
         if self.mode != Mode::Push && self.transport != Transport::Ws {
             return bad(format!(
@@ -180,10 +218,11 @@ impl BenchArgs {
                 self.mode.name()
             ));
         }
-        if url.http && self.transport == Transport::Ws {
+        if url.http && self.transport == Transport::Ws && self.mode != Mode::Handshakes {
             return bad(format!(
-                "--url '{}': http:// is for --transport sse or poll; WebSocket needs ws://",
-                self.url
+                "--url '{}': {}:// is for --transport sse or poll; WebSocket needs ws:// (wss:// over TLS)",
+                self.url,
+                url.scheme()
             ));
         }
         let per_proc = self.conns.div_ceil(self.procs as u64);
@@ -216,15 +255,32 @@ impl BenchArgs {
         Ok(url)
     }
 
-    fn publish_url(&self) -> Result<HttpUrl, BenchError> {
+    /// The publish API's URL, and whether it is `https://`: `--publish-url`, or
+    /// the scheme (http or https, as --url is plain or TLS) and host of --url.
+    fn publish_url(&self) -> Result<(HttpUrl, bool), BenchError> {
         let text = match &self.publish_url {
             Some(u) => u.clone(),
             None => {
                 let url = WsUrl::parse(&self.url).map_err(BenchError::BadArgs)?;
-                format!("http://{}", url.authority)
+                let scheme = if url.tls { "https" } else { "http" };
+                format!("{scheme}://{}", url.authority)
             }
         };
-        HttpUrl::parse(&text).map_err(|e| BenchError::BadArgs(format!("--publish-url: {e}")))
+        let bad = |e: String| BenchError::BadArgs(format!("--publish-url: {e}"));
+        match text.strip_prefix("https://") {
+            Some(rest) => {
+                let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                let plain = format!("http://{}{path}", with_port(authority, true));
+                Ok((
+                    HttpUrl::parse(&plain).map_err(|e| bad(e.to_string()))?,
+                    true,
+                ))
+            }
+            None => Ok((
+                HttpUrl::parse(&text).map_err(|e| bad(e.to_string()))?,
+                false,
+            )),
+        }
     }
 
     /// The loops' plan for this process (`conns` of them from `conn_offset`).
@@ -270,6 +326,10 @@ impl BenchArgs {
             first_port,
             last_port,
             host_header: url.authority.clone(),
+            tls: match url.tls {
+                true => Some(self.tls_target(&url.host, true)?),
+                false => None,
+            },
             path,
             source_ips: self.source_ips.clone().map(|s| s.0).unwrap_or_default(),
             size: self.size(),
@@ -375,6 +435,13 @@ impl BenchArgs {
             "--json".into(),
             "--allow-failures".into(),
         ];
+        if self.tls.insecure {
+            a.push("--insecure".into());
+        }
+        if let Some(ca) = &self.tls.ca {
+            a.push("--ca".into());
+            a.push(ca.display().to_string());
+        }
         if let Some(PortRange(x, y)) = self.ports {
             a.push("--ports".into());
             a.push(format!("{x}-{y}"));
@@ -396,6 +463,16 @@ impl BenchArgs {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut s = vec![("mode", self.mode.name().to_string())];
         s.push(("url", self.url.clone()));
+        if let Ok(url) = WsUrl::parse(&self.url)
+            && url.tls
+        {
+            let trust = match (&self.tls.ca, self.tls.insecure) {
+                (_, true) => "any certificate (--insecure)".to_string(),
+                (Some(ca), _) => format!("the CAs in {}", ca.display()),
+                (None, false) => "the built-in Mozilla roots".to_string(),
+            };
+            s.push(("tls", format!("rustls, trusting {trust}")));
+        }
         if self.mode == Mode::Push {
             s.push(("transport", self.transport.name().to_string()));
         }
@@ -470,6 +547,9 @@ impl BenchArgs {
                 s.push(("senders", self.senders.to_string()));
                 s.push(("send interval", d(self.send_interval)));
             }
+            Mode::Handshakes => {
+                s.push(("resumption", (!self.tls.no_resume).to_string()));
+            }
             Mode::Echo | Mode::Idle => {}
         }
         s.push(("grace", d(self.grace)));
@@ -481,12 +561,18 @@ impl BenchArgs {
             Protocol::Pusher => self.pusher()?,
             Protocol::Throng => None,
         };
+        let (base, tls) = self.publish_url()?;
+        let tls = match tls {
+            true => Some(self.tls_target(&base.host, true)?),
+            false => None,
+        };
         let (url, path) = match &pusher {
-            Some(app) => PublishPlan::pusher_target(self.publish_url()?, app),
-            None => PublishPlan::target(self.publish_url()?),
+            Some(app) => PublishPlan::pusher_target(base, app),
+            None => PublishPlan::target(base),
         };
         Ok(PublishPlan {
             url,
+            tls,
             path,
             pusher,
             api_key: self.api_key.clone(),

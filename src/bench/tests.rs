@@ -78,7 +78,8 @@ fn bad_flags_are_errors_not_panics() {
         |args: &[&str]| matches!(parse(args).unwrap().validate(), Err(BenchError::BadArgs(_)));
     assert!(bad(&["echo", "--conns", "0"]));
     assert!(bad(&["echo", "--url", "http://x"]));
-    assert!(bad(&["echo", "--url", "wss://x"]));
+    assert!(bad(&["echo", "--url", "https://x"]));
+    assert!(bad(&["echo", "--url", "ftp://x"]));
     assert!(bad(&["echo", "--rate=-1"]));
     assert!(bad(&["echo", "--conns", "2", "--procs", "3"]));
     assert!(bad(&["chat", "--senders", "1.5"]));
@@ -235,4 +236,184 @@ fn pusher_children_are_told_the_protocol_and_not_the_secret() {
     let child = parse(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     assert_eq!(child.protocol, Protocol::Pusher);
     assert_eq!(child.seq_from(), SeqFrom::Payload);
+}
+
+#[test]
+fn tls_urls_say_tls_and_default_to_port_443() {
+    let u = WsUrl::parse("wss://example.com/ws?x=1").unwrap();
+    assert!(u.tls && !u.http);
+    assert_eq!(
+        (
+            u.host.as_str(),
+            u.port,
+            u.authority.as_str(),
+            u.path.as_str()
+        ),
+        ("example.com", 443, "example.com", "/ws?x=1")
+    );
+    assert_eq!(u.scheme(), "wss");
+    let u = WsUrl::parse("https://127.0.0.1:8443").unwrap();
+    assert!(u.tls && u.http);
+    assert_eq!((u.port, u.path.as_str(), u.scheme()), (8443, "/", "https"));
+    let u = WsUrl::parse("wss://[::1]:9/").unwrap();
+    assert_eq!((u.host.as_str(), u.port), ("::1", 9));
+    assert_eq!(WsUrl::parse("wss://[::1]/").unwrap().port, 443);
+    let u = WsUrl::parse("ws://h").unwrap();
+    assert!(!u.tls);
+    assert_eq!((u.port, u.scheme()), (80, "ws"));
+    assert!(WsUrl::parse("wss://h:99999/").is_err());
+}
+
+#[test]
+fn tls_flags_reach_the_plan_the_publisher_and_the_children() {
+    let a = parse(&[
+        "push",
+        "--url",
+        "wss://localhost:9/",
+        "--insecure",
+        "--conns",
+        "4",
+        "--procs",
+        "2",
+    ])
+    .unwrap();
+    assert!(a.tls.insecure && a.tls.ca.is_none());
+    let url = a.validate().unwrap();
+    let plan = a.plan(&url).unwrap();
+    let tls = plan.tls.as_ref().expect("a TLS plan");
+    assert_eq!(
+        format!("{:?}", tls.name),
+        format!(
+            "{:?}",
+            rustls::pki_types::ServerName::try_from("localhost").unwrap()
+        )
+    );
+    // The publisher follows --url: https on the same host and port.
+    let publish = a.publish_plan().unwrap();
+    assert!(publish.tls.is_some());
+    assert_eq!(
+        (publish.url.host.as_str(), publish.url.port),
+        ("localhost", 9)
+    );
+    let child = a.child_args(1, 2, 2, None);
+    let child = parse(&child.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    assert!(child.tls.insecure);
+    // An explicit https:// publish URL under a plain --url; 443 by default.
+    let a = parse(&[
+        "push",
+        "--publish-url",
+        "https://api.example/pre",
+        "--insecure",
+    ])
+    .unwrap();
+    assert!(a.validate().is_ok());
+    let publish = a.publish_plan().unwrap();
+    assert!(publish.tls.is_some());
+    assert_eq!(publish.url.port, 443);
+    assert_eq!(publish.path, "/pre/api/publish/{channel}");
+    assert!(a.plan(&a.validate().unwrap()).unwrap().tls.is_none());
+    // Plain stays plain.
+    let a = parse(&["push"]).unwrap();
+    assert!(a.publish_plan().unwrap().tls.is_none());
+    assert!(a.plan(&a.validate().unwrap()).unwrap().tls.is_none());
+}
+
+#[test]
+fn tls_flags_are_refused_where_they_mean_nothing_or_cannot_work() {
+    let bad =
+        |args: &[&str]| matches!(parse(args).unwrap().validate(), Err(BenchError::BadArgs(_)));
+    assert!(
+        bad(&["echo", "--insecure"]),
+        "plain ws:// has no certificate"
+    );
+    assert!(bad(&[
+        "echo",
+        "--url",
+        "wss://h:1/",
+        "--ca",
+        "/nonexistent/ca.pem"
+    ]));
+    assert!(
+        bad(&["echo", "--url", "wss://h:1/", "--ca", "Cargo.toml"]),
+        "no CERTIFICATE in it"
+    );
+    assert!(parse(&["echo", "--url", "wss://h:1/", "--insecure", "--ca", "x.pem"]).is_err());
+    assert!(
+        bad(&["handshakes", "--url", "http://h:1/"]),
+        "handshakes needs TLS"
+    );
+    assert!(bad(&[
+        "handshakes",
+        "--url",
+        "https://h:1/",
+        "--insecure",
+        "--procs",
+        "2",
+        "--conns",
+        "4"
+    ]));
+    assert!(!bad(&[
+        "handshakes",
+        "--url",
+        "https://h:1/healthz",
+        "--insecure"
+    ]));
+    assert!(!bad(&[
+        "handshakes",
+        "--url",
+        "wss://h:1/",
+        "--insecure",
+        "--no-resume"
+    ]));
+    assert!(!bad(&[
+        "push",
+        "--transport",
+        "sse",
+        "--url",
+        "https://h:1/",
+        "--insecure"
+    ]));
+    assert!(bad(&[
+        "push",
+        "--transport",
+        "ws",
+        "--url",
+        "https://h:1/",
+        "--insecure"
+    ]));
+}
+
+#[test]
+fn a_handshakes_report_says_each_pass_its_rate_and_resumptions() {
+    use super::handshakes::{HandshakeReport, Pass, to_text};
+    let pass = |resumption, full, resumed| Pass {
+        resumption,
+        attempted: 10,
+        handshakes: 10,
+        full,
+        resumed,
+        answered: 10,
+        secs: 0.5,
+        handshakes_per_sec: 20.0,
+        statuses: [(200, 10)].into(),
+        ..Pass::default()
+    };
+    let report = HandshakeReport {
+        mode: "handshakes",
+        url: "https://h:1/healthz".into(),
+        threads: 1,
+        conns: 10,
+        passes: vec![pass(false, 10, 0), pass(true, 1, 9)],
+        errors: 0,
+    };
+    let text = to_text(&report);
+    assert!(
+        text.contains("resumption off: 10 handshakes in 0.50 s = 20.0 handshakes/s"),
+        "{text}"
+    );
+    assert!(text.contains("full 1, resumed 9"), "{text}");
+    assert!(text.contains("answers: 200 ×10"), "{text}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["passes"][1]["resumed"], 9);
+    assert_eq!(json["passes"][0]["statuses"]["200"], 10);
 }

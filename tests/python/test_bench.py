@@ -495,7 +495,7 @@ BAD_FLAGS = [
     (["echo", "--conns", "2", "--procs", "3"], "--procs"),
     (["echo", "--procs", "0"], "--procs"),
     (["echo", "--url", "http://127.0.0.1:1/"], "http://127.0.0.1:1/"),
-    (["echo", "--url", "wss://127.0.0.1:1/"], "wss"),
+    (["echo", "--url", "https://127.0.0.1:1/"], "https://127.0.0.1:1/"),
     (["echo", "--duration", "ten"], "ten"),
     (["echo", "--duration", "0s"], "--duration"),
     (["echo", "--rate=-1"], "--rate"),

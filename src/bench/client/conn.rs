@@ -1,16 +1,19 @@
 //! One client connection ([`Conn`]): its state, what it knows to resume, and its
 //! read state and unsent bytes (boxed, and there only while something is
-//! partial), with opening its non-blocking socket and writing to it.
+//! partial), with opening its non-blocking socket and reading and writing it
+//! (through `tls.rs` when the connection speaks TLS).
 //!
 //! It must not count or decide: the loop's `lifecycle` moves a connection
 //! between states, and each transport's file reads for it.
 
-use std::io;
+use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr};
 
 use mio::net::TcpStream;
+use rustls::ClientConnection;
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::tls;
 use crate::bench::comet::SseReader;
 use crate::bench::report::SeqTrack;
 use crate::outbound::Outbound;
@@ -44,7 +47,8 @@ pub(super) enum ReadState {
     Poll(Vec<u8>),
 }
 
-/// One client connection. Idle, it is the socket, a few integers and two `None`s.
+/// One client connection. Idle, it is the socket, a few integers and three
+/// `None`s (a TLS connection's session in the third).
 pub(super) struct Conn {
     pub(super) socket: TcpStream,
     pub(super) index: u32,
@@ -65,12 +69,32 @@ pub(super) struct Conn {
     /// Push: which seqs arrived.
     pub(super) track: SeqTrack,
     pub(super) read: Option<Box<ReadState>>,
+    /// Plain: what the socket would not take yet. Unused under TLS (rustls keeps it).
     pub(super) out: Outbound,
+    /// `wss://`, `https://`: this socket's TLS session (a new one per reconnect).
+    pub(super) tls: Option<Box<ClientConnection>>,
 }
 
-/// Why a connection failed or dropped; the text is the report's key.
+impl Conn {
+    /// Reads plaintext as a socket read would (`Ok(0)`: closed; `WouldBlock`:
+    /// nothing more now), straight from the socket or through TLS.
+    pub(super) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.tls.as_deref_mut() {
+            Some(session) => tls::read(session, &self.socket, buf),
+            None => (&self.socket).read(buf),
+        }
+    }
+}
+
+/// Why a connection failed or dropped; the text is the report's key. A TLS
+/// failure carries rustls's error; only TLS reads end in `UnexpectedEof` (a
+/// server that hung up before the handshake was done).
 pub(super) fn io_reason(e: &io::Error) -> String {
+    if let Some(failure) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        return crate::bench::tls::reason(failure);
+    }
     match e.kind() {
+        io::ErrorKind::UnexpectedEof => "tls: the server closed during the handshake".into(),
         io::ErrorKind::ConnectionRefused => "refused".into(),
         io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => "reset".into(),
         io::ErrorKind::TimedOut => "timed out".into(),
@@ -109,12 +133,19 @@ pub(super) fn start_connect(target: SocketAddr, source: Option<IpAddr>) -> io::R
     Ok(TcpStream::from_std(std::net::TcpStream::from(socket)))
 }
 
-/// Writes what the socket takes now and queues the rest.
+/// Writes what the socket takes now and queues the rest (under TLS, encrypted,
+/// in rustls).
 pub(super) fn send(conn: &mut Conn, bytes: &[u8]) -> io::Result<()> {
-    conn.out.send(&conn.socket, bytes)
+    match conn.tls.as_deref_mut() {
+        Some(session) => tls::send(session, &conn.socket, bytes),
+        None => conn.out.send(&conn.socket, bytes),
+    }
 }
 
 /// Writes queued bytes; the queue goes once empty.
 pub(super) fn flush(conn: &mut Conn) -> io::Result<()> {
-    conn.out.flush(&conn.socket).map(drop)
+    match conn.tls.as_deref_mut() {
+        Some(session) => tls::flush(session, &conn.socket),
+        None => conn.out.flush(&conn.socket).map(drop),
+    }
 }

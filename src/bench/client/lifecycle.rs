@@ -15,6 +15,7 @@ use mio::{Interest, Token};
 
 use super::conn::{Conn, State, io_reason, send, start_connect};
 use super::delivery::unix_nanos;
+use super::tls;
 use super::{ClientLoop, next_mask, phase};
 use crate::bench::report::SeqTrack;
 use crate::bench::{Mode, Transport};
@@ -51,6 +52,14 @@ impl ClientLoop {
                 return;
             }
         };
+        let tls = match self.plan.tls.as_ref().map(tls::start).transpose() {
+            Ok(t) => t,
+            Err(reason) => {
+                self.tally.c.failed += 1;
+                *self.tally.failures.entry(reason).or_default() += 1;
+                return;
+            }
+        };
         let entry = self.conns.vacant_entry();
         let key = entry.key();
         if let Err(e) = self.poll.registry().register(
@@ -75,6 +84,7 @@ impl ClientLoop {
             track: SeqTrack::default(),
             read: None,
             out: Outbound::default(),
+            tls,
         });
         self.timeouts.push_back((
             Instant::now() + self.plan.connect_timeout,
@@ -98,6 +108,15 @@ impl ClientLoop {
         conn.state = State::Connecting;
         let global = u64::from(conn.index);
         let local = global.saturating_sub(self.plan.conn_offset);
+        // A new socket, a new TLS session (which resumes the last one's when
+        // the server gave it a ticket).
+        conn.tls = match self.plan.tls.as_ref().map(tls::start).transpose() {
+            Ok(t) => t,
+            Err(reason) => {
+                self.lost(key, reason);
+                return false;
+            }
+        };
         let stream =
             start_connect(self.plan.target(global), self.plan.source(local)).and_then(|mut s| {
                 self.poll.registry().register(
@@ -159,6 +178,7 @@ impl ClientLoop {
         conn.state = State::Away;
         conn.read = None;
         conn.out = Outbound::default();
+        conn.tls = None;
         let delay = backoff_delay(base, conn.retries, &mut self.rng);
         conn.retries = conn.retries.saturating_add(1);
         self.comebacks
@@ -337,7 +357,7 @@ impl ClientLoop {
                         self.reconnect_queue.push_back((at, key, index));
                     }
                 }
-                Mode::Idle | Mode::Push => {}
+                Mode::Idle | Mode::Push | Mode::Handshakes => {}
             }
         }
         if p >= phase::CLOSE && from < phase::CLOSE {

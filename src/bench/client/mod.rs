@@ -18,7 +18,9 @@
 //!   trips, answering pings and chat sends are WebSocket's;
 //! - `pusher`: Pusher Channels' messages on top of WebSocket (`--protocol pusher`):
 //!   subscribing once greeted, pongs, events as deliveries;
-//! - `delivery`: counting a push delivery's seq and latency.
+//! - `delivery`: counting a push delivery's seq and latency;
+//! - `tls`: `wss://` and `https://`: rustls between the socket and the
+//!   transports (every read and write of a TLS connection goes through it).
 //!
 //! It must not print, spawn processes or decide the run's timeline: the driver
 //! (`bench/driver.rs`) moves the shared [`Control`] phase, and reads the [`Live`]
@@ -34,11 +36,14 @@ mod pusher;
 mod sse;
 #[cfg(test)]
 mod tests;
+mod tls;
+#[cfg(test)]
+mod tls_tests;
 mod websocket;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
-use std::io::{self, Read};
+use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -350,7 +355,10 @@ impl ClientLoop {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
-            let n = match (&conn.socket).read(&mut self.buf) {
+            // A short read drains a plain socket, not a TLS one (rustls reads
+            // 4 KiB at a time): that is read until it would block.
+            let drain = conn.tls.is_some();
+            let n = match conn.read(&mut self.buf) {
                 Ok(0)
                     if self.plan.transport == Transport::Poll
                         && matches!(conn.state, State::Open | State::Handshake) =>
@@ -388,7 +396,7 @@ impl ClientLoop {
                     self.on_poll(key, n)
                 }
             };
-            if !alive || (n < self.buf.len() && !closed) {
+            if !alive || (n < self.buf.len() && !closed && !drain) {
                 return;
             }
         }

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use crate::bench::tls::TlsTarget;
 use crate::bench::{Mode, Protocol, SeqFrom, Transport};
 use crate::pusher::App;
 
@@ -20,6 +21,8 @@ pub struct Plan {
     pub last_port: u16,
     /// The `Host` header value.
     pub host_header: String,
+    /// `wss://`, `https://`: every connection speaks TLS to this server.
+    pub tls: Option<TlsTarget>,
     /// Request path; `{channel}` is replaced in push and chat modes.
     pub path: String,
     /// Source addresses this process binds to, round-robin.
@@ -116,7 +119,7 @@ impl Plan {
                     global / self.room_size.max(1)
                 ),
             )),
-            Mode::Echo | Mode::Idle => Cow::Borrowed(&self.path),
+            Mode::Echo | Mode::Idle | Mode::Handshakes => Cow::Borrowed(&self.path),
         }
     }
 }

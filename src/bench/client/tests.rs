@@ -20,6 +20,7 @@ fn plan(mode: Mode) -> Plan {
         first_port: 9000,
         last_port: 9002,
         host_header: "h".into(),
+        tls: None,
         path: "/ws/{channel}?format=json".into(),
         source_ips: vec![IpAddr::from([127, 0, 0, 2]), IpAddr::from([127, 0, 0, 3])],
         size: 32,

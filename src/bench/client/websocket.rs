@@ -206,7 +206,7 @@ impl ClientLoop {
                             tally.c.latency_us_sum += us;
                         }
                     }
-                    Mode::Idle => {}
+                    Mode::Idle | Mode::Handshakes => {}
                 },
                 Event::Ping(p) => {
                     tally.c.pings += 1;
