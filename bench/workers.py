@@ -32,7 +32,12 @@ it counted across the cluster (all of them, in a good run), the workers' residen
 memory at that moment (against before the bench: the cost of a connection with its
 presence subscription) and Redis's used_memory.
 
-Usage: bench/workers.py [--workers 4] [--conns 40000] [--procs 4] [--rate 4000]
+With --tls the server gets a fresh self-signed certificate (--tls-cert, --tls-key)
+and the bench connects with wss:// (--ca): every connection is a TLS connection.
+In either mode, once the workers hold every connection, their resident memory is
+sampled against before the bench: bytes per held connection.
+
+Usage: bench/workers.py [--tls] [--workers 4] [--conns 40000] [--procs 4] [--rate 4000]
                         [--duration 5s] [--pusher-presence-channels 0]
                         [--bin target/release/throng] [--out bench/results]
 Needs: redis-server (scripts/test.sh installs it); python3, standard library only.
@@ -207,6 +212,7 @@ def main() -> int:
     ap.add_argument("--drain-timeout", default="10s")
     ap.add_argument("--pusher-presence-channels", type=int, default=0,
                     help="speak Pusher: every connection a member of one of this many presence channels")
+    ap.add_argument("--tls", action="store_true", help="serve and connect with TLS (wss://)")
     ap.add_argument("--bin", default=throng_server.DEFAULT_BIN)
     ap.add_argument("--out", default=str(provenance.RESULTS_DIR), help="where the raw JSON and .md go")
     args = ap.parse_args()
@@ -237,6 +243,15 @@ def main() -> int:
         presence = args.pusher_presence_channels > 0
         if presence:
             serve_cmd += ["--pusher-app", pusher_app]
+        if args.tls:
+            cert, key = Path(redis_dir.name) / "cert.pem", Path(redis_dir.name) / "key.pem"
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                            "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                            "-addext", "basicConstraints=critical,CA:FALSE",
+                            "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+            serve_cmd += ["--tls-cert", str(cert), "--tls-key", str(key)]
+        scheme = "wss" if args.tls else "ws"
         master = subprocess.Popen(serve_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
         log = LogReader(master.stdout)
@@ -253,10 +268,12 @@ def main() -> int:
         say(f"a worker's open-files limit: {limits}")
 
         if presence:
-            target = ["--protocol", "pusher", "--pusher-app", pusher_app, "--url", f"ws://127.0.0.1:{port}/",
+            target = ["--protocol", "pusher", "--pusher-app", pusher_app, "--url", f"{scheme}://127.0.0.1:{port}/",
                       "--channels", str(args.pusher_presence_channels), "--channel-prefix", "presence-w-"]
         else:
-            target = ["--url", f"ws://127.0.0.1:{port}/ws/idle"]
+            target = ["--url", f"{scheme}://127.0.0.1:{port}/ws/idle"]
+        if args.tls:
+            target += ["--ca", str(cert)]
         time.sleep(1)
         rss_before = {w: rss_kib(w) for w in workers}
         redis_before = redis_used_memory(rport)
@@ -273,7 +290,18 @@ def main() -> int:
         peak_total = 0
         held: dict | None = None
         last_ask = 0.0
+        fds_before = sum(open_fds(w) or 0 for w in workers)
+        all_held: dict | None = None
         while bench.poll() is None:
+            if all_held is None and sum(open_fds(w) or 0 for w in workers) - fds_before >= args.conns:
+                # Every connection is held: give the last handshakes a moment, then sample.
+                time.sleep(1.0)
+                rss = {w: rss_kib(w) for w in workers}
+                all_held = {"at_secs": time.monotonic() - started,
+                            "worker_rss_kib": {str(w): rss[w] for w in workers},
+                            "worker_rss_kib_before": {str(w): rss_before[w] for w in workers},
+                            "rss_growth_bytes_per_conn": (sum(rss.values()) - sum(rss_before.values()))
+                            * 1024 / args.conns}
             if presence and time.monotonic() - last_ask > 2:
                 last_ask = time.monotonic()
                 users = pusher_users(port)
@@ -312,6 +340,10 @@ def main() -> int:
             f"failed {result['failed']}, dropped {result['dropped']}; held {result['duration_secs']:.1f} s")
         say("open descriptors per worker, most at once: " + ", ".join(f"{peak[w]:,}" for w in workers)
             + f" (sum of a moment's counts at most {peak_total:,})")
+        if all_held:
+            say(f"all {args.conns:,} held {all_held['at_secs']:.1f} s in: the workers' resident memory "
+                f"{all_held['rss_growth_bytes_per_conn']:,.0f} B per connection above before the bench"
+                + (" (TLS)" if args.tls else ""))
         if held:
             say(f"the Pusher API counted at most {held['users_seen_by_api']:,} presence users across the cluster "
                 f"({held['at_secs']:.1f} s in); workers' resident memory then {held['rss_growth_bytes_per_conn']:,.0f} B "
@@ -352,13 +384,14 @@ def main() -> int:
 
         doc = {"provenance": prov, "binary": provenance.binary(args.bin), "redis_server": redis_version,
                "settings": {"workers": args.workers, "threads_per_worker": 1, "conns": args.conns,
-                            "pusher_presence_channels": args.pusher_presence_channels,
+                            "pusher_presence_channels": args.pusher_presence_channels, "tls": args.tls,
                             "procs": args.procs, "rate": args.rate, "duration": args.duration,
                             "serve_command": serve_cmd, "bench_command": bench_cmd},
                "master_pid": master.pid, "worker_pids": workers, "worker_open_files_limit": limits,
                "master_plan_line": plan, "workers_alive_at_load_end": workers_alive_before,
                "bench": result, "bench_wall_secs": bench_secs,
                "pusher_presence": held if presence else None,
+               "tls": args.tls, "all_held": all_held,
                "opened": result["opened"], "failed": result["failed"], "dropped": result["dropped"],
                "connect_secs": result["connect_secs"],
                "worker_open_fds_peak": {str(w): peak[w] for w in workers}, "open_fds_peak_sum": peak_total,
