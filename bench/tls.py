@@ -4,8 +4,9 @@
   throng        plain ws:// (the baseline every TLS row is compared with)
   throng-tls    throng serve --tls-cert/--tls-key (wss://)
   nginx-tls     nginx terminating wss:// in front of plain throng
-  uws-tls       uWebSockets' echo peer on uWS::SSLApp (OpenSSL), when built
-                (bench/peers/uws/build.sh --tls; skipped with the reason if not)
+  uws-tls       uWebSockets' echo peer on uWS::SSLApp (OpenSSL), and its hub
+                peer for the fan-out, when built (bench/peers/uws/build.sh --tls;
+                skipped with the reason if not)
 
 For each: idle bytes per connection (the Go gorilla client bench/clients/wsload
 holds --idle-conns idle connections; the RSS of every process of the server, its
@@ -174,8 +175,8 @@ class Server:
             conf.write_text(NGINX_CONF.format(workers=threads, dir=work, upstream=upstream, port=self.port,
                                               cert=cert, key=key))
             self.spawn(["nginx", "-c", str(conf), "-g", "daemon off;"], self.port)
-        elif name == "uws-tls":
-            binary = BENCH / "peers/uws/bin/uws-echo-tls"
+        elif name in ("uws-tls", "uws-hub-tls"):
+            binary = BENCH / "peers/uws/bin" / ("uws-echo-tls" if name == "uws-tls" else "uws-hub-tls")
             self.spawn([str(binary), "--addr", f"127.0.0.1:{self.port}", "--cert", str(cert), "--key", str(key)],
                        self.port)
         else:
@@ -347,10 +348,12 @@ def main() -> int:
             for what in ("idle", "echo", "fanout", "handshakes"):
                 if what == "handshakes" and name == "throng":
                     continue
-                if what == "fanout" and name == "uws-tls":
-                    row["fanout"] = {"skipped": "no TLS build of the uWS hub peer"}
+                if what == "fanout" and name == "uws-tls" and not (BENCH / "peers/uws/bin/uws-hub-tls").exists():
+                    row["fanout"] = {"skipped": "bench/peers/uws/bin/uws-hub-tls not built (build.sh --tls)"}
                     continue
-                srv = Server(name, work, cert, key, args.threads)
+                # uWebSockets' fan-out peer is its hub (its echo peer has no channels).
+                srv = Server("uws-hub-tls" if (name, what) == ("uws-tls", "fanout") else name,
+                             work, cert, key, args.threads)
                 try:
                     if what == "idle":
                         row["idle"] = measure_idle(srv, wsload, args.idle_conns)
