@@ -202,7 +202,9 @@ fn connect(url: &HttpUrl, timeout: Duration) -> Result<TcpStream, ClientError> {
     Ok(stream)
 }
 
-fn encode_request(
+/// A request's bytes: `url`'s prefix before `path`, and `Connection: close`
+/// unless `keep_alive` (the HTTPS publisher's too).
+pub fn encode_request(
     url: &HttpUrl,
     method: &str,
     path: &str,

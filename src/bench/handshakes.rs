@@ -122,7 +122,7 @@ pub(super) fn run(
             break;
         }
         let shared = Arc::new(Shared {
-            request: https::encode_request(&base, "GET", &url.path, &[], &[], false),
+            request: crate::client::encode_request(&base, "GET", &url.path, &[], &[], false),
             url: base.clone(),
             target: args.tls_target(&url.host, resumption)?,
             timeout: args.connect_timeout,

@@ -77,35 +77,6 @@ pub fn handshake(socket: TcpStream, addr: &str, tls: &TlsTarget) -> Result<TlsSt
     Ok(stream)
 }
 
-/// A request's bytes: `url`'s prefix before `path`, and `Connection: close`
-/// unless `keep_alive`.
-pub fn encode_request(
-    url: &HttpUrl,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    keep_alive: bool,
-) -> Vec<u8> {
-    let connection = if keep_alive { "keep-alive" } else { "close" };
-    let mut head = format!(
-        "{method} {}{path} HTTP/1.1\r\nHost: {}\r\nConnection: {connection}\r\nContent-Length: {}\r\nUser-Agent: throng-bench\r\n",
-        url.prefix,
-        url.authority(),
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(name);
-        head.push_str(": ");
-        head.push_str(value);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    let mut message = head.into_bytes();
-    message.extend_from_slice(body);
-    message
-}
-
 /// Writes `request` and reads the whole response (into `buf`, reused); also
 /// whether the server keeps the connection open after it.
 pub fn exchange(
@@ -242,7 +213,7 @@ impl HttpsSession {
             Some(s) => s,
             None => connect(&self.url, &self.tls, self.timeout)?,
         };
-        let request = encode_request(&self.url, method, path, headers, body, true);
+        let request = crate::client::encode_request(&self.url, method, path, headers, body, true);
         let (response, keep) =
             exchange(&mut stream, &self.url.authority(), &request, &mut self.buf)?;
         if keep {
@@ -275,7 +246,7 @@ mod tests {
     #[test]
     fn requests_carry_the_prefix_host_and_length() {
         let url = HttpUrl::parse("http://h:9/pre").unwrap();
-        let r = encode_request(&url, "POST", "/x", &[("A", "b")], b"hi", false);
+        let r = crate::client::encode_request(&url, "POST", "/x", &[("A", "b")], b"hi", false);
         let text = String::from_utf8(r).unwrap();
         assert!(
             text.starts_with(

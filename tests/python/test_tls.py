@@ -173,21 +173,11 @@ def test_a_reconnect_resumes_its_session(tls_server, version):
     srv, cert, _ = tls_server()
     ctx = client_context(cert, version)
 
-    def get(session=None):
-        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as raw:
-            with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as s:
-                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                body = b""
-                while chunk := s.recv(4096):
-                    body += chunk
-                assert body.startswith(b"HTTP/1.1 200"), body
-                return s.session, s.session_reused
-
-    session, reused = get()
+    session, reused = https_get(srv.port, ctx)
     assert not reused
     assert session is not None
     for _ in range(3):
-        session, reused = get(session)
+        session, reused = https_get(srv.port, ctx, session)
         assert reused, "the ticket from the last connection did not resume"
 
 

@@ -8,8 +8,9 @@
 #   2. gcc compiles uSockets (epoll, no TLS), g++ compiles echo.cpp / hub.cpp
 #      against uWebSockets/src (no zlib), -O3 -flto, and links them.
 # `build.sh --version` prints the version line for the benchmark reports.
-# `build.sh --tls` builds only bench/peers/uws/bin/uws-echo-tls instead (echo-tls.cpp:
-# the echo peer on uWS::SSLApp, TLS terminated by uSockets' OpenSSL layer):
+# `build.sh --tls` builds only bench/peers/uws/bin/uws-echo-tls and uws-hub-tls instead
+# (echo-tls.cpp, hub-tls.cpp: the echo and hub peers on uWS::SSLApp, TLS terminated by
+# uSockets' OpenSSL layer):
 # uSockets with -DLIBUS_USE_OPENSSL plus src/crypto/*, linked with the system
 # -lssl -lcrypto (needs libssl-dev); `build.sh --tls --version` adds the OpenSSL
 # version to the version line.
@@ -42,7 +43,7 @@ for arg in "$@"; do
   esac
 done
 
-# The OpenSSL uws-echo-tls links: the system libssl/libcrypto as `openssl version`
+# The OpenSSL uws-echo-tls and uws-hub-tls link: the system libssl/libcrypto as `openssl version`
 # reports it (its "Library:" part), else the headers' OPENSSL_VERSION_TEXT.
 openssl_version() {
   local v
@@ -92,8 +93,8 @@ fi
 
 # ---- up to date?
 if [ "$TLS" = 1 ]; then
-  PROGS=(echo-tls)
-  SOURCES=("$HERE/echo-tls.cpp" "$HERE/common.h" "$HERE/build.sh")
+  PROGS=(echo-tls hub-tls)
+  SOURCES=("$HERE/echo-tls.cpp" "$HERE/hub-tls.cpp" "$HERE/hub.cpp" "$HERE/common.h" "$HERE/build.sh")
 else
   PROGS=(echo hub)
   SOURCES=("$HERE/echo.cpp" "$HERE/hub.cpp" "$HERE/common.h" "$HERE/build.sh")
@@ -157,7 +158,7 @@ for prog in "${PROGS[@]}"; do
   mv "$BIN/uws-$prog.tmp" "$BIN/uws-$prog"
 done
 if [ "$TLS" = 1 ]; then
-  say "built $BIN/uws-echo-tls ($(openssl_version))"
+  say "built $BIN/uws-echo-tls and $BIN/uws-hub-tls ($(openssl_version))"
 else
   say "built $BIN/uws-echo and $BIN/uws-hub"
 fi

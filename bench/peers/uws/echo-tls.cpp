@@ -12,47 +12,13 @@
 #include "App.h"
 #include "common.h"
 
-#include <openssl/crypto.h>
-
-#include <vector>
-
 struct Conn {};  // no per-connection state
 
 int main(int argc, char **argv) {
     const char *prog = "uws-echo-tls";
-    // Take --cert / --key (and --version) out; the rest (--addr) goes to common.h.
-    std::string cert, key;
-    std::vector<char *> rest{argv[0]};
-    for (int i = 1; i < argc; i++) {
-        std::string arg = argv[i];
-        std::string *dst = nullptr;
-        std::string val;
-        for (const char *name : {"cert", "key"}) {
-            std::string s = name, dd = "--" + s, d = "-" + s, eq = dd + "=";
-            if ((arg == dd || arg == d) && i + 1 < argc) {
-                val = argv[++i];
-            } else if (arg.rfind(eq, 0) == 0) {
-                val = arg.substr(eq.size());
-            } else {
-                continue;
-            }
-            dst = s == "cert" ? &cert : &key;
-            break;
-        }
-        if (dst) {
-            *dst = val;
-        } else if (arg == "--version" || arg == "-version") {
-            std::printf("%s (built with %s)\n", OpenSSL_version(OPENSSL_VERSION), OPENSSL_VERSION_TEXT);
-            return 0;
-        } else {
-            rest.push_back(argv[i]);
-        }
-    }
-    if (cert.empty() || key.empty()) {
-        std::fprintf(stderr, "usage: %s --cert CERT.pem --key KEY.pem [--addr HOST:PORT]\n", prog);
-        return 2;
-    }
-    Addr addr = parse_addr_args((int) rest.size(), rest.data(), prog);
+    TlsArgs args = parse_tls_args(argc, argv, prog);
+    const std::string &cert = args.cert, &key = args.key;
+    const Addr &addr = args.addr;
 
     uWS::SocketContextOptions tls = {};
     tls.key_file_name = key.c_str();

@@ -15,8 +15,21 @@
 // (counted in lagged_messages) rather than being closed.
 //
 // Usage: uws-hub [--addr 127.0.0.1:8080]
+//
+// hub-tls.cpp compiles this file with UWS_HUB_TLS defined (and build.sh --tls
+// with -DLIBUS_USE_OPENSSL) into uws-hub-tls: the same server on uWS::SSLApp,
+// TLS terminated by uSockets' OpenSSL layer, like uws-echo-tls:
+//   uws-hub-tls --cert CERT.pem --key KEY.pem [--addr 127.0.0.1:8080]
+//   uws-hub-tls --version   (the OpenSSL it runs with)
+// Without UWS_HUB_TLS the preprocessed source is the plain uws-hub as before.
 #include "App.h"
 #include "common.h"
+
+#ifdef UWS_HUB_TLS
+#define HUB_NAME "uws-hub-tls"
+#else
+#define HUB_NAME "uws-hub"
+#endif
 
 #include <csignal>
 #include <memory>
@@ -53,18 +66,35 @@ static std::string stats_json() {
 
 // Like gorilla-hub: log the counters on SIGTERM/SIGINT, then exit.
 static void on_signal(int) {
-    std::string s = "uws-hub stats " + stats_json() + "\n";
+    std::string s = HUB_NAME " stats " + stats_json() + "\n";
     ssize_t r = write(2, s.data(), s.size());
     (void) r;
     _exit(0);
 }
 
 int main(int argc, char **argv) {
+#ifdef UWS_HUB_TLS
+    TlsArgs args = parse_tls_args(argc, argv, HUB_NAME);
+    const Addr &addr = args.addr;
+#else
     Addr addr = parse_addr_args(argc, argv, "uws-hub");
+#endif
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
 
+#ifdef UWS_HUB_TLS
+    uWS::SocketContextOptions tls = {};
+    tls.key_file_name = args.key.c_str();
+    tls.cert_file_name = args.cert.c_str();
+    uWS::SSLApp app(tls);
+    if (app.constructorFailed()) {
+        std::fprintf(stderr, HUB_NAME ": cannot load the certificate %s / key %s (PEM)\n", args.cert.c_str(),
+                     args.key.c_str());
+        return 1;
+    }
+#else
     uWS::App app;
+#endif
     app.ws<Sub>("/ws/:channel", {
             .compression = uWS::DISABLED,
             .maxPayloadLength = 64 * 1024,
@@ -132,10 +162,15 @@ int main(int argc, char **argv) {
         .get("/healthz", [](auto *res, auto *) { res->end("ok"); })
         .listen(addr.host, addr.port, [&](auto *ls) {
             if (!ls) {
-                std::fprintf(stderr, "uws-hub: cannot listen on %s:%d\n", addr.host.c_str(), addr.port);
+                std::fprintf(stderr, HUB_NAME ": cannot listen on %s:%d\n", addr.host.c_str(), addr.port);
                 std::exit(1);
             }
+#ifdef UWS_HUB_TLS
+            std::fprintf(stderr, HUB_NAME " listening on %s:%d (TLS, %s)\n", addr.host.c_str(), addr.port,
+                         OpenSSL_version(OPENSSL_VERSION));
+#else
             std::fprintf(stderr, "uws-hub listening on %s:%d\n", addr.host.c_str(), addr.port);
+#endif
         })
         .run();
     return 0;
