@@ -10,7 +10,11 @@
 //           {"op":"signin"}   (as opts.signinAs, {id, …}; then {"type":"signed_in"} and
 //                              every sendToUser event as {"type":"user_event",…})
 //           {"op":"unsubscribe","channel":"news"}
+//           {"op":"server_trigger","channel":"news","event":"e","data":{…}}
+//                             (the official Node SDK triggers through the signed API)
 //           {"op":"disconnect"}
+//   opts.tls: wss:// for the client and https:// for the SDK (trust the server's
+//   certificate through NODE_EXTRA_CA_CERTS)
 //   stdout: {"type":"state","current":"connected","socket_id":"…"}
 //           {"type":"subscribed","channel":"news"}
 //           {"type":"event","channel":"news","event":"price","data":…}
@@ -28,14 +32,15 @@ const server = new PusherServer({
   secret: opts.secret,
   host: opts.host,
   port: String(opts.port),
-  useTLS: false,
+  useTLS: !!opts.tls,
 });
 
 const client = new Pusher(opts.key, {
   cluster: "local",
   wsHost: opts.host,
   wsPort: opts.port,
-  forceTLS: false,
+  wssPort: opts.port,
+  forceTLS: !!opts.tls,
   enabledTransports: ["ws"],
   disableStats: true,
   userAuthentication: {
@@ -97,6 +102,10 @@ rl.on("line", (line) => {
   } else if (cmd.op === "unsubscribe") {
     client.unsubscribe(cmd.channel);
     out({ type: "unsubscribed", channel: cmd.channel });
+  } else if (cmd.op === "server_trigger") {
+    server.trigger(cmd.channel, cmd.event, cmd.data).then(
+      (res) => out({ type: "server_triggered", status: res.status }),
+      (err) => out({ type: "server_triggered", error: String(err?.status ?? err) }));
   } else if (cmd.op === "disconnect") {
     client.disconnect();
     setTimeout(() => process.exit(0), 100);

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import queue
 import re
 import shutil
@@ -39,14 +40,16 @@ class PusherJs:
     process, commanded over stdin, reporting over stdout."""
 
     def __init__(self, port: int, bad_auth: bool = False, key: str = KEY, user: dict | None = None,
-                 script: str = "pusher_client.mjs", signin_as: dict | None = None) -> None:
+                 script: str = "pusher_client.mjs", signin_as: dict | None = None,
+                 tls: bool = False, env: dict | None = None) -> None:
         assert shutil.which("node"), "node is not installed (scripts/test.sh installs it)"
         assert (NODE_DIR / "node_modules" / "pusher-js").is_dir(), "run npm ci in tests/node"
         opts = {"host": "127.0.0.1", "port": port, "key": key, "appId": APP_ID, "secret": SECRET,
-                "badAuth": bad_auth, "user": user, "signinAs": signin_as}
+                "badAuth": bad_auth, "user": user, "signinAs": signin_as, "tls": tls}
         self.proc = subprocess.Popen(
             ["node", str(NODE_DIR / script), json.dumps(opts)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=NODE_DIR,
+            env={**os.environ, **(env or {})},
         )
         self.seen: queue.Queue = queue.Queue()
         self.log: list[dict] = []

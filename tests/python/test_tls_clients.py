@@ -400,3 +400,30 @@ def test_chromium_throng_js_over_wss_gets_what_the_api_publishes(start_server, p
     assert seen["ws"] and all(u.startswith(f"wss://localhost:{srv.port}/ws/news?") for u in seen["ws"]), seen
     assert_all_secure(seen)
     pages.assert_no_errors()
+
+
+def test_pusher_js_over_wss_gets_what_the_node_sdk_triggers_over_https(start_server, tmp_path):
+    """pusher-js with forceTLS and the official Node server SDK with useTLS,
+    both trusting the test certificate only through NODE_EXTRA_CA_CERTS."""
+    from test_pusher import APP, PusherJs
+    from test_tls import make_cert
+
+    cert, key = make_cert(tmp_path, "pusher")
+    srv = start_server("--tls-cert", cert, "--tls-key", key, "--pusher-app", APP)
+    client = PusherJs(srv.port, tls=True, env={"NODE_EXTRA_CA_CERTS": str(cert)})
+    try:
+        assert client.connected()
+        assert client.subscribe("private-tls")["type"] == "subscribed"
+        client.send(op="server_trigger", channel="private-tls", event="over-tls", data={"n": 1})
+        assert client.expect(lambda r: r["type"] == "server_triggered")["status"] == 200
+        assert client.event("private-tls", "over-tls")["data"] == {"n": 1}
+    finally:
+        client.close()
+    # Without the certificate trusted, neither gets through.
+    untrusting = PusherJs(srv.port, tls=True)
+    try:
+        untrusting.send(op="server_trigger", channel="private-tls", event="x", data={})
+        report = untrusting.expect(lambda r: r["type"] == "server_triggered")
+        assert "error" in report, report
+    finally:
+        untrusting.close()
