@@ -10,6 +10,7 @@
 //! on a frame boundary the decoder is empty ([`Decoder::is_idle`]) and the server
 //! drops it, keeping state only for connections with a partial frame pending.
 
+pub mod deflate;
 pub mod handshake;
 pub mod http;
 
