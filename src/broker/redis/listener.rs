@@ -224,6 +224,16 @@ impl Listener {
                 epoch,
                 message,
             }) => {
+                // After a reconnect the fill-in reads history, which already holds
+                // what was published between the resubscribe and its read; those
+                // messages come here too, and were handed out once.
+                if self
+                    .delivered
+                    .get(name)
+                    .is_some_and(|&(e, last)| e == epoch && seq <= last)
+                {
+                    return;
+                }
                 if self.deliver(&channel, seq, epoch, message) {
                     self.delivered.insert(name.into(), (epoch, seq));
                 }
