@@ -96,6 +96,7 @@ SOURCE_IPS = "127.0.0.2-127.0.0.254"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALL_SERVERS = ["throng", "throng-deflate", "uws-deflate", "uws", "nchan-deflate", "nchan"]
 CHANNEL = "deflate-0"
+MIN_TICKS = 200  # a CPU ratio from fewer clock ticks (of one server, all rounds) is not judged
 
 # ---------------------------------------------------------------- payloads
 
@@ -445,6 +446,7 @@ def fanout_summary(name: str, f: dict) -> dict:
         "publish_skipped": f.get("publish_skipped"),
         "payload_bytes_mean": payload, "wire_bytes_per_delivery": round(wire, 1) if wire else None,
         "server_cpu_seconds": f.get("server_cpu_seconds"),
+        "server_cpu_ticks": round((f.get("server_cpu_seconds") or 0) * CLK_TCK),
         # 0 when the window was shorter than a clock tick of CPU (tiny runs)
         "server_cpu_us_per_delivery": round(f["server_cpu_us_per_delivery"], 3)
         if f.get("server_cpu_us_per_delivery") is not None and f.get("deliveries") else None,
@@ -462,7 +464,7 @@ def fanout_summary(name: str, f: dict) -> dict:
         elif wire and payload and wire >= payload:
             problems.append("negotiated, but the frames were not smaller than the payload (not compressed?)")
     if f.get("error"):
-        problems.append(f"client error: {f['error']}")
+        problems.append(f"error: {f['error']}")
     if s["expected"] is not None and s["deliveries"] is not None and (s["lost"] or s["deliveries"] < s["expected"]):
         problems.append(f"lost {s['lost']} of {s['expected']}")
     for k in ("closed_by_server", "malformed", "payload_mismatch", "publish_failed", "publish_skipped"):
@@ -476,6 +478,41 @@ def fanout_summary(name: str, f: dict) -> dict:
     # The figures are usable for a ratio when the row is what it says it is.
     s["comparable"] = bool(opened and s["deliveries"] and not (deflate_row and (not negotiated or negotiated < opened)))
     return s
+
+
+def median(values: list) -> float | None:
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One server's fan-out rounds as one summary: counts summed, the per-delivery
+    figures the median of the rounds (each round's kept under "rounds"), every
+    round's problems (prefixed by its number when there are several)."""
+    if len(rounds) == 1:
+        return {**rounds[0], "rounds": 1}
+    out = dict(rounds[-1])
+    for k in ("opened", "deliveries", "expected", "lost", "closed_by_server", "malformed", "payload_mismatch",
+              "verified", "published_ok", "publish_failed", "publish_skipped", "negotiated", "server_cpu_ticks"):
+        vals = [r.get(k) for r in rounds]
+        out[k] = None if all(v is None for v in vals) else sum(v or 0 for v in vals)
+    for k in ("wire_bytes_per_delivery", "server_cpu_us_per_delivery", "payload_bytes_mean", "window_seconds"):
+        m = median([r.get(k) for r in rounds])
+        out[k] = round(m, 3) if m is not None else None
+        out[k + "_rounds"] = [r.get(k) for r in rounds]
+    exts: dict = {}
+    for r in rounds:
+        for e, n in (r.get("extensions") or {}).items():
+            exts[e] = exts.get(e, 0) + n
+    out["extensions"] = exts or rounds[-1].get("extensions")
+    out["read_errors"] = [r.get("read_errors") for r in rounds if r.get("read_errors")] or None
+    out["latency_us"] = [r.get("latency_us") for r in rounds]
+    out["problems"] = [f"round {i + 1}: {p}" for i, r in enumerate(rounds) for p in r["problems"]]
+    out["comparable"] = all(r["comparable"] for r in rounds)
+    out["rounds"] = len(rounds)
+    return out
 
 
 def ratios(summaries: dict) -> dict:
@@ -500,6 +537,11 @@ def ratios(summaries: dict) -> dict:
     for k, v in out.items():
         if v["goal"] and v["value"] is not None:
             v["met"] = v["value"] <= float(v["goal"].split()[-1])
+        if "CPU" in k and v["value"] is not None:
+            a, b = k.split(" ")[0].split("/")
+            if min(summaries[a]["server_cpu_ticks"], summaries[b]["server_cpu_ticks"]) < MIN_TICKS:
+                v["note"] = f"under {MIN_TICKS} clock ticks of server CPU: too short a run to judge"
+                v.pop("met", None)
     return out
 
 
@@ -530,6 +572,9 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=100, help="fan-out: messages published (bounded count)")
     ap.add_argument("--publish-rate", type=float, default=2.0,
                     help="fan-out: messages per second (one request at a time; see above)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="fan-out rounds per server, the servers in turn; per-delivery figures are the median "
+                         "of the rounds (one round's CPU figure varies by some 5-10%% on this machine)")
     ap.add_argument("--idle-conns", type=int, default=10_000, help="idle: connections held for the RSS figure")
     ap.add_argument("--idle-hold", type=float, default=6.0,
                     help="idle: seconds the connections are held once open (the RSS is sampled in it)")
@@ -561,6 +606,8 @@ def main() -> int:
         ap.error("--subscribers and --idle-conns must be 1..19000 (one client process each)")
     if not (1 <= args.messages <= 100_000 and 0 < args.publish_rate <= 10_000):
         ap.error("--messages must be 1..100000 and --publish-rate 0..10000")
+    if not 1 <= args.rounds <= 10:
+        ap.error("--rounds must be 1..10")
     if not 3 <= args.idle_hold <= 60:
         ap.error("--idle-hold must be 3..60 s")
     if args.messages / args.publish_rate > 600:
@@ -588,38 +635,41 @@ def main() -> int:
                     b = subprocess.run([str(UWS / "build.sh"), *flag], capture_output=True, text=True)
                     if b.returncode != 0:
                         results["skipped"][n] = f"bench/peers/uws/build.sh {' '.join(flag)} failed: {b.stderr[-300:]}"
+        runnable = []
         for name in names:
             if name in results["skipped"]:
                 continue
             if name.startswith("throng") and not throng.exists():
                 results["skipped"][name] = f"{throng_src} not found (cargo build --release)"
-                continue
-            if name == "throng-deflate" and "--permessage-deflate" not in serve_help:
+            elif name == "throng-deflate" and "--permessage-deflate" not in serve_help:
                 results["skipped"][name] = "this throng serve has no --permessage-deflate"
-                continue
-            if name.startswith("nchan") and not (shutil.which("nginx") and nchan_module()):
-                results["skipped"][name] = "nginx or the Nchan module not installed (apt-get install nginx-light libnginx-mod-nchan)"
-                continue
+            elif name.startswith("nchan") and not (shutil.which("nginx") and nchan_module()):
+                results["skipped"][name] = ("nginx or the Nchan module not installed "
+                                            "(apt-get install nginx-light libnginx-mod-nchan)")
+            else:
+                runnable.append(name)
+                results["servers"][name] = {}
+        # Idle once per server, then the fan-out --rounds times, the servers in turn
+        # in each round (a disturbance of the machine spreads over all of them).
+        plan = [(name, "idle", 0) for name in runnable if "idle" not in skip]
+        if "fanout" not in skip:
+            plan += [(name, "fanout", k) for k in range(args.rounds) for name in runnable]
+        for name, what, k in plan:
+            row = results["servers"][name]
             deflate = name.endswith("-deflate")
-            row: dict = {}
-            for what in ("idle", "fanout"):
-                if what in skip:
-                    continue
-                try:
-                    srv = Server(name, work, throng, args.threads, shlex.split(args.throng_deflate_flags))
-                except RuntimeError as e:
-                    row[what] = {"error": str(e)}
-                    continue
+            try:
+                srv = Server(name, work, throng, args.threads, shlex.split(args.throng_deflate_flags))
+            except RuntimeError as e:
+                out = {"error": str(e)}
+            else:
                 row.setdefault("command", srv.cmd)
                 try:
                     if what == "idle":
-                        row["idle"] = measure_idle(srv, wsload, args.idle_conns, args.open_rate, deflate,
-                                                   args.idle_hold)
+                        out = measure_idle(srv, wsload, args.idle_conns, args.open_rate, deflate, args.idle_hold)
                     else:
-                        row["fanout"] = measure_fanout(srv, fanload, args, payload_file, deflate)
-                        row["summary"] = fanout_summary(name, row["fanout"])
+                        out = measure_fanout(srv, fanload, args, payload_file, deflate)
                 except subprocess.TimeoutExpired as e:
-                    row[what] = {"error": f"timed out: {e}"}
+                    out = {"error": f"timed out: {e}"}
                 finally:
                     srv.stop()
                     try:
@@ -627,10 +677,13 @@ def main() -> int:
                     except OSError:
                         log = ""
                     if log.strip():
-                        row.setdefault("server_log_tail", {})[what] = log[-1500:]
-                print(name, what, json.dumps(row.get("summary") if what == "fanout" else row[what])[:400],
-                      file=sys.stderr)
-            results["servers"][name] = row
+                        row.setdefault("server_log_tail", {})[f"{what}-{k}"] = log[-1500:]
+            if what == "idle":
+                row["idle"] = out
+            else:
+                row.setdefault("fanout_rounds", []).append(out)
+                row["summary"] = merge_rounds([fanout_summary(name, f) for f in row["fanout_rounds"]])
+            print(name, what, k, json.dumps(row["summary"] if what == "fanout" else out)[:400], file=sys.stderr)
     results["ratios"] = ratios({n: r["summary"] for n, r in results["servers"].items() if "summary" in r})
     path = provenance.write_raw(provenance.raw_path("deflate", out_dir=args.out), results, table(results))
     print(table(results))
@@ -653,7 +706,8 @@ def table(results: dict) -> str:
         provenance.md_header("permessage-deflate side by side (bench/deflate.py)", prov),
         f"- fan-out: {args['subscribers']:,} subscribers of one channel, {args['messages']} messages at "
         f"{args['publish_rate']:g}/s (HTTP POST, one at a time); idle: {args['idle_conns']:,} connections; "
-        f"throng --threads / Nchan workers {args['threads']}"
+        f"throng --threads / Nchan workers {args['threads']}; {args['rounds']} fan-out round(s) per server, "
+        "the servers in turn (per-delivery figures: the median of the rounds, CPU range in brackets)"
         + (f"; throng-deflate also `{args['throng_deflate_flags']}`" if args.get("throng_deflate_flags") else ""),
         f"- payloads: seed {p.get('seed')}, {p.get('count')} JSON messages ({p.get('kinds')}), "
         f"{p.get('bytes_min')}-{p.get('bytes_max')} B, mean {p.get('bytes_mean')} B; zlib raw deflate of each alone: "
@@ -677,16 +731,19 @@ def table(results: dict) -> str:
             deflate = "not offered"
         payload, wire = s.get("payload_bytes_mean"), s.get("wire_bytes_per_delivery")
         problems = list(s.get("problems", []))
-        for what in ("idle", "fanout"):
-            if row.get(what, {}).get("error"):
-                problems.append(f"{what}: {row[what]['error']}")
+        if idle.get("error"):
+            problems.append(f"idle: {idle['error']}")
         if idle.get("failed"):
             problems.append(f"idle: {idle['failed']} dials failed")
         if name.endswith("-deflate") and idle.get("deflate") and idle["deflate"].get("negotiated") != idle.get("opened"):
             problems.append(f"idle: deflate negotiated on {idle['deflate'].get('negotiated')} of {idle.get('opened')}")
+        cpu = fmt(s.get("server_cpu_us_per_delivery"), 2)
+        spread = [v for v in s.get("server_cpu_us_per_delivery_rounds") or [] if v is not None]
+        if len(spread) > 1:
+            cpu += f" ({min(spread):.2f}-{max(spread):.2f})"
         lines.append(
             f"| {name} | {deflate} | {fmt(s.get('deliveries'))} / {fmt(s.get('expected'))} | {fmt(wire)} | "
-            f"{fmt(wire / payload, 3) if wire and payload else ''} | {fmt(s.get('server_cpu_us_per_delivery'), 2)} | "
+            f"{fmt(wire / payload, 3) if wire and payload else ''} | {cpu} | "
             f"{fmt(idle.get('rss_bytes_per_conn'), 0)} | {fmt(idle.get('pss_bytes_per_conn'), 0)} | "
             f"{'; '.join(problems)} |")
     for name, why in results.get("skipped", {}).items():
@@ -694,10 +751,12 @@ def table(results: dict) -> str:
     lines += ["", "| ratio | value | goal |", "|---|---:|---|"]
     for k, v in results.get("ratios", {}).items():
         met = "" if v.get("met") is None else (" (met)" if v["met"] else " (NOT met)")
+        met += f" ({v['note']})" if v.get("note") else ""
         lines.append(f"| {k} | {fmt(v['value'], 3) if v['value'] is not None else 'n/a'} | "
                      f"{(v['goal'] or '') + met} |")
     lines += ["", "Extension answers (Sec-WebSocket-Extensions of the 101, to the offer "
-              "`permessage-deflate; server_no_context_takeover; client_no_context_takeover`):", ""]
+              "`permessage-deflate; server_no_context_takeover; client_no_context_takeover`; "
+              "subscriber connections of all rounds):", ""]
     for name, row in results["servers"].items():
         if name.endswith("-deflate"):
             ext = (row.get("summary") or {}).get("extensions") or (row.get("idle", {}).get("deflate") or {}).get("extensions")

@@ -42,7 +42,7 @@ def test_a_tiny_deflate_bench_against_throng(tmp_path):
     env = {**os.environ, "THRONG_BIN": str(throng_bin())}
     run = subprocess.run(
         [sys.executable, str(SCRIPT), "--servers", "throng,throng-deflate", "--subscribers", str(SUBS),
-         "--messages", str(MESSAGES), "--publish-rate", "20", "--idle-conns", str(SUBS), "--idle-hold", "3",
+         "--messages", str(MESSAGES), "--publish-rate", "20", "--rounds", "1", "--idle-conns", str(SUBS), "--idle-hold", "3",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
     )
@@ -84,7 +84,8 @@ def test_a_tiny_deflate_bench_against_throng(tmp_path):
     ratio = comp["wire_bytes_per_delivery"] / plain["wire_bytes_per_delivery"]
     assert 0.2 < ratio < 0.5, ctx
     assert doc["ratios"]["throng-deflate/throng bytes per delivery"]["value"] == pytest.approx(ratio, abs=0.002), ctx
-    assert "throng-deflate/throng CPU per delivery" in doc["ratios"], ctx
+    cpu = doc["ratios"]["throng-deflate/throng CPU per delivery"]
+    assert "met" not in cpu, ctx  # a few clock ticks of CPU: no value, or too short a run to judge
 
     # Idle connections held, deflate negotiated on each of the deflate row's.
     idle_plain, idle_comp = doc["servers"]["throng"]["idle"], doc["servers"]["throng-deflate"]["idle"]
