@@ -447,6 +447,9 @@ def fanout_summary(name: str, f: dict) -> dict:
         "payload_bytes_mean": payload, "wire_bytes_per_delivery": round(wire, 1) if wire else None,
         "server_cpu_seconds": f.get("server_cpu_seconds"),
         "server_cpu_ticks": round((f.get("server_cpu_seconds") or 0) * CLK_TCK),
+        # the kernel's part (stime): on loopback it includes much of the sockets' work
+        "server_cpu_sys_us_per_delivery": round(f["server_cpu_sys_seconds"] * 1e6 / f["deliveries_in_window"], 3)
+        if f.get("server_cpu_sys_seconds") is not None and f.get("deliveries_in_window") else None,
         # 0 when the window was shorter than a clock tick of CPU (tiny runs)
         "server_cpu_us_per_delivery": round(f["server_cpu_us_per_delivery"], 3)
         if f.get("server_cpu_us_per_delivery") is not None and f.get("deliveries") else None,
@@ -498,7 +501,8 @@ def merge_rounds(rounds: list[dict]) -> dict:
               "verified", "published_ok", "publish_failed", "publish_skipped", "negotiated", "server_cpu_ticks"):
         vals = [r.get(k) for r in rounds]
         out[k] = None if all(v is None for v in vals) else sum(v or 0 for v in vals)
-    for k in ("wire_bytes_per_delivery", "server_cpu_us_per_delivery", "payload_bytes_mean", "window_seconds"):
+    for k in ("wire_bytes_per_delivery", "server_cpu_us_per_delivery", "server_cpu_sys_us_per_delivery",
+              "payload_bytes_mean", "window_seconds"):
         m = median([r.get(k) for r in rounds])
         out[k] = round(m, 3) if m is not None else None
         out[k + "_rounds"] = [r.get(k) for r in rounds]
@@ -717,8 +721,8 @@ def table(results: dict) -> str:
         "CPU: utime+stime of the server's processes from the first publish to the last delivery / deliveries",
         "",
         "| server | deflate | delivered / expected | wire B/delivery | ÷ payload | server CPU µs/delivery | "
-        "idle B/conn (RSS) | idle B/conn (Pss) | problems |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "of which sys | idle B/conn (RSS) | idle B/conn (Pss) | problems |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, row in results["servers"].items():
         s = row.get("summary", {})
@@ -744,10 +748,11 @@ def table(results: dict) -> str:
         lines.append(
             f"| {name} | {deflate} | {fmt(s.get('deliveries'))} / {fmt(s.get('expected'))} | {fmt(wire)} | "
             f"{fmt(wire / payload, 3) if wire and payload else ''} | {cpu} | "
+            f"{fmt(s.get('server_cpu_sys_us_per_delivery'), 2)} | "
             f"{fmt(idle.get('rss_bytes_per_conn'), 0)} | {fmt(idle.get('pss_bytes_per_conn'), 0)} | "
             f"{'; '.join(problems)} |")
     for name, why in results.get("skipped", {}).items():
-        lines.append(f"| {name} | skipped: {why} | | | | | | | |")
+        lines.append(f"| {name} | skipped: {why} | | | | | | | | |")
     lines += ["", "| ratio | value | goal |", "|---|---:|---|"]
     for k, v in results.get("ratios", {}).items():
         met = "" if v.get("met") is None else (" (met)" if v["met"] else " (NOT met)")

@@ -442,6 +442,7 @@ type result struct {
 	LatencyUS          *latency       `json:"latency_us,omitempty"`
 	ClkTck             int            `json:"clk_tck,omitempty"`
 	ServerCPUSeconds   float64        `json:"server_cpu_seconds"`
+	ServerSysSeconds   float64        `json:"server_cpu_sys_seconds"`
 	ServerCPUUSPer     float64        `json:"server_cpu_us_per_delivery"`
 	ServerCPUCores     float64        `json:"server_cpu_cores"`
 	ClientCPUSeconds   float64        `json:"client_cpu_seconds"`
@@ -868,6 +869,7 @@ func (r *run) account(res *result, ps *pubStats, use loadkit.Usage, delivered in
 	res.Residual = res.MachineBusy - res.ClientCPUSeconds
 	if use.ServerOK {
 		res.ServerCPUSeconds = float64(use.ServerTicks) / tck
+		res.ServerSysSeconds = float64(use.ServerSys) / tck
 		res.ServerCPUCores = res.ServerCPUSeconds / window
 		res.Residual -= res.ServerCPUSeconds
 		if delivered > 0 {
