@@ -391,7 +391,25 @@ def measure_fanout(srv: Server, fanload: Path, args, payload_file: Path, deflate
         report["stderr"] = proc.stderr[-3000:]
         report["exit"] = proc.returncode
     report["client_seconds"] = round(time.monotonic() - t0, 1)
+    if srv.name.startswith("throng"):
+        report["throng_metrics"] = throng_deflate_metrics(srv.port)
     return report
+
+
+def throng_deflate_metrics(port: int) -> dict:
+    """throng's own permessage-deflate counters (GET /metrics) after a fan-out."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError as e:
+        return {"error": repr(e)}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(("throng_deflate_plain_bytes_total", "throng_deflate_wire_bytes_total")):
+            name, _, value = line.partition(" ")
+            out[name] = float(value)
+    return out
 
 
 def measure_idle(srv: Server, wsload: Path, conns: int, rate: int, deflate: bool, hold: float) -> dict:
@@ -451,11 +469,14 @@ def fanout_summary(name: str, f: dict) -> dict:
         "server_cpu_sys_us_per_delivery": round(f["server_cpu_sys_seconds"] * 1e6 / f["deliveries_in_window"], 3)
         if f.get("server_cpu_sys_seconds") is not None and f.get("deliveries_in_window") else None,
         # 0 when the window was shorter than a clock tick of CPU (tiny runs)
-        "server_cpu_us_per_delivery": round(f["server_cpu_us_per_delivery"], 3)
+        "server_cpu_us_per_delivery": round(float(f["server_cpu_us_per_delivery"]), 3)
         if f.get("server_cpu_us_per_delivery") is not None and f.get("deliveries") else None,
         "window_seconds": round(f.get("window_seconds") or 0, 2),
         "latency_us": f.get("latency_us"),
         "extensions": d.get("extensions") if deflate_row else None,
+        # throng's own counters over the server's life (the fan-out's subscribers only)
+        "metrics_wire_bytes": (f.get("throng_metrics") or {}).get("throng_deflate_wire_bytes_total"),
+        "metrics_plain_bytes": (f.get("throng_metrics") or {}).get("throng_deflate_plain_bytes_total"),
         "negotiated": negotiated,
     }
     problems = []
@@ -475,6 +496,15 @@ def fanout_summary(name: str, f: dict) -> dict:
             problems.append(f"{k.replace('_', ' ')}: {s[k]}")
     if s["read_errors"]:
         problems.append(f"read errors: {s['read_errors']}")
+    # When every delivery went compressed (throng's plain-equivalent count is each
+    # payload plus its 4-byte header, per delivery) and there were no pings, throng's
+    # count of the compressed frames' bytes is the bytes its subscribers read.
+    all_compressed = (s["metrics_plain_bytes"] is not None and f.get("published_bytes_ok") and not s["lost"]
+                      and s["metrics_plain_bytes"] == f["published_bytes_ok"] * opened + 4 * (s["deliveries"] or 0))
+    if name == "throng-deflate" and negotiated == opened and all_compressed and f.get("wire_bytes_read") \
+            and s["metrics_wire_bytes"] != f["wire_bytes_read"]:
+        problems.append(f"throng_deflate_wire_bytes_total {s['metrics_wire_bytes']:.0f} != "
+                        f"{f['wire_bytes_read']} bytes read by the subscribers")
     if opened < (f.get("conns_requested") or 0):
         problems.append(f"opened {opened} of {f.get('conns_requested')}")
     s["problems"] = problems
@@ -498,7 +528,8 @@ def merge_rounds(rounds: list[dict]) -> dict:
         return {**rounds[0], "rounds": 1}
     out = dict(rounds[-1])
     for k in ("opened", "deliveries", "expected", "lost", "closed_by_server", "malformed", "payload_mismatch",
-              "verified", "published_ok", "publish_failed", "publish_skipped", "negotiated", "server_cpu_ticks"):
+              "verified", "published_ok", "publish_failed", "publish_skipped", "negotiated", "server_cpu_ticks",
+              "metrics_wire_bytes", "metrics_plain_bytes"):
         vals = [r.get(k) for r in rounds]
         out[k] = None if all(v is None for v in vals) else sum(v or 0 for v in vals)
     for k in ("wire_bytes_per_delivery", "server_cpu_us_per_delivery", "server_cpu_sys_us_per_delivery",
@@ -759,6 +790,12 @@ def table(results: dict) -> str:
         met += f" ({v['note']})" if v.get("note") else ""
         lines.append(f"| {k} | {fmt(v['value'], 3) if v['value'] is not None else 'n/a'} | "
                      f"{(v['goal'] or '') + met} |")
+    td = results["servers"].get("throng-deflate", {}).get("summary")
+    if td and td.get("metrics_wire_bytes") is not None and td.get("deliveries"):
+        lines += ["", f"throng-deflate's own counters: throng_deflate_wire_bytes_total / deliveries = "
+                      f"{td['metrics_wire_bytes'] / td['deliveries']:,.1f} B (the subscribers read "
+                      f"{fmt(td.get('wire_bytes_per_delivery'))}), throng_deflate_plain_bytes_total / deliveries = "
+                      f"{(td.get('metrics_plain_bytes') or 0) / td['deliveries']:,.1f} B"]
     lines += ["", "Extension answers (Sec-WebSocket-Extensions of the 101, to the offer "
               "`permessage-deflate; server_no_context_takeover; client_no_context_takeover`; "
               "subscriber connections of all rounds):", ""]
