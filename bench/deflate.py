@@ -96,6 +96,7 @@ SOURCE_IPS = "127.0.0.2-127.0.0.254"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALL_SERVERS = ["throng", "throng-deflate", "uws-deflate", "uws", "nchan-deflate", "nchan"]
 CHANNEL = "deflate-0"
+BUSY_CORES = 0.25  # other processes' CPU in a fan-out window above this: the table says the machine was busy
 MIN_TICKS = 200  # a CPU ratio from fewer clock ticks (of one server, all rounds) is not judged
 
 # ---------------------------------------------------------------- payloads
@@ -473,6 +474,12 @@ def fanout_summary(name: str, f: dict) -> dict:
         if f.get("server_cpu_us_per_delivery") is not None and f.get("deliveries") else None,
         "window_seconds": round(f.get("window_seconds") or 0, 2),
         "latency_us": f.get("latency_us"),
+        "latency_p50_ms": round(f["latency_us"]["p50"] / 1000, 1) if f.get("latency_us") else None,
+        "latency_p99_ms": round(f["latency_us"]["p99"] / 1000, 1) if f.get("latency_us") else None,
+        # CPU of the machine's other processes in the window (other sessions on a shared machine)
+        "other_cores": round(f["other_cores"], 2) if f.get("other_cores") is not None else None,
+        "client_cpu_us_per_delivery": round(f["client_cpu_us_per_delivery"], 2)
+        if f.get("client_cpu_us_per_delivery") is not None else None,
         "extensions": d.get("extensions") if deflate_row else None,
         # throng's own counters over the server's life (the fan-out's subscribers only)
         "metrics_wire_bytes": (f.get("throng_metrics") or {}).get("throng_deflate_wire_bytes_total"),
@@ -533,7 +540,8 @@ def merge_rounds(rounds: list[dict]) -> dict:
         vals = [r.get(k) for r in rounds]
         out[k] = None if all(v is None for v in vals) else sum(v or 0 for v in vals)
     for k in ("wire_bytes_per_delivery", "server_cpu_us_per_delivery", "server_cpu_sys_us_per_delivery",
-              "payload_bytes_mean", "window_seconds"):
+              "payload_bytes_mean", "window_seconds", "latency_p50_ms", "latency_p99_ms", "other_cores",
+              "client_cpu_us_per_delivery"):
         m = median([r.get(k) for r in rounds])
         out[k] = round(m, 3) if m is not None else None
         out[k + "_rounds"] = [r.get(k) for r in rounds]
@@ -749,11 +757,15 @@ def table(results: dict) -> str:
         f"level 1 {z.get('level1_window15')} B, level 6 {z.get('level6_window15')} B, "
         f"level 6 window 2^10 {z.get('level6_window10')} B (mean)",
         "- wire B/delivery: bytes the subscribers read (frames, after the handshake) / deliveries; "
-        "CPU: utime+stime of the server's processes from the first publish to the last delivery / deliveries",
+        "CPU: utime+stime of the server's processes from the first publish to the last delivery / deliveries "
+        "(sys: the stime part; on loopback it carries much of the sockets' work)",
+        "- latency: publish to read by the Go client (which inflates every message: ~25 µs a delivery for it, "
+        "~9 plain); other load: CPU cores used by the machine's other processes in the window "
+        "(other sessions on a shared machine)",
         "",
         "| server | deflate | delivered / expected | wire B/delivery | ÷ payload | server CPU µs/delivery | "
-        "of which sys | idle B/conn (RSS) | idle B/conn (Pss) | problems |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "of which sys | latency p50 / p99 ms | other load | idle B/conn (RSS) | idle B/conn (Pss) | problems |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, row in results["servers"].items():
         s = row.get("summary", {})
@@ -780,10 +792,17 @@ def table(results: dict) -> str:
             f"| {name} | {deflate} | {fmt(s.get('deliveries'))} / {fmt(s.get('expected'))} | {fmt(wire)} | "
             f"{fmt(wire / payload, 3) if wire and payload else ''} | {cpu} | "
             f"{fmt(s.get('server_cpu_sys_us_per_delivery'), 2)} | "
+            f"{fmt(s.get('latency_p50_ms'), 0)} / {fmt(s.get('latency_p99_ms'), 0)} | {fmt(s.get('other_cores'), 2)} | "
             f"{fmt(idle.get('rss_bytes_per_conn'), 0)} | {fmt(idle.get('pss_bytes_per_conn'), 0)} | "
             f"{'; '.join(problems)} |")
     for name, why in results.get("skipped", {}).items():
-        lines.append(f"| {name} | skipped: {why} | | | | | | | | |")
+        lines.append(f"| {name} | skipped: {why} | | | | | | | | | | |")
+    busy = {n: r["summary"]["other_cores"] for n, r in results["servers"].items()
+            if (r.get("summary") or {}).get("other_cores") and r["summary"]["other_cores"] > BUSY_CORES}
+    if busy:
+        lines += ["", "**The machine was not quiet**: other processes used "
+                  + ", ".join(f"{v:.2f} cores during {n}'s fan-out" for n, v in busy.items())
+                  + " (median of the rounds). The CPU figures are less reliable; a record wants a quiet machine."]
     lines += ["", "| ratio | value | goal |", "|---|---:|---|"]
     for k, v in results.get("ratios", {}).items():
         met = "" if v.get("met") is None else (" (met)" if v["met"] else " (NOT met)")
