@@ -55,6 +55,8 @@ struct Sample {
     delivered: u64,
     messages_in: u64,
     bytes_sent: u64,
+    deflate_plain: u64,
+    deflate_wire: u64,
     accepted: u64,
     slow_consumers: u64,
 }
@@ -68,6 +70,8 @@ impl Sample {
             delivered: snap.delivered,
             messages_in: snap.messages_in,
             bytes_sent: snap.bytes_sent,
+            deflate_plain: snap.deflate_plain,
+            deflate_wire: snap.deflate_wire,
             accepted: snap.accepted,
             slow_consumers: snap.slow_consumers,
         }
@@ -83,6 +87,8 @@ impl Sample {
             "delivered": self.delivered,
             "messages_in": self.messages_in,
             "bytes_sent": self.bytes_sent,
+            "deflate_plain_bytes": self.deflate_plain,
+            "deflate_wire_bytes": self.deflate_wire,
             "accepted": self.accepted,
             "slow_consumer_disconnects": self.slow_consumers,
         })

@@ -30,6 +30,10 @@ const MAX_INBOX: usize = 1 << 16;
 /// (`transport::Format::COUNT`, checked there at compile time).
 pub const ENCODINGS: usize = 5;
 
+/// How many compressed encodings a message can cache: one per encoding and
+/// permessage-deflate window size (9..=15 bits).
+pub const DEFLATED: usize = ENCODINGS * 7;
+
 /// Why a message was not handed to the loops (nothing was delivered).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeliverError {
@@ -159,6 +163,9 @@ pub struct Message {
     pub handed: Instant,
     /// One slot per transport format, filled on first use.
     encoded: [OnceLock<Option<Bytes>>; ENCODINGS],
+    /// Compressed encodings (permessage-deflate), one slot per format and window
+    /// size, made only when a subscriber that negotiated compression needs one.
+    deflated: OnceLock<Box<[OnceLock<Option<Bytes>>; DEFLATED]>>,
 }
 
 impl Message {
@@ -180,6 +187,20 @@ impl Message {
         self.encoded
             .get(slot)?
             .get_or_init(|| encode(self))
+            .as_ref()
+    }
+
+    /// The compressed encoding in `slot` (below [`DEFLATED`]), made by `compress`
+    /// on first use and then shared; `None` when it goes uncompressed.
+    pub fn deflated(
+        &self,
+        slot: usize,
+        compress: impl FnOnce(&Message) -> Option<Bytes>,
+    ) -> Option<&Bytes> {
+        self.deflated
+            .get_or_init(|| Box::new(std::array::from_fn(|_| OnceLock::new())))
+            .get(slot)?
+            .get_or_init(|| compress(self))
             .as_ref()
     }
 }
@@ -369,6 +390,7 @@ impl Hub {
             exclude,
             handed: Instant::now(),
             encoded: Default::default(),
+            deflated: OnceLock::new(),
         });
         // Pushed under the channel's lock, so every loop sees one channel's
         // messages in the order they were delivered.

@@ -251,6 +251,18 @@ pub fn render(scrape: &Scrape) -> String {
         Value::Int(s.bytes_sent),
     );
     e.single(
+        "throng_deflate_plain_bytes_total",
+        "Frames sent compressed (permessage-deflate), one per recipient: the bytes they would have taken uncompressed.",
+        Kind::Counter,
+        Value::Int(s.deflate_plain),
+    );
+    e.single(
+        "throng_deflate_wire_bytes_total",
+        "The bytes those compressed frames took (included in throng_bytes_sent_total).",
+        Kind::Counter,
+        Value::Int(s.deflate_wire),
+    );
+    e.single(
         "throng_slow_consumer_disconnects_total",
         "Subscribers closed because more than --max-queue bytes waited for them.",
         Kind::Counter,
@@ -510,7 +522,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 17, "{text}");
+        assert_eq!(types.len(), 19, "{text}");
         assert_eq!(helps, types.len());
         let mut unique = types.clone();
         unique.sort_unstable();

@@ -170,6 +170,10 @@ pub struct LoopCounters {
     pub delivered: AtomicU64,
     /// Bytes the sockets of this loop took (every response, frame and event).
     pub bytes_sent: AtomicU64,
+    /// Frames sent compressed (permessage-deflate), one per recipient: the bytes
+    /// they would have taken plain, and the bytes they took.
+    pub deflate_plain: AtomicU64,
+    pub deflate_wire: AtomicU64,
     /// Subscribers closed for passing `--max-queue`.
     pub slow_consumers: AtomicU64,
     /// Refused or unfinished handshakes, by [`HandshakeFailure`].
@@ -214,6 +218,8 @@ pub struct TurnCounts {
     pub published: u64,
     pub delivered: u64,
     pub bytes_sent: u64,
+    pub deflate_plain: u64,
+    pub deflate_wire: u64,
     pub slow_consumers: u64,
     pub handshake_failures: [u64; HandshakeFailure::COUNT],
     pub latency: Latencies,
@@ -238,6 +244,8 @@ impl TurnCounts {
         add(&counters.published, t.published);
         add(&counters.delivered, t.delivered);
         add(&counters.bytes_sent, t.bytes_sent);
+        add(&counters.deflate_plain, t.deflate_plain);
+        add(&counters.deflate_wire, t.deflate_wire);
         add(&counters.slow_consumers, t.slow_consumers);
         for (counter, n) in counters.handshake_failures.iter().zip(t.handshake_failures) {
             add(counter, n);
@@ -296,6 +304,9 @@ pub struct Snapshot {
     pub published: u64,
     pub delivered: u64,
     pub bytes_sent: u64,
+    /// Frames sent compressed: their plain size and their size on the wire.
+    pub deflate_plain: u64,
+    pub deflate_wire: u64,
     pub slow_consumers: u64,
     pub handshake_failures: [u64; HandshakeFailure::COUNT],
     pub latency: Latencies,
@@ -343,6 +354,8 @@ impl ServerStats {
             s.published += load(&l.published);
             s.delivered += load(&l.delivered);
             s.bytes_sent += load(&l.bytes_sent);
+            s.deflate_plain += load(&l.deflate_plain);
+            s.deflate_wire += load(&l.deflate_wire);
             s.slow_consumers += load(&l.slow_consumers);
             for (sum, c) in s.handshake_failures.iter_mut().zip(&l.handshake_failures) {
                 *sum += load(c);

@@ -49,7 +49,8 @@ impl HandshakeError {
 }
 
 /// Validates an upgrade request (§4.2.1) and returns the `Sec-WebSocket-Accept` value.
-/// Extensions (permessage-deflate) and subprotocols are declined by not echoing them.
+/// Subprotocols are declined by not echoing them; extensions are the transport's
+/// to accept (permessage-deflate, `super::deflate`).
 pub fn validate_upgrade(req: &Request<'_>) -> Result<[u8; 28], HandshakeError> {
     if req.minor_version < 1 {
         return Err(HandshakeError::NotHttp11);
@@ -97,12 +98,17 @@ pub fn accept_key(key: &[u8]) -> [u8; 28] {
     out
 }
 
-/// Appends the 101 response that completes the handshake.
-pub fn write_switching_protocols(out: &mut Vec<u8>, accept: &[u8; 28]) {
+/// Appends the 101 response that completes the handshake, accepting the
+/// extensions in `extensions` (a `Sec-WebSocket-Extensions` value) if any.
+pub fn write_switching_protocols(out: &mut Vec<u8>, accept: &[u8; 28], extensions: Option<&str>) {
     out.extend_from_slice(
         b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ",
     );
     out.extend_from_slice(accept);
+    if let Some(extensions) = extensions {
+        out.extend_from_slice(b"\r\nSec-WebSocket-Extensions: ");
+        out.extend_from_slice(extensions.as_bytes());
+    }
     out.extend_from_slice(b"\r\n\r\n");
 }
 

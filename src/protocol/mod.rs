@@ -111,6 +111,8 @@ pub enum ProtocolError {
     InvalidCloseCode(u16),
     #[error("close reason is not valid UTF-8")]
     InvalidCloseReason,
+    #[error("compressed message: {0}")]
+    Inflate(#[from] deflate::InflateError),
 }
 
 impl ProtocolError {
@@ -118,6 +120,7 @@ impl ProtocolError {
     pub fn close_code(&self) -> u16 {
         match self {
             ProtocolError::MessageTooBig { .. } => close_code::MESSAGE_TOO_BIG,
+            ProtocolError::Inflate(e) => e.close_code(),
             ProtocolError::InvalidUtf8 | ProtocolError::InvalidCloseReason => {
                 close_code::INVALID_PAYLOAD
             }
@@ -183,26 +186,40 @@ pub struct Decoder {
     message_kind: Option<DataKind>,
     /// How much of `message` is known valid UTF-8, so text fails fast mid-message.
     utf8_checked: usize,
+    /// permessage-deflate was negotiated: a message's first frame may set RSV1.
+    inflates: bool,
+    /// The message in progress is compressed (its first frame set RSV1).
+    compressed: bool,
 }
 
 struct Header {
     fin: bool,
+    /// RSV1: the message is compressed (permessage-deflate, RFC 7692 §6).
+    rsv1: bool,
     opcode: u8,
     len: u64,
     mask: [u8; 4],
 }
 
-/// Parses one frame header; `Ok(None)` when more bytes are needed.
-fn parse_header(buf: &[u8], role: Role) -> Result<Option<(Header, usize)>, ProtocolError> {
+/// Parses one frame header; `Ok(None)` when more bytes are needed. With
+/// `inflates`, RSV1 is allowed on a message's first frame (RFC 7692 §6.1), never
+/// on a continuation or control frame.
+fn parse_header(
+    buf: &[u8],
+    role: Role,
+    inflates: bool,
+) -> Result<Option<(Header, usize)>, ProtocolError> {
     if buf.len() < 2 {
         return Ok(None);
     }
     let b0 = buf[0];
     let b1 = buf[1];
-    if b0 & 0x70 != 0 {
+    let op = b0 & 0x0F;
+    let rsv1 = b0 & 0x40 != 0;
+    let rsv1_allowed = inflates && matches!(op, opcode::TEXT | opcode::BINARY);
+    if b0 & 0x30 != 0 || (rsv1 && !rsv1_allowed) {
         return Err(ProtocolError::ReservedBits);
     }
-    let op = b0 & 0x0F;
     let fin = b0 & 0x80 != 0;
     match op {
         opcode::CONTINUATION | opcode::TEXT | opcode::BINARY => {}
@@ -255,6 +272,7 @@ fn parse_header(buf: &[u8], role: Role) -> Result<Option<(Header, usize)>, Proto
     Ok(Some((
         Header {
             fin,
+            rsv1,
             opcode: op,
             len,
             mask,
@@ -330,6 +348,15 @@ impl Decoder {
         }
     }
 
+    /// A server decoder for a connection that negotiated permessage-deflate:
+    /// compressed messages are inflated, within the same size limit.
+    pub fn inflating() -> Self {
+        Decoder {
+            inflates: true,
+            ..Decoder::default()
+        }
+    }
+
     /// True when no partial frame or message is pending: the state can be dropped.
     pub fn is_idle(&self) -> bool {
         self.header_len == 0 && self.frame.is_none() && self.message_kind.is_none()
@@ -379,7 +406,14 @@ impl Decoder {
             let flow = if frame.opcode >= opcode::CLOSE {
                 self.control_chunk(frame.opcode, chunk, done, &mut stats, &mut on_event)?
             } else {
-                self.data_chunk(frame.fin, chunk, done, &mut stats, &mut on_event)?
+                self.data_chunk(
+                    frame.fin,
+                    chunk,
+                    done,
+                    max_message,
+                    &mut stats,
+                    &mut on_event,
+                )?
             };
             if flow == Flow::Stop {
                 return Ok(stats);
@@ -398,7 +432,7 @@ impl Decoder {
         max_message: usize,
     ) -> Result<Option<usize>, ProtocolError> {
         let (header, consumed) = if self.header_len == 0 {
-            match parse_header(input, self.role)? {
+            match parse_header(input, self.role, self.inflates)? {
                 Some(parsed) => parsed,
                 None => {
                     self.header[..input.len()].copy_from_slice(input);
@@ -410,7 +444,7 @@ impl Decoder {
             let have = usize::from(self.header_len);
             let copy = (MAX_HEADER_LEN - have).min(input.len());
             self.header[have..have + copy].copy_from_slice(&input[..copy]);
-            match parse_header(&self.header[..have + copy], self.role)? {
+            match parse_header(&self.header[..have + copy], self.role, self.inflates)? {
                 Some((header, used)) => {
                     self.header_len = 0;
                     (header, used - have)
@@ -434,6 +468,7 @@ impl Decoder {
                 } else {
                     DataKind::Binary
                 });
+                self.compressed = header.rsv1;
             }
             _ => {}
         }
@@ -482,6 +517,7 @@ impl Decoder {
         fin: bool,
         chunk: &[u8],
         done: bool,
+        max_message: usize,
         stats: &mut FeedStats,
         on_event: &mut F,
     ) -> Result<Flow, ProtocolError>
@@ -491,6 +527,9 @@ impl Decoder {
         let kind = self.message_kind.unwrap_or(DataKind::Binary);
         if done {
             stats.frames += 1;
+        }
+        if self.compressed {
+            return self.compressed_chunk(kind, fin, chunk, done, max_message, stats, on_event);
         }
         if done && fin && self.message.is_empty() {
             // The whole message is in this read: deliver it where it lies.
@@ -526,6 +565,70 @@ impl Decoder {
     }
 }
 
+impl Decoder {
+    /// A chunk of a compressed message: gathered until its last frame ends, then
+    /// inflated (at most `max_message` bytes) into a per-thread buffer and handed
+    /// on. Text is checked once inflated: compressed bytes are not text.
+    #[allow(clippy::too_many_arguments)]
+    fn compressed_chunk<F>(
+        &mut self,
+        kind: DataKind,
+        fin: bool,
+        chunk: &[u8],
+        done: bool,
+        max_message: usize,
+        stats: &mut FeedStats,
+        on_event: &mut F,
+    ) -> Result<Flow, ProtocolError>
+    where
+        F: FnMut(Event<'_>) -> Flow,
+    {
+        let whole_here = done && fin && self.message.is_empty();
+        if !whole_here {
+            self.message.extend_from_slice(chunk);
+            if !(done && fin) {
+                return Ok(Flow::Continue);
+            }
+        }
+        let gathered = std::mem::take(&mut self.message);
+        let compressed = if whole_here { chunk } else { &gathered[..] };
+        self.message_kind = None;
+        self.compressed = false;
+        let mut inflated = INFLATED.with(|cell| cell.take());
+        inflated.clear();
+        let result = deflate::inflate(compressed, max_message, &mut inflated)
+            .map_err(ProtocolError::from)
+            .and_then(|()| match kind {
+                DataKind::Text if str::from_utf8(&inflated).is_err() => {
+                    Err(ProtocolError::InvalidUtf8)
+                }
+                _ => Ok(()),
+            });
+        let flow = result.map(|()| {
+            stats.messages += 1;
+            on_event(Event::Message {
+                kind,
+                payload: &inflated,
+            })
+        });
+        // A bomb's worth is not kept for the next message.
+        if inflated.capacity() > INFLATED_KEPT {
+            inflated = Vec::new();
+        }
+        INFLATED.with(|cell| cell.replace(inflated));
+        flow
+    }
+}
+
+/// The most capacity the per-thread inflate buffer keeps between messages.
+const INFLATED_KEPT: usize = 256 * 1024;
+
+thread_local! {
+    /// Where compressed messages are inflated: one buffer per thread, not per
+    /// connection (taken while in use, so a nested feed would get its own).
+    static INFLATED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Appends an unmasked server frame header for a payload of `len` bytes.
 pub fn encode_header(out: &mut Vec<u8>, opcode: u8, len: usize) {
     out.push(0x80 | opcode);
@@ -538,6 +641,14 @@ pub fn encode_header(out: &mut Vec<u8>, opcode: u8, len: usize) {
         out.push(127);
         out.extend_from_slice(&(len as u64).to_be_bytes());
     }
+}
+
+/// Appends an unmasked server frame header with RSV1 set: its payload of `len`
+/// bytes is a message compressed with permessage-deflate (RFC 7692 §6).
+pub fn encode_compressed_header(out: &mut Vec<u8>, opcode: u8, len: usize) {
+    let at = out.len();
+    encode_header(out, opcode, len);
+    out[at] |= 0x40;
 }
 
 /// Appends a whole unmasked, unfragmented server frame.

@@ -75,6 +75,7 @@ impl Mode {
         counts: &mut TurnCounts,
         chosen_name: Option<&str>,
         changes: &mut Vec<Change>,
+        deflate: u8,
     ) -> Handled {
         match self {
             Mode::Http(pending) => {
@@ -89,6 +90,7 @@ impl Mode {
                     counts,
                     chosen_name,
                     changes,
+                    deflate,
                 };
                 Handled::Transport(session.transport_mut().on_input(input, &mut ctx))
             }
@@ -175,6 +177,10 @@ pub struct Conn {
     pub socket: TcpStream,
     pub peer: IpAddr,
     pub phase: Phase,
+    /// The permessage-deflate window its WebSocket messages are compressed with
+    /// (0: none negotiated). Kept here, in what would be padding, so that
+    /// negotiating compression costs an idle connection nothing.
+    pub deflate: u8,
     pub last_seen: Tick,
     pub next_ping: Tick,
     /// When the loop must next look at this connection.
@@ -231,6 +237,7 @@ impl Conn {
             socket,
             peer,
             phase: Phase::Active,
+            deflate: 0,
             last_seen: now,
             next_ping: NEVER,
             deadline: NEVER,

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use crate::broker::{Broker, BrokerError, Members, Replay, Resume};
 use crate::config::ServeConfig;
 use crate::hub::{Channel, Message};
+use crate::protocol::deflate::{self, Agreement};
 use crate::rules::ChannelRules;
 use crate::stats::OPEN_KINDS;
 use crate::stats::TurnCounts;
@@ -96,6 +97,39 @@ impl Format {
     }
 }
 
+impl Format {
+    /// The message in this format for a subscriber whose WebSocket compresses with
+    /// a `window_bits` window (0: it does not): compressed once per window and then
+    /// shared, or the plain frame when it is too short to compress, or not a
+    /// WebSocket frame.
+    pub fn frame_for(
+        self,
+        message: &Message,
+        window_bits: u8,
+        compression: Compression,
+    ) -> Option<&Bytes> {
+        let plain = self.frame(message)?;
+        let window = window_bits.wrapping_sub(deflate::MIN_COMPRESS_WINDOW_BITS);
+        if window_bits == 0 || window > 6 || !self.is_websocket() {
+            return Some(plain);
+        }
+        let slot = self as usize * 7 + usize::from(window);
+        let compressed = message.deflated(slot, |_| {
+            websocket::compress_frame(plain, window_bits, compression)
+        });
+        Some(compressed.unwrap_or(plain))
+    }
+
+    /// Whether its encodings are WebSocket frames (which permessage-deflate can
+    /// compress; an event stream or a long-poll's answer is not).
+    pub fn is_websocket(self) -> bool {
+        matches!(self, Format::WsRaw | Format::WsJson | Format::Pusher)
+    }
+}
+
+// Every compressed encoding needs its slot in a message.
+const _: () = assert!(Format::COUNT * 7 <= crate::hub::DEFLATED);
+
 /// A message's data as the JSON transports show it: a string for text; for binary,
 /// base64 followed by `"encoding":"base64"` (so it ends inside the enclosing object).
 pub(crate) fn json_data(out: &mut Vec<u8>, payload: &[u8], kind: crate::protocol::DataKind) {
@@ -113,6 +147,16 @@ pub(crate) fn json_data(out: &mut Vec<u8>, payload: &[u8], kind: crate::protocol
             out.extend_from_slice(b"\",\"encoding\":\"base64\"");
         }
     }
+}
+
+/// How WebSocket messages are compressed for the connections that negotiated
+/// permessage-deflate (`--deflate-min-size`, `--deflate-level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compression {
+    /// Frames whose payload is shorter go uncompressed.
+    pub min_size: usize,
+    /// zlib's level, 0..=9.
+    pub level: u32,
 }
 
 /// A connection a route hands to a transport.
@@ -151,8 +195,12 @@ pub struct PresenceUser {
 /// What a transport needs to take a connection over from HTTP.
 #[derive(Debug)]
 pub enum Handover {
-    /// A valid upgrade request; its `Sec-WebSocket-Accept` value.
-    WebSocket { accept: [u8; 28] },
+    /// A valid upgrade request; its `Sec-WebSocket-Accept` value and the
+    /// permessage-deflate offer it made that the server can accept.
+    WebSocket {
+        accept: [u8; 28],
+        deflate: Option<Agreement>,
+    },
     /// A `GET /sse/{channel}`: the response becomes an event stream.
     Sse,
     /// A `GET /poll/{channel}`: answered once, at the latest after `timeout`.
@@ -162,16 +210,39 @@ pub enum Handover {
     Pusher {
         accept: [u8; 28],
         app: Result<u16, pusher::Refusal>,
+        deflate: Option<Agreement>,
     },
 }
 
 impl Handover {
+    /// Answers without permessage-deflate (`--permessage-deflate` is off).
+    pub fn decline_deflate(&mut self) {
+        match self {
+            Handover::WebSocket { deflate, .. } | Handover::Pusher { deflate, .. } => {
+                *deflate = None
+            }
+            Handover::Sse | Handover::Poll { .. } => {}
+        }
+    }
+
+    /// The window the connection's messages are compressed with: 0 when it did
+    /// not negotiate permessage-deflate.
+    pub fn deflate_window(&self) -> u8 {
+        match self {
+            Handover::WebSocket { deflate, .. } | Handover::Pusher { deflate, .. } => {
+                deflate.map_or(0, |a| a.server_window_bits)
+            }
+            Handover::Sse | Handover::Poll { .. } => 0,
+        }
+    }
+
     /// Appends the response that hands the connection over (the 101).
     pub fn write_head(&self, out: &mut Vec<u8>) {
         match self {
-            Handover::WebSocket { accept } | Handover::Pusher { accept, .. } => {
-                websocket::write_opening(out, accept)
-            }
+            Handover::WebSocket { accept, deflate }
+            | Handover::Pusher {
+                accept, deflate, ..
+            } => websocket::write_opening(out, accept, deflate.as_ref()),
             Handover::Sse => sse::write_opening(out),
             // The answer is written whole, once there is one.
             Handover::Poll { .. } => {}
@@ -260,6 +331,9 @@ pub struct Ctx<'a> {
     /// Subscriptions a multiplexing transport asks for; the server carries them
     /// out once the input is handled.
     pub changes: &'a mut Vec<Change>,
+    /// The permessage-deflate window the connection negotiated (0: none): its
+    /// client may send compressed messages, and its answers may be compressed.
+    pub deflate: u8,
 }
 
 /// A change of a connection's subscriptions that its transport asks the server

@@ -171,7 +171,11 @@ fn open(req: &Request<'_>, key: &str, gate: &dyn Gate) -> Result<Opening, Refuse
         gate.pusher_app(key).ok_or(Refusal::UnknownApp)
     };
     Ok(Opening {
-        handover: Handover::Pusher { accept, app },
+        handover: Handover::Pusher {
+            accept,
+            app,
+            deflate: super::websocket::deflate_offer(req),
+        },
         subscribe: None,
     })
 }
@@ -368,7 +372,7 @@ pub fn encode(message: &Message) -> Option<Bytes> {
 /// Runs the decoder over `data`, handling each Pusher message; answers go to
 /// `ctx.out`, subscriptions asked for to `ctx.changes`.
 fn feed(state: &mut PusherState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
-    let mut decoder = state.decoder.take().map(|b| *b).unwrap_or_default();
+    let mut decoder = super::websocket::decoder_for(state.decoder.take(), ctx.deflate);
     let max_message = ctx.config.max_message_size;
     let mut after = After::Nothing;
     let result = decoder.feed(data, max_message, |event| match event {

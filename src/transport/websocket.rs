@@ -10,21 +10,25 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::request::{Endpoint, Gate, Path, Refused, query_param, resume_param, truncate};
 use super::{
-    After, CloseReason, Ctx, Format, Handover, Opening, Subscribe, Subscription, Transport,
-    json_data,
+    After, CloseReason, Compression, Ctx, Format, Handover, Opening, Subscribe, Subscription,
+    Transport, json_data,
 };
 use crate::broker::{Outgoing, Replay, Resume};
 use crate::history::Tags;
 use crate::hub::{Body, Message};
+use crate::protocol::deflate::{self, Agreement};
 use crate::protocol::handshake;
 use crate::protocol::http::Request;
 use crate::protocol::{
-    DataKind, Decoder, Event, Flow, close_code, encode_close, encode_frame, encode_header, opcode,
+    DataKind, Decoder, Event, Flow, close_code, encode_close, encode_compressed_header,
+    encode_frame, encode_header, opcode,
 };
 use crate::rules::{self, Action, Role, validate_channel_name, validate_client_name};
 
 /// An open WebSocket: a decoder only while a frame or message is half received,
-/// and the channel it subscribes to, if any.
+/// and the channel it subscribes to, if any. With permessage-deflate nothing more
+/// is kept (the window negotiated is the connection's, `Ctx::deflate`): messages
+/// are compressed and inflated without context takeover.
 #[derive(Debug, Default)]
 pub struct WsState {
     decoder: Option<Box<Decoder>>,
@@ -117,9 +121,140 @@ fn upgrade(req: &Request<'_>, subscribe: Option<Subscribe>) -> Result<Opening, R
     }
     let accept = handshake::validate_upgrade(req).map_err(Refused::Handshake)?;
     Ok(Opening {
-        handover: Handover::WebSocket { accept },
+        handover: Handover::WebSocket {
+            accept,
+            deflate: deflate_offer(req),
+        },
         subscribe,
     })
+}
+
+/// The permessage-deflate offer of an upgrade request the server can accept, from
+/// every `Sec-WebSocket-Extensions` line it sent, in order.
+pub fn deflate_offer(req: &Request<'_>) -> Option<Agreement> {
+    let mut offers = String::new();
+    for (name, value) in &req.headers {
+        if name.eq_ignore_ascii_case("sec-websocket-extensions") {
+            if !offers.is_empty() {
+                offers.push(',');
+            }
+            offers.push_str(std::str::from_utf8(value).ok()?);
+        }
+    }
+    if offers.is_empty() {
+        return None;
+    }
+    deflate::negotiate(&offers)
+}
+
+/// The decoder a read continues with: the one a half-received frame left, or a
+/// new one that inflates when the connection negotiated permessage-deflate.
+pub(super) fn decoder_for(kept: Option<Box<Decoder>>, deflate: u8) -> Decoder {
+    match kept {
+        Some(decoder) => *decoder,
+        None if deflate != 0 => Decoder::inflating(),
+        None => Decoder::default(),
+    }
+}
+
+/// Appends a whole server frame holding `parts` joined, compressed with a
+/// `window_bits` window when that is on (non-zero), the payload is at least
+/// `--deflate-min-size` and compressing makes it smaller; otherwise plain. Counts
+/// what compression saved in `counts`.
+pub(super) fn write_message_frame(
+    out: &mut Vec<u8>,
+    op: u8,
+    parts: &[&[u8]],
+    window_bits: u8,
+    compression: Compression,
+    counts: &mut crate::stats::TurnCounts,
+) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if window_bits != 0 && len >= compression.min_size {
+        let compressed = SCRATCH.with(|cell| {
+            let mut scratch = cell.take();
+            scratch.clear();
+            let joined: &[u8] = if let [one] = parts {
+                one
+            } else {
+                for part in parts {
+                    scratch.extend_from_slice(part);
+                }
+                &scratch
+            };
+            let mut packed = Vec::new();
+            let ok = deflate::compress(joined, window_bits, compression.level, &mut packed).is_ok()
+                && packed.len() < len;
+            scratch.clear();
+            cell.set(scratch);
+            ok.then_some(packed)
+        });
+        if let Some(packed) = compressed {
+            let start = out.len();
+            encode_compressed_header(out, op, packed.len());
+            out.extend_from_slice(&packed);
+            counts.deflate_wire += (out.len() - start) as u64;
+            counts.deflate_plain += (frame_header_len(len) + len) as u64;
+            return;
+        }
+    }
+    encode_header(out, op, len);
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+}
+
+/// A plain frame's whole length before its payload.
+fn frame_header_len(len: usize) -> usize {
+    match len {
+        0..126 => 2,
+        126..=65535 => 4,
+        _ => 10,
+    }
+}
+
+/// A shared frame compressed: the plain frame `plain`'s payload compressed with a
+/// `window_bits` window, as a frame with RSV1 set; `None` when it is shorter than
+/// `--deflate-min-size` or compressing would not make it smaller (it then goes
+/// plain, which permessage-deflate allows message by message).
+pub fn compress_frame(plain: &[u8], window_bits: u8, compression: Compression) -> Option<Bytes> {
+    let (op, payload) = split_frame(plain)?;
+    if payload.len() < compression.min_size {
+        return None;
+    }
+    let mut packed = Vec::new();
+    deflate::compress(payload, window_bits, compression.level, &mut packed).ok()?;
+    if packed.len() >= payload.len() {
+        return None;
+    }
+    let mut head = Vec::with_capacity(10);
+    encode_compressed_header(&mut head, op, packed.len());
+    let mut buf = BytesMut::with_capacity(head.len() + packed.len());
+    buf.put_slice(&head);
+    buf.put_slice(&packed);
+    Some(buf.freeze())
+}
+
+/// A whole unmasked server frame's opcode and payload.
+fn split_frame(frame: &[u8]) -> Option<(u8, &[u8])> {
+    let op = frame.first()? & 0x0F;
+    let (len, at): (usize, usize) = match *frame.get(1)? & 0x7F {
+        126 => (
+            usize::from(u16::from_be_bytes([*frame.get(2)?, *frame.get(3)?])),
+            4,
+        ),
+        127 => {
+            let bytes: [u8; 8] = frame.get(2..10)?.try_into().ok()?;
+            (usize::try_from(u64::from_be_bytes(bytes)).ok()?, 10)
+        }
+        n => (usize::from(n), 2),
+    };
+    Some((op, frame.get(at..at.checked_add(len)?)?))
+}
+
+thread_local! {
+    /// Where an echo with a prefix is joined before it is compressed.
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 impl Transport for WsState {
@@ -167,8 +302,9 @@ impl Transport for WsState {
 }
 
 /// The 101 response that completes the handshake.
-pub fn write_opening(out: &mut Vec<u8>, accept: &[u8; 28]) {
-    crate::protocol::handshake::write_switching_protocols(out, accept);
+pub fn write_opening(out: &mut Vec<u8>, accept: &[u8; 28], deflate: Option<&Agreement>) {
+    let extensions = deflate.map(Agreement::response);
+    crate::protocol::handshake::write_switching_protocols(out, accept, extensions.as_deref());
 }
 
 /// A json subscriber's greeting in a channel that announces members.
@@ -339,14 +475,17 @@ fn json_event_frame(channel: &str, event: &str, client: &str, count: u64) -> Byt
 /// Runs the decoder over `data` (unmasked in place), appending every answer
 /// (echoes, pongs, a close frame) to `ctx.out`.
 pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
-    let mut decoder = state.decoder.take().map(|b| *b).unwrap_or_default();
+    let mut decoder = decoder_for(state.decoder.take(), ctx.deflate);
     let config = ctx.config;
+    let compression = config.compression;
+    let window_bits = ctx.deflate;
     let prefix = config.echo_prefix.as_bytes();
     let role = state
         .sub
         .as_ref()
         .map_or(Role::Echo, |s| Role::Subscriber(s.rules));
     let out = &mut *ctx.out;
+    let counts = &mut *ctx.counts;
     let broker = ctx.broker;
     let chosen_name = ctx.chosen_name;
     let mut after = After::Nothing;
@@ -356,13 +495,12 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
         Event::Message { kind, payload } => match rules::on_client_message(role) {
             Action::Echo => {
                 let op = kind.opcode();
-                if op == opcode::TEXT && !prefix.is_empty() {
-                    encode_header(out, op, prefix.len() + payload.len());
-                    out.extend_from_slice(prefix);
-                    out.extend_from_slice(payload);
+                let parts: &[&[u8]] = if op == opcode::TEXT && !prefix.is_empty() {
+                    &[prefix, payload]
                 } else {
-                    encode_frame(out, op, payload);
-                }
+                    &[payload]
+                };
+                write_message_frame(out, op, parts, window_bits, compression, counts);
                 echoed += 1;
                 Flow::Continue
             }
@@ -453,236 +591,4 @@ pub(super) fn finish_feed(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use crate::broker::{Broker, Member, MemoryBroker};
-    use crate::config::ServeConfig;
-    use crate::hub::{ConnRef, Hub};
-    use crate::protocol::encode_client_frame;
-    use crate::rules::ChannelRules;
-    use crate::stats::TurnCounts;
-
-    /// A broker over a one-loop hub, and a member of `chat:r` listening on it.
-    fn chat_room() -> (MemoryBroker, Arc<Hub>, mio::Poll) {
-        let poll = mio::Poll::new().unwrap();
-        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
-        let hub = Arc::new(Hub::new(vec![waker]));
-        let history = crate::history::Limits {
-            size: 0,
-            ttl: std::time::Duration::ZERO,
-        };
-        let broker = MemoryBroker::new(Arc::clone(&hub), history, Default::default());
-        (broker, hub, poll)
-    }
-
-    /// Feeds client frames to a WebSocket in `state`; returns the answer bytes.
-    fn feed_frames(
-        state: &mut WsState,
-        frames: &[(u8, &[u8])],
-        broker: &dyn Broker,
-        config: &ServeConfig,
-    ) -> (Vec<u8>, After) {
-        let mut input = Vec::new();
-        for (op, payload) in frames {
-            encode_client_frame(&mut input, *op, true, payload, [1, 2, 3, 4]);
-        }
-        let mut out = Vec::new();
-        let mut counts = TurnCounts::default();
-        let mut ctx = Ctx {
-            out: &mut out,
-            broker,
-            config,
-            webhooks: None,
-            counts: &mut counts,
-            chosen_name: None,
-            changes: &mut Vec::new(),
-        };
-        let after = feed(state, &mut input, &mut ctx);
-        (out, after)
-    }
-
-    fn subscriber(broker: &MemoryBroker, channel: &str) -> WsState {
-        let member = Member {
-            conn: ConnRef {
-                loop_index: 0,
-                key: 1,
-            },
-            listens: true,
-            announce: None,
-            presence: None,
-        };
-        let joined = broker.subscribe(channel, member, None).unwrap();
-        WsState::new(Some(Subscription {
-            channel: joined.channel,
-            client: 7,
-            expires: 0,
-            index: 0,
-            format: Format::WsJson,
-            rules: ChannelRules::for_name(channel),
-        }))
-    }
-
-    #[test]
-    fn echo_answers_each_message_with_the_prefix_and_pings_with_pongs() {
-        let (broker, _hub, _poll) = chat_room();
-        let config = ServeConfig {
-            echo_prefix: "> ".into(),
-            ..ServeConfig::default()
-        };
-        let mut state = WsState::default();
-        let frames: [(u8, &[u8]); 3] = [
-            (opcode::TEXT, b"hi"),
-            (opcode::PING, b"p"),
-            (opcode::BINARY, &[0, 1]),
-        ];
-        let (out, after) = feed_frames(&mut state, &frames, &broker, &config);
-        assert_eq!(after, After::Nothing);
-        assert_eq!(out, b"\x81\x04> hi\x8a\x01p\x82\x02\x00\x01");
-    }
-
-    #[test]
-    fn a_chat_member_publishes_in_its_name_and_a_push_subscriber_is_refused() {
-        let (broker, hub, _poll) = chat_room();
-        let config = ServeConfig::default();
-        let mut member = subscriber(&broker, "chat:r");
-        let (out, after) = feed_frames(&mut member, &[(opcode::TEXT, b"yo")], &broker, &config);
-        assert_eq!((out.len(), after), (0, After::Nothing));
-        let mut batch = Vec::new();
-        hub.inbox(0).take(&mut batch);
-        let frame = Format::WsJson.frame(&batch[0]).unwrap();
-        let text = String::from_utf8_lossy(&frame[2..]).into_owned();
-        assert!(
-            text.contains(r#""seq":1"#) && text.contains(r#""from":"c7""#),
-            "{text}"
-        );
-
-        let mut pushed = subscriber(&broker, "news");
-        let (out, after) = feed_frames(&mut pushed, &[(opcode::TEXT, b"no")], &broker, &config);
-        assert_eq!(after, After::Close);
-        assert_eq!(&out[2..4], &close_code::POLICY_VIOLATION.to_be_bytes());
-        assert!(String::from_utf8_lossy(&out).contains("push-only"));
-        assert_eq!(broker.channel_info("news").last_seq, 0);
-    }
-
-    /// The payloads of the short server frames in `out`.
-    fn frame_payloads(mut out: &[u8]) -> Vec<&[u8]> {
-        let mut payloads = Vec::new();
-        while out.len() >= 2 {
-            let len = usize::from(out[1]);
-            assert!(len < 126, "a short frame");
-            payloads.push(&out[2..2 + len]);
-            out = &out[2 + len..];
-        }
-        payloads
-    }
-
-    #[test]
-    fn a_replayed_chat_message_says_who_sent_it_in_json_only() {
-        let (broker, _hub, _poll) = chat_room();
-        let stored = |seq, payload: &'static [u8], from: Option<&str>| crate::history::Stored {
-            seq,
-            payload: Bytes::from_static(payload),
-            kind: DataKind::Text,
-            from: from.map(Box::from),
-            event: None,
-            skip: None,
-        };
-        let replay = || Replay {
-            messages: vec![stored(1, b"hi", Some("c3")), stored(2, b"ho", None)],
-            last_seq: 2,
-            oldest: 1,
-            epoch: 1,
-        };
-        let resume = Resume {
-            since: 0,
-            epoch: Some(1),
-        };
-        let mut member = subscriber(&broker, "chat:r");
-        let Some(sub) = member.sub.as_mut() else {
-            panic!("a subscriber");
-        };
-        let mut out = Vec::new();
-        write_replay(&mut out, sub, replay(), resume);
-        let frames = frame_payloads(&out);
-        assert_eq!(frames.len(), 3, "the epoch, then two messages");
-        assert_eq!(
-            frames[1],
-            br#"{"channel":"chat:r","seq":1,"data":"hi","from":"c3"}"#
-        );
-        assert_eq!(frames[2], br#"{"channel":"chat:r","seq":2,"data":"ho"}"#);
-
-        sub.format = Format::WsRaw;
-        let mut out = Vec::new();
-        write_replay(&mut out, sub, replay(), resume);
-        assert_eq!(frame_payloads(&out), vec![&b"hi"[..], &b"ho"[..]]);
-    }
-
-    #[test]
-    fn a_protocol_error_closes_with_its_code() {
-        let (broker, _hub, _poll) = chat_room();
-        let mut state = WsState::default();
-        let mut input = vec![0x81, 0x02, b'h', b'i']; // unmasked client frame
-        let mut out = Vec::new();
-        let mut counts = TurnCounts::default();
-        let config = ServeConfig::default();
-        let mut ctx = Ctx {
-            out: &mut out,
-            broker: &broker,
-            config: &config,
-            webhooks: None,
-            counts: &mut counts,
-            chosen_name: None,
-            changes: &mut Vec::new(),
-        };
-        assert_eq!(feed(&mut state, &mut input, &mut ctx), After::Close);
-        assert_eq!(&out[2..4], &close_code::PROTOCOL_ERROR.to_be_bytes());
-    }
-
-    #[test]
-    fn json_envelopes() {
-        let f = json_message_frame(
-            "news",
-            7,
-            b"he said \"hi\"",
-            DataKind::Text,
-            Tags::default(),
-        );
-        assert_eq!(
-            &f[2..],
-            br#"{"channel":"news","seq":7,"data":"he said \"hi\""}"#
-        );
-        let c9 = Tags {
-            from: Some("c9"),
-            event: None,
-        };
-        let f = json_message_frame("chat:r", 1, &[0, 255], DataKind::Binary, c9);
-        assert_eq!(
-            &f[2..],
-            br#"{"channel":"chat:r","seq":1,"data":"AP8=","encoding":"base64","from":"c9"}"#
-        );
-        let f = json_event_frame("chat:r", "join", "c2", 3);
-        assert_eq!(f[0], 0x81);
-        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
-        assert_eq!(v["event"], "join");
-        assert_eq!(v["count"], 3);
-    }
-
-    #[test]
-    fn raw_frames_carry_the_payload_alone() {
-        assert_eq!(&frame_bytes(opcode::TEXT, b"x")[..], b"\x81\x01x");
-        assert_eq!(
-            &frame_bytes(opcode::BINARY, &[1, 2])[..],
-            b"\x82\x02\x01\x02"
-        );
-    }
-
-    #[test]
-    fn server_closes_say_why() {
-        let mut out = Vec::new();
-        write_close(&mut out, CloseReason::SlowConsumer);
-        assert_eq!(&out[..4], &[0x88, 15, 0x03, 0xF0]);
-        assert_eq!(&out[4..], b"slow consumer");
-    }
-}
+mod tests;

@@ -106,6 +106,7 @@ impl EventLoop {
             poll.registry()
                 .register(listener, Token(LISTENER_BASE + i), Interest::READABLE)?;
         }
+        let compression = shared.config.compression;
         Ok(EventLoop {
             poll,
             accept: Acceptor::new(listeners),
@@ -127,7 +128,7 @@ impl EventLoop {
             },
             shared,
             index,
-            subscribers: LocalSubscribers::new(index),
+            subscribers: LocalSubscribers::new(index).compressing(compression),
             ring: Ring::default(),
             drain: Drain::default(),
         })
@@ -365,6 +366,7 @@ impl EventLoop {
             &mut self.tally.turn,
             self.subscribers.chosen_name(key),
             &mut self.buf.changes,
+            conn.deflate,
         );
         if !self.buf.changes.is_empty() {
             self.apply_changes(key);

@@ -24,7 +24,7 @@ impl EventLoop {
     pub(super) fn open_session(
         &mut self,
         key: usize,
-        opening: Opening,
+        mut opening: Opening,
         mut leftover: Vec<u8>,
         client: IpAddr,
     ) {
@@ -42,11 +42,15 @@ impl EventLoop {
             self.send_out(key, After::Close);
             return;
         }
+        if !self.shared.config.permessage_deflate {
+            opening.handover.decline_deflate();
+        }
         let session = opening.handover.session(None);
         let counters = &self.tally.shared;
         counters.sockets.fetch_add(1, Ordering::Relaxed);
         LoopCounters::add(&counters.open[session.kind().index()], 1);
         conn.mode = Mode::Open(session);
+        conn.deflate = opening.handover.deflate_window();
         let head_at = self.buf.out.len();
         opening.handover.write_head(&mut self.buf.out);
         // The client's id: its chat name (`c<id>`), its Pusher socket id.

@@ -24,7 +24,7 @@ use crate::hub::Body;
 use crate::hub::{Channel, ConnRef, Delivery, Inbox, SocketId};
 use crate::rules::{self, Namespaces};
 use crate::stats::TurnCounts;
-use crate::transport::{Format, Subscribe, Subscription};
+use crate::transport::{Compression, Format, Subscribe, Subscription};
 
 /// Deliveries of one channel gathered into one write per subscriber.
 const MAX_FRAMES_PER_WRITE: usize = 64;
@@ -38,6 +38,53 @@ const FAN_OUT_SLICE: usize = 1024;
 /// One subscriber's frames of a group: held inline for the usual short runs, so a
 /// lone message reaches its subscribers without an allocation.
 type Frames<'a> = SmallVec<[&'a bytes::Bytes; 4]>;
+
+/// Ways a format's frames can go: plain, or compressed with a window of 9..=15 bits.
+const WINDOWS: usize = 8;
+
+/// A group's frames in one format and compression, gathered once for every
+/// subscriber that takes them, with what compression saved on them.
+#[derive(Default)]
+struct Gathered<'a> {
+    frames: Frames<'a>,
+    /// The plain size of the frames that went compressed, and their size.
+    deflate_plain: u64,
+    deflate_wire: u64,
+}
+
+impl<'a> Gathered<'a> {
+    fn of(
+        messages: impl Iterator<Item = &'a Delivery>,
+        format: Format,
+        window_bits: u8,
+        compression: Compression,
+    ) -> Self {
+        let mut gathered = Gathered::default();
+        for message in messages {
+            let Some(frame) = format.frame_for(message, window_bits, compression) else {
+                continue;
+            };
+            if window_bits != 0
+                && let Some(plain) = format.frame(message)
+                && !std::ptr::eq(plain, frame)
+            {
+                gathered.deflate_plain += plain.len() as u64;
+                gathered.deflate_wire += frame.len() as u64;
+            }
+            gathered.frames.push(frame);
+        }
+        gathered
+    }
+}
+
+/// Where a format and compression's frames are kept during one fan-out.
+fn gathered_slot(format: Format, window_bits: u8) -> usize {
+    let window = match window_bits {
+        0 => 0,
+        bits => usize::from(bits.saturating_sub(8)).min(WINDOWS - 1),
+    };
+    format as usize * WINDOWS + window
+}
 
 /// A loop's subscribers of one channel.
 struct LocalChannel {
@@ -147,6 +194,8 @@ pub struct LocalSubscribers {
     expiring: BinaryHeap<Reverse<(u32, u32)>>,
     /// Entries in `expiring` whose subscription has ended.
     stale_expiries: usize,
+    /// How frames are compressed for subscribers that negotiated permessage-deflate.
+    compression: Compression,
 }
 
 impl LocalSubscribers {
@@ -163,7 +212,14 @@ impl LocalSubscribers {
             users: HashMap::new(),
             expiring: BinaryHeap::new(),
             stale_expiries: 0,
+            compression: crate::config::ServeConfig::default().compression,
         }
+    }
+
+    /// Compresses for permessage-deflate subscribers as `compression` says.
+    pub fn compressing(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
     }
 
     fn member<'a>(&self, key: usize, format: Format, announce: Option<&'a str>) -> Member<'a> {
@@ -508,7 +564,9 @@ impl LocalSubscribers {
         let mut wrote = false;
         // Each format's frames are gathered (and encoded) only if a subscriber here
         // uses it.
-        let mut by_format: [Option<Frames<'_>>; Format::COUNT] = Default::default();
+        let mut by_format: [Option<Gathered<'_>>; Format::COUNT * WINDOWS] =
+            std::array::from_fn(|_| None);
+        let compression = self.compression;
         let exclude = group
             .first()
             .and_then(|d| d.exclude)
@@ -544,6 +602,7 @@ impl LocalSubscribers {
             else {
                 continue;
             };
+            let window_bits = conn.deflate;
             if skip == Some(client) {
                 continue;
             }
@@ -556,8 +615,8 @@ impl LocalSubscribers {
                 .iter()
                 .find(|f| f.key == key && f.channel == ckey)
                 .map(|f| f.live_after);
-            let only_new: Frames<'_>;
-            let frames = match fresh {
+            let only_new: Gathered<'_>;
+            let gathered = match fresh {
                 // History already gave it these: only what is newer goes out.
                 Some(after) => {
                     let newer = group
@@ -567,19 +626,18 @@ impl LocalSubscribers {
                         // Every live copy of what history gave it came before this.
                         passed.push((key, ckey));
                     }
-                    only_new = group
-                        .iter()
-                        .filter(|m| {
-                            // Seq 0 was never sequenced, so never replayed.
-                            !matches!(m.body, Body::Data { seq, .. } if seq != 0 && seq <= after)
-                        })
-                        .filter_map(|m| format.frame(m))
-                        .collect();
+                    let unseen = group.iter().filter(|m| {
+                        // Seq 0 was never sequenced, so never replayed.
+                        !matches!(m.body, Body::Data { seq, .. } if seq != 0 && seq <= after)
+                    });
+                    only_new = Gathered::of(unseen, format, window_bits, compression);
                     &only_new
                 }
-                None => by_format[format as usize]
-                    .get_or_insert_with(|| group.iter().filter_map(|m| format.frame(m)).collect()),
+                None => by_format[gathered_slot(format, window_bits)].get_or_insert_with(|| {
+                    Gathered::of(group.iter(), format, window_bits, compression)
+                }),
             };
+            let frames = &gathered.frames;
             if frames.is_empty() || conn.phase != Phase::Active {
                 continue;
             }
@@ -591,6 +649,8 @@ impl LocalSubscribers {
             };
             counts.messages_out += frames.len() as u64;
             counts.delivered += frames.len() as u64;
+            counts.deflate_plain += gathered.deflate_plain;
+            counts.deflate_wire += gathered.deflate_wire;
             wrote = true;
             if conn
                 .send_shared(frames, tls.get_mut(key), &mut counts.bytes_sent)

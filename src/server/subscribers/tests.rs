@@ -15,7 +15,13 @@ use crate::transport::Handover;
 
 /// A WebSocket subscriber's session.
 fn websocket(sub: Subscription) -> Mode {
-    Mode::Open(Handover::WebSocket { accept: [b'a'; 28] }.session(Some(sub)))
+    Mode::Open(
+        Handover::WebSocket {
+            accept: [b'a'; 28],
+            deflate: None,
+        }
+        .session(Some(sub)),
+    )
 }
 
 fn text(payload: &str) -> Outgoing<'_> {

@@ -1,0 +1,103 @@
+//! Flags, defaults, config-file keys and their checks.
+
+use super::*;
+use clap::Command;
+
+#[test]
+fn listen_specs() {
+    let one: ListenSpec = "127.0.0.1:8080".parse().unwrap();
+    assert_eq!(one.addrs().count(), 1);
+    let range: ListenSpec = "127.0.0.1:8000-8499".parse().unwrap();
+    assert_eq!(range.addrs().count(), 500);
+    let v6: ListenSpec = "[::1]:9000".parse().unwrap();
+    assert!(v6.ip.is_ipv6());
+    for bad in [
+        "8080",
+        "x:80",
+        "1.2.3.4:99999",
+        "1.2.3.4:90-80",
+        "1.2.3.4:0-5",
+    ] {
+        assert!(bad.parse::<ListenSpec>().is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn io_uring_is_auto_or_off_and_auto_by_default() {
+    assert_eq!(parse_io_uring("auto"), Ok(true));
+    assert_eq!(parse_io_uring("off"), Ok(false));
+    assert!(parse_io_uring("on").is_err());
+    assert!(ServeConfig::default().io_uring);
+}
+
+#[test]
+fn sizes_and_durations() {
+    assert_eq!(parse_size("65536"), Ok(65536));
+    assert_eq!(parse_size("64KiB"), Ok(65536));
+    assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+    assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+    assert_eq!(parse_size("2kb"), Ok(2000));
+    assert!(parse_size("12 parsecs").is_err());
+    assert!(parse_size("").is_err());
+    assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+    assert!(parse_duration("soon").is_err());
+}
+
+#[test]
+fn defaults_parse() {
+    let config = ServeConfig::default();
+    assert_eq!(
+        config.listen,
+        vec![SocketAddr::from(([127, 0, 0, 1], 8080))]
+    );
+    assert_eq!(config.ping_interval, Duration::from_secs(25));
+    assert_eq!(config.idle_timeout, Duration::from_secs(60));
+    assert_eq!(config.handshake_timeout, Duration::from_secs(10));
+    assert_eq!(config.max_message_size, 64 << 10);
+    assert_eq!(config.max_queue, 1 << 20);
+    assert_eq!(config.drain_timeout, Duration::from_secs(10));
+    assert_eq!(config.stats_interval, Duration::from_secs(10));
+    assert_eq!(config.history_size, 100);
+    assert_eq!(config.history_ttl, Duration::from_secs(300));
+}
+
+#[test]
+fn the_command_line_defaults_are_the_config_defaults() {
+    let cmd = ServeArgs::augment_args(Command::new("serve"));
+    // Only the defaults: no THRONG_* variable may leak in from the test's
+    // environment, so every flag's env lookup is switched off.
+    let cmd = cmd.mut_args(|arg| arg.env(None::<&str>));
+    let matches = cmd
+        .try_get_matches_from(["serve"])
+        .expect("no arguments parse");
+    let args = ServeArgs::from_arg_matches(&matches).expect("defaults are valid");
+    let from_flags = args.into_config().expect("defaults are a valid config");
+    let built_in = ServeConfig::default();
+    assert_eq!(from_flags.listen, built_in.listen);
+    assert_eq!(from_flags.ping_interval, built_in.ping_interval);
+    assert_eq!(from_flags.idle_timeout, built_in.idle_timeout);
+    assert_eq!(from_flags.handshake_timeout, built_in.handshake_timeout);
+    assert_eq!(from_flags.max_message_size, built_in.max_message_size);
+    assert_eq!(from_flags.max_queue, built_in.max_queue);
+    assert_eq!(from_flags.echo_prefix, built_in.echo_prefix);
+    assert_eq!(from_flags.drain_timeout, built_in.drain_timeout);
+    assert_eq!(from_flags.stats_interval, built_in.stats_interval);
+    assert_eq!(from_flags.history_size, built_in.history_size);
+    assert_eq!(from_flags.history_ttl, built_in.history_ttl);
+}
+
+#[test]
+fn config_path_is_found_before_parsing() {
+    let args: Vec<String> = ["throng", "serve", "--config", "a.toml"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(config_path_from(&args), Some(PathBuf::from("a.toml")));
+    let args: Vec<String> = ["throng", "serve", "--config=b.toml"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(config_path_from(&args), Some(PathBuf::from("b.toml")));
+}
