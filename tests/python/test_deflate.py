@@ -311,7 +311,7 @@ def test_off_negotiates_nothing_and_everything_still_works(start_server, how):
     assert deflate_metrics(srv.port) == (0, 0)
 
 
-@pytest.mark.parametrize("how", ["flag", "flag-on", "env", "config"])
+@pytest.mark.parametrize("how", ["flag", "flag-on", "env", "config", "config-bool"])
 def test_each_way_of_turning_it_on(start_server, tmp_path, how):
     """The switch and the threshold, as flags, env vars and config-file keys."""
     env, flags = None, []
@@ -319,6 +319,10 @@ def test_each_way_of_turning_it_on(start_server, tmp_path, how):
         flags = ["--permessage-deflate", "--deflate-min-size", "1000"]
     elif how == "flag-on":
         flags = ["--permessage-deflate", "on", "--deflate-min-size", "1000"]
+    elif how == "config-bool":
+        cfg = tmp_path / "throng.toml"
+        cfg.write_text('permessage-deflate = true\ndeflate-min-size = "1000"\n')
+        flags = ["--config", cfg]
     elif how == "env":
         env = {"THRONG_PERMESSAGE_DEFLATE": "on", "THRONG_DEFLATE_MIN_SIZE": "1000"}
     else:
@@ -362,18 +366,34 @@ def test_default_threshold_is_between_tiny_and_large(start_server):
         assert rsv == RSV1 and data == big and len(wire) < len(big) / 3
 
 
-@pytest.mark.parametrize("level", ["0", "9"])
-def test_deflate_level_is_used(start_server, level):
-    """Level 0 stores (RSV1 set, no smaller), level 9 compresses."""
-    srv = start_server(*DEFLATE, "--deflate-level", level)
-    with offer_conn(srv.port, "permessage-deflate") as c:
-        msg = compressible_text(20_000).encode()
-        op, rsv, wire, data = echo_raw(c, OP_TEXT, msg, compressed=False)
-        assert rsv == RSV1 and data == msg
+def test_deflate_level_is_used(start_server):
+    """Level 0 only stores, which is never smaller, so such messages go plain
+    (permessage-deflate lets a sender choose per message) and nothing is
+    counted; levels 1 and 9 compress, 9 smaller than 1."""
+    msg = compressible_text(20_000).encode()
+    wires = {}
+    for level in ("0", "1", "9"):
+        srv = start_server(*DEFLATE, "--deflate-level", level)
+        with offer_conn(srv.port, "permessage-deflate") as c:
+            op, rsv, wire, data = echo_raw(c, OP_TEXT, msg, compressed=False)
+            assert data == msg
+            wires[level] = (rsv, len(wire))
         if level == "0":
-            assert len(wire) >= len(msg), len(wire)
-        else:
-            assert len(wire) < len(msg) / 3, len(wire)
+            assert deflate_metrics(srv.port) == (0, 0)
+    assert wires["0"] == (0, len(msg)), wires
+    assert wires["1"][0] == wires["9"][0] == RSV1, wires
+    assert wires["9"][1] < wires["1"][1] < len(msg) / 3, wires
+
+
+def test_incompressible_messages_go_plain(start_server):
+    """What compressing would not make smaller goes plain, RSV1 clear, even
+    above --deflate-min-size."""
+    srv = start_server(*DEFLATE)
+    with offer_conn(srv.port, "permessage-deflate") as c:
+        noise = os.urandom(5000)
+        assert echo_raw(c, OP_BINARY, noise, compressed=False)[1:3] == (0, noise)
+        text = compressible_text(5000).encode()
+        assert echo_raw(c, OP_TEXT, text, compressed=False)[1] == RSV1
 
 
 # -- negotiation ---------------------------------------------------------------------------
@@ -692,10 +712,10 @@ def test_metrics_count_deflate_bytes_per_delivery(start_server):
         assert read_data(plain_sub)[1] == 0
         n, w = len(msg.encode()), len(wires[0])
         plain, wire = settled(lambda: deflate_metrics(srv.port), lambda v: v[0] >= 3 * n and v[1] >= 3 * w)
-        # "bytes of the frames": with or without the frame header, but three
-        # deliveries of this one message, and nothing for the plain ones.
-        assert plain in (3 * n, 3 * frame_len(n)), (plain, n)
-        assert wire in (3 * w, 3 * frame_len(w)), (wire, w)
+        # Whole frames (header and payload), once per delivery of this one
+        # message, and nothing for the plain ones.
+        assert plain == 3 * frame_len(n), (plain, n)
+        assert wire == 3 * frame_len(w), (wire, w)
         assert plain > wire > 0
     finally:
         for c in subs + [plain_sub]:
