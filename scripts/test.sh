@@ -143,8 +143,9 @@ if [[ $QUICK == 0 ]]; then
     # (payloads) and 13 (offers, window sizes), all required to pass. Each 12/13
     # case echoes 1000 messages of up to 128 KiB, compressed both ways: on 2 CPUs
     # 12 and 13 alone took 521 s one case at a time; this whole run 411 s two at
-    # a time, 307 s four at a time (the longest case then 36 s). AUTOBAHN_DEFLATE_PARALLEL and
-    # AUTOBAHN_DEFLATE_CASES override the defaults below.
+    # a time, 237-307 s four at a time (the longest case 36 s). The
+    # defaults below can be overridden with AUTOBAHN_DEFLATE_PARALLEL and
+    # AUTOBAHN_DEFLATE_CASES.
     step "Autobahn TestSuite cases 1-10, 12, 13 against throng --permessage-deflate"
     AUTOBAHN_CASES=${AUTOBAHN_DEFLATE_CASES:-"1.*,2.*,3.*,4.*,5.*,6.*,7.*,9.*,10.*,12.*,13.*"} \
         AUTOBAHN_PARALLEL=${AUTOBAHN_DEFLATE_PARALLEL:-4} AUTOBAHN_BUDGET=900 \
