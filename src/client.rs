@@ -151,8 +151,8 @@ impl Session {
         self.buf.clear();
         let mut chunk = [0u8; 4096];
         loop {
-            if let Some((response, keep)) =
-                complete_response(&self.buf).map_err(|reason| ClientError::BadResponse {
+            if let Some((response, keep)) = complete_response(&self.buf, Reading::KeepAliveSaid)
+                .map_err(|reason| ClientError::BadResponse {
                     addr: addr.clone(),
                     reason,
                 })?
@@ -228,9 +228,24 @@ pub fn encode_request(
     message
 }
 
+/// How the end of a response, and whether its connection stays open, are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// This client's own requests: the server keeps the connection only when it
+    /// says `Connection: keep-alive`, and every response must have a length.
+    KeepAliveSaid,
+    /// Any HTTP/1.1 server: kept unless it says `Connection: close` or sends no
+    /// length; a body without a length ends where the connection does (`eof`:
+    /// the server has closed).
+    Http11 { eof: bool },
+}
+
 /// A whole response at the start of `raw`, if it has fully arrived, and whether the
-/// server keeps the connection open after it.
-fn complete_response(raw: &[u8]) -> Result<Option<(Response, bool)>, String> {
+/// server keeps the connection open after it, read as `reading` says.
+pub(crate) fn complete_response(
+    raw: &[u8],
+    reading: Reading,
+) -> Result<Option<(Response, bool)>, String> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut resp = httparse::Response::new(&mut headers);
     let head_len = match resp.parse(raw) {
@@ -245,15 +260,45 @@ fn complete_response(raw: &[u8]) -> Result<Option<(Response, bool)>, String> {
             .find(|h| h.name.eq_ignore_ascii_case(name))
             .map(|h| h.value)
     };
-    let length = header("content-length")
-        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok())
-        .ok_or("a kept-alive response needs Content-Length")?;
-    let keep = header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"keep-alive"));
-    if raw.len() < head_len + length {
-        return Ok(None);
-    }
-    let body = raw[head_len..head_len + length].to_vec();
-    Ok(Some((Response { status, body }, keep)))
+    let length = match header("content-length") {
+        Some(v) => Some(
+            std::str::from_utf8(v)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or("bad Content-Length")?,
+        ),
+        None => None,
+    };
+    let (body, keep) = match (reading, length) {
+        (_, Some(length)) => {
+            let Some(body) = raw.get(head_len..head_len.saturating_add(length)) else {
+                return Ok(None);
+            };
+            let keep = match reading {
+                Reading::KeepAliveSaid => {
+                    header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"keep-alive"))
+                }
+                Reading::Http11 { .. } => {
+                    resp.version == Some(1)
+                        && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"))
+                }
+            };
+            (body, keep)
+        }
+        (Reading::KeepAliveSaid, None) => {
+            return Err("a kept-alive response needs Content-Length".into());
+        }
+        // No length: the body ends where the connection does.
+        (Reading::Http11 { eof: true }, None) => (&raw[head_len..], false),
+        (Reading::Http11 { eof: false }, None) => return Ok(None),
+    };
+    Ok(Some((
+        Response {
+            status,
+            body: body.to_vec(),
+        },
+        keep,
+    )))
 }
 
 /// Sends one request on a connection of its own and reads the whole response.
@@ -295,20 +340,32 @@ mod tests {
     fn kept_alive_responses_end_at_content_length() {
         let two =
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nokHTTP/1.1";
-        let (r, keep) = complete_response(two).unwrap().unwrap();
+        let (r, keep) = complete_response(two, Reading::KeepAliveSaid)
+            .unwrap()
+            .unwrap();
         assert_eq!((r.status, r.body.as_slice(), keep), (200, &b"ok"[..], true));
         assert!(
-            complete_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok")
-                .unwrap()
-                .is_none()
+            complete_response(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok",
+                Reading::KeepAliveSaid
+            )
+            .unwrap()
+            .is_none()
         );
         let closing = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-        assert!(!complete_response(closing).unwrap().unwrap().1);
+        assert!(
+            !complete_response(closing, Reading::KeepAliveSaid)
+                .unwrap()
+                .unwrap()
+                .1
+        );
     }
 
     #[test]
     fn malformed_responses_are_errors() {
-        assert!(complete_response(b"garbage\r\n\r\n").is_err());
-        assert!(complete_response(b"HTTP/1.1 200 OK\r\n\r\nno length").is_err());
+        assert!(complete_response(b"garbage\r\n\r\n", Reading::KeepAliveSaid).is_err());
+        assert!(
+            complete_response(b"HTTP/1.1 200 OK\r\n\r\nno length", Reading::KeepAliveSaid).is_err()
+        );
     }
 }

@@ -9,6 +9,8 @@
 //! - flags bit 2: round trip instead: encode `data` as frames (fragmented at the
 //!   cuts), decode them, and expect the message back (bit 6: as text);
 //! - flags bits 3..5: how many cuts follow (0-7);
+//! - flags bit 7 (server role): permessage-deflate was negotiated, so RSV1
+//!   messages are inflated (within the same limit);
 //! - max: the largest message, `max * 2` bytes (0-510), so the limit is hit often.
 
 #![no_main]
@@ -79,9 +81,17 @@ fn owned(event: Event<'_>, max: usize) -> Ev {
 }
 
 /// Feeds `data` cut at `cuts` (sorted, may repeat: empty reads) to a new decoder.
-fn run(data: &[u8], cuts: &[usize], client: bool, max: usize, stop_on_close: bool) -> Run {
+fn run(
+    data: &[u8],
+    cuts: &[usize],
+    (client, inflates): (bool, bool),
+    max: usize,
+    stop_on_close: bool,
+) -> Run {
     let mut decoder = if client {
         Decoder::client()
+    } else if inflates {
+        Decoder::inflating()
     } else {
         Decoder::default()
     };
@@ -185,7 +195,7 @@ fn round_trip(payload: &[u8], cuts: &[usize], client: bool, text: bool, mask: [u
     let max = payload.len();
     let bytewise: Vec<usize> = (1..wire.len()).collect();
     for cuts in [&[][..], &bytewise[..]] {
-        let got = run(&wire, cuts, client, max, false);
+        let got = run(&wire, cuts, (client, false), max, false);
         let valid = !text || std::str::from_utf8(payload).is_ok();
         if valid {
             let mut want = vec![Ev::Ping(b"p".to_vec()); pings];
@@ -236,10 +246,11 @@ fuzz_target!(|input: &[u8]| {
         return;
     }
 
-    let whole = run(data, &[], client, max, stop_on_close);
-    let split = run(data, &cuts, client, max, stop_on_close);
+    let role = (client, flags & 0x80 != 0);
+    let whole = run(data, &[], role, max, stop_on_close);
+    let split = run(data, &cuts, role, max, stop_on_close);
     assert_eq!(whole, split, "cuts {cuts:?} changed the result");
     let bytewise: Vec<usize> = (1..data.len()).collect();
-    let by_byte = run(data, &bytewise, client, max, stop_on_close);
+    let by_byte = run(data, &bytewise, role, max, stop_on_close);
     assert_eq!(whole, by_byte, "byte-by-byte reads changed the result");
 });

@@ -107,8 +107,14 @@ fn check_opening(req: &Request<'_>, opening: &Opening, options: Options) {
         "opened for a page from another origin"
     );
     match &opening.handover {
-        Handover::WebSocket { accept } => {
+        Handover::WebSocket { accept, deflate } => {
             assert_eq!(validate_upgrade(req).as_ref(), Ok(accept));
+            // An agreement is only made from an offer, and its window is one zlib
+            // can compress with.
+            if let Some(agreement) = deflate {
+                assert!(req.header("sec-websocket-extensions").is_some());
+                assert!((9..=15).contains(&agreement.server_window_bits));
+            }
             match &opening.subscribe {
                 None => assert!(path == "/" || path == "/echo", "{path}"),
                 Some(sub) => {

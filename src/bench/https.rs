@@ -17,7 +17,7 @@ use std::time::Duration;
 use rustls::{ClientConnection, StreamOwned};
 
 use super::tls::{TlsTarget, reason};
-use crate::client::{ClientError, HttpUrl, Response};
+use crate::client::{ClientError, HttpUrl, Reading, Response, complete_response};
 
 /// The largest response read (head and body).
 const MAX_RESPONSE: usize = 16 * 1024 * 1024;
@@ -109,7 +109,7 @@ pub fn exchange(
             addr: addr.to_string(),
             reason,
         };
-        if let Some(done) = complete_response(buf, eof).map_err(bad)? {
+        if let Some(done) = complete_response(buf, Reading::Http11 { eof }).map_err(bad)? {
             return Ok(done);
         }
         if eof {
@@ -119,51 +119,6 @@ pub fn exchange(
             return Err(bad("response too large".into()));
         }
     }
-}
-
-/// A whole response at the start of `raw`, if it has all arrived (`eof`: the
-/// server has closed, which ends a body sent without a length), and whether
-/// the server keeps the connection open after it.
-pub(super) fn complete_response(raw: &[u8], eof: bool) -> Result<Option<(Response, bool)>, String> {
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut resp = httparse::Response::new(&mut headers);
-    let head_len = match resp.parse(raw) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    };
-    let status = resp.code.ok_or("no status code")?;
-    let header = |name: &str| {
-        resp.headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(name))
-            .map(|h| h.value)
-    };
-    let closes = header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
-    let keep = resp.version == Some(1) && !closes;
-    let body = match header("content-length") {
-        Some(v) => {
-            let length = std::str::from_utf8(v)
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .ok_or("bad Content-Length")?;
-            match raw.get(head_len..head_len.saturating_add(length)) {
-                Some(body) => body,
-                None => return Ok(None),
-            }
-        }
-        // No length: the body ends where the connection does.
-        None if eof => &raw[head_len..],
-        None => return Ok(None),
-    };
-    let keep = keep && header("content-length").is_some();
-    Ok(Some((
-        Response {
-            status,
-            body: body.to_vec(),
-        },
-        keep,
-    )))
 }
 
 /// A kept-alive HTTPS connection for many requests to one server (the
@@ -230,17 +185,34 @@ mod tests {
     #[test]
     fn responses_end_at_their_length_or_at_the_close() {
         let two = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1";
-        let (r, keep) = complete_response(two, false).unwrap().unwrap();
+        let (r, keep) = complete_response(two, Reading::Http11 { eof: false })
+            .unwrap()
+            .unwrap();
         assert_eq!((r.status, r.body.as_slice(), keep), (200, &b"ok"[..], true));
         let partial = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok";
-        assert!(complete_response(partial, false).unwrap().is_none());
+        assert!(
+            complete_response(partial, Reading::Http11 { eof: false })
+                .unwrap()
+                .is_none()
+        );
         let unsized_body = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it";
-        assert!(complete_response(unsized_body, false).unwrap().is_none());
-        let (r, keep) = complete_response(unsized_body, true).unwrap().unwrap();
+        assert!(
+            complete_response(unsized_body, Reading::Http11 { eof: false })
+                .unwrap()
+                .is_none()
+        );
+        let (r, keep) = complete_response(unsized_body, Reading::Http11 { eof: true })
+            .unwrap()
+            .unwrap();
         assert_eq!((r.body.as_slice(), keep), (&b"all of it"[..], false));
         let closing = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-        assert!(!complete_response(closing, false).unwrap().unwrap().1);
-        assert!(complete_response(b"garbage\r\n\r\n", false).is_err());
+        assert!(
+            !complete_response(closing, Reading::Http11 { eof: false })
+                .unwrap()
+                .unwrap()
+                .1
+        );
+        assert!(complete_response(b"garbage\r\n\r\n", Reading::Http11 { eof: false }).is_err());
     }
 
     #[test]

@@ -146,23 +146,7 @@ impl<W: Write> Write for SealingWriter<'_, W> {
         if buf.is_empty() {
             return Ok(0);
         }
-        if !self.leftover.flush_unsent(&mut self.socket)? {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let take = buf.len().min(SEAL_PER_WRITE);
-        self.scratch.clear();
-        self.session
-            .seal(&buf[..take], self.scratch)
-            .map_err(record_error)?;
-        let n = write_some(&mut self.socket, self.scratch)?;
-        if n < self.scratch.len() {
-            // Sealed is spent: the rest must go out as it is, before anything else.
-            self.leftover
-                .parts()
-                .unsent
-                .extend_from_slice(&self.scratch[n..]);
-        }
-        Ok(take)
+        self.write_vectored(&[IoSlice::new(buf)])
     }
 
     /// Seals several buffers (a fan-out's queued frames) and writes them in
@@ -189,6 +173,7 @@ impl<W: Write> Write for SealingWriter<'_, W> {
         }
         let n = write_some(&mut self.socket, self.scratch)?;
         if n < self.scratch.len() {
+            // Sealed is spent: the rest must go out as it is, before anything else.
             self.leftover
                 .parts()
                 .unsent

@@ -159,6 +159,15 @@ pub struct Compression {
     pub level: u32,
 }
 
+/// How one connection's messages may be compressed: the permessage-deflate window
+/// it negotiated (0: none, everything goes plain), how, and where the saving is
+/// counted.
+pub struct Deflater<'a> {
+    pub window_bits: u8,
+    pub compression: Compression,
+    pub counts: &'a mut TurnCounts,
+}
+
 /// A connection a route hands to a transport.
 #[derive(Debug)]
 pub struct Opening {
@@ -388,8 +397,15 @@ pub trait Transport {
 
     /// Appends what a returning subscriber missed (and, where the transport can say
     /// so, the epoch and any gap), ahead of every live message. `Close`: that was
-    /// the whole answer (a long-poll's).
-    fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After;
+    /// the whole answer (a long-poll's). Its frames are compressed as `deflater`
+    /// says, where the transport's frames can be.
+    fn write_replay(
+        &mut self,
+        out: &mut Vec<u8>,
+        replay: Replay,
+        resume: Resume,
+        deflater: &mut Deflater<'_>,
+    ) -> After;
 
     /// Whether the client is expected to send something now and then (a pong at
     /// least), so silence past `--idle-timeout` means it is gone. An event stream's

@@ -85,7 +85,13 @@ fn open(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Re
 impl Transport for Box<PollState> {
     super::one_subscription!();
 
-    fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
+    fn write_replay(
+        &mut self,
+        out: &mut Vec<u8>,
+        replay: Replay,
+        resume: Resume,
+        _: &mut super::Deflater<'_>,
+    ) -> After {
         write_replay(out, self, replay, resume)
     }
 

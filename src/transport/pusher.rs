@@ -248,7 +248,13 @@ impl Transport for Box<PusherState> {
     }
 
     /// Pusher subscriptions do not resume: nothing to replay.
-    fn write_replay(&mut self, _out: &mut Vec<u8>, _replay: Replay, _resume: Resume) -> After {
+    fn write_replay(
+        &mut self,
+        _out: &mut Vec<u8>,
+        _replay: Replay,
+        _resume: Resume,
+        _: &mut super::Deflater<'_>,
+    ) -> After {
         After::Nothing
     }
 

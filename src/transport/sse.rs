@@ -68,7 +68,13 @@ fn open(req: &Request<'_>, channel: &str, gate: &dyn Gate) -> Result<Opening, Re
 impl Transport for SseState {
     super::one_subscription!();
 
-    fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
+    fn write_replay(
+        &mut self,
+        out: &mut Vec<u8>,
+        replay: Replay,
+        resume: Resume,
+        _: &mut super::Deflater<'_>,
+    ) -> After {
         if let Some(sub) = &self.sub {
             write_replay(out, sub, replay, resume);
         }

@@ -10,8 +10,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::request::{Endpoint, Gate, Path, Refused, query_param, resume_param, truncate};
 use super::{
-    After, CloseReason, Compression, Ctx, Format, Handover, Opening, Subscribe, Subscription,
-    Transport, json_data,
+    After, CloseReason, Compression, Ctx, Deflater, Format, Handover, Opening, Subscribe,
+    Subscription, Transport, json_data,
 };
 use crate::broker::{Outgoing, Replay, Resume};
 use crate::history::Tags;
@@ -165,10 +165,9 @@ pub(super) fn write_message_frame(
     out: &mut Vec<u8>,
     op: u8,
     parts: &[&[u8]],
-    window_bits: u8,
-    compression: Compression,
-    counts: &mut crate::stats::TurnCounts,
+    deflater: &mut Deflater<'_>,
 ) {
+    let (window_bits, compression) = (deflater.window_bits, deflater.compression);
     let len: usize = parts.iter().map(|p| p.len()).sum();
     if window_bits != 0 && len >= compression.min_size {
         let compressed = SCRATCH.with(|cell| {
@@ -193,8 +192,8 @@ pub(super) fn write_message_frame(
             let start = out.len();
             encode_compressed_header(out, op, packed.len());
             out.extend_from_slice(&packed);
-            counts.deflate_wire += (out.len() - start) as u64;
-            counts.deflate_plain += (frame_header_len(len) + len) as u64;
+            deflater.counts.deflate_wire += (out.len() - start) as u64;
+            deflater.counts.deflate_plain += (frame_header_len(len) + len) as u64;
             return;
         }
     }
@@ -270,9 +269,15 @@ impl Transport for WsState {
         }
     }
 
-    fn write_replay(&mut self, out: &mut Vec<u8>, replay: Replay, resume: Resume) -> After {
+    fn write_replay(
+        &mut self,
+        out: &mut Vec<u8>,
+        replay: Replay,
+        resume: Resume,
+        deflater: &mut Deflater<'_>,
+    ) -> After {
         if let Some(sub) = &self.sub {
-            write_replay(out, sub, replay, resume);
+            write_replay(out, sub, replay, resume, deflater);
         }
         After::Nothing
     }
@@ -324,7 +329,15 @@ pub fn write_welcome(out: &mut Vec<u8>, sub: &Subscription, count: u64, chosen: 
 /// epoch (`{"event":"epoch"}`) and any gap (`{"event":"gap","from","to","reason"}`,
 /// the seqs of this epoch they cannot be given); then every message history holds
 /// for them, raw or json (with `"from"` for a chat message, as live), in seq order.
-pub fn write_replay(out: &mut Vec<u8>, sub: &Subscription, replay: Replay, resume: Resume) {
+/// The messages are compressed for a connection that negotiated permessage-deflate
+/// (this once per subscriber: a replay is its own).
+pub fn write_replay(
+    out: &mut Vec<u8>,
+    sub: &Subscription,
+    replay: Replay,
+    resume: Resume,
+    deflater: &mut Deflater<'_>,
+) {
     let (replay, gap) = replay.for_resume(resume);
     let name = sub.channel.name();
     let json = sub.format == Format::WsJson;
@@ -355,9 +368,13 @@ pub fn write_replay(out: &mut Vec<u8>, sub: &Subscription, replay: Replay, resum
                 from: m.from.as_deref(),
                 event: m.event.as_deref(),
             };
-            out.extend_from_slice(&json_message_frame(name, m.seq, &m.payload, m.kind, tags));
+            let frame = json_message_frame(name, m.seq, &m.payload, m.kind, tags);
+            match split_frame(&frame) {
+                Some((op, payload)) => write_message_frame(out, op, &[payload], deflater),
+                None => out.extend_from_slice(&frame),
+            }
         } else {
-            encode_frame(out, m.kind.opcode(), &m.payload);
+            write_message_frame(out, m.kind.opcode(), &[&m.payload], deflater);
         }
     }
 }
@@ -500,7 +517,12 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                 } else {
                     &[payload]
                 };
-                write_message_frame(out, op, parts, window_bits, compression, counts);
+                let mut deflater = Deflater {
+                    window_bits,
+                    compression,
+                    counts: &mut *counts,
+                };
+                write_message_frame(out, op, parts, &mut deflater);
                 echoed += 1;
                 Flow::Continue
             }

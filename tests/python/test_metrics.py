@@ -27,6 +27,8 @@ FAMILIES = {
     "throng_messages_published_total": "counter",
     "throng_messages_delivered_total": "counter",
     "throng_bytes_sent_total": "counter",
+    "throng_deflate_plain_bytes_total": "counter",
+    "throng_deflate_wire_bytes_total": "counter",
     "throng_slow_consumer_disconnects_total": "counter",
     "throng_handshake_failures_total": "counter",
     "throng_broker_up": "gauge",

@@ -32,6 +32,23 @@
 // paced at -publish-rate), measured from the first publish until every
 // subscriber has every accepted one.
 //
+// -payload-file FILE publishes realistic messages instead (bench/deflate.py):
+// FILE holds one JSON object per line; a channel's message seq is line
+// (seq-1) % lines with the seq and send time put in front,
+// {"seq":N,"sent":NANOS,<the line after its "{">, so every server gets the same
+// sequence. Subscribers read the first 64 bytes of each message for seq and time
+// (the rest is skipped unread: with permessage-deflate, not inflated); every
+// -verify-every'th subscriber reads each message whole and compares it with the
+// line (payload_mismatch).
+//
+// -deflate offers permessage-deflate on the subscriber connections (gorilla's
+// EnableCompression: "permessage-deflate; server_no_context_takeover;
+// client_no_context_takeover"); "deflate" in the output says for how many the
+// server accepted it and its exact Sec-WebSocket-Extensions answers. Every byte
+// the subscribers read from their sockets is counted: wire_bytes_read over the
+// measured window (after the handshakes) and wire_bytes_per_delivery, frame
+// headers and compression included.
+//
 // Everything is bounded: dials and requests time out, the windows are fixed,
 // the close is forced after a few seconds.
 package main
@@ -48,6 +65,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,7 +97,47 @@ type config struct {
 	settle      time.Duration
 	reqTimeout  time.Duration
 	label       string
+	deflate     bool
+	payloadFile string
+	verifyEvery int
+	// payloads: the lines of -payload-file, each without its leading "{".
+	payloads [][]byte
 }
+
+// prefixRead: what a subscriber reads of a -payload-file message when it does
+// not verify it: {"seq":N,"sent":NANOS, fits.
+const prefixRead = 64
+
+var (
+	seqKey  = []byte(`{"seq":`)
+	sentKey = []byte(`,"sent":`)
+)
+
+// loadPayloads reads -payload-file: one JSON object per line (blank lines skipped).
+func loadPayloads(path string) ([][]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out [][]byte
+	for n, line := range bytes.Split(b, []byte("\n")) {
+		line = bytes.TrimRight(line, "\r")
+		if len(line) == 0 {
+			continue
+		}
+		if line[0] != '{' || len(line) < 3 || line[len(line)-1] != '}' || !json.Valid(line) {
+			return nil, fmt.Errorf("%s:%d: not a JSON object on one line", path, n+1)
+		}
+		out = append(out, line[1:])
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no payloads", path)
+	}
+	return out, nil
+}
+
+// tail is what follows {"seq":N,"sent":NANOS, in message seq.
+func (c *config) tail(seq uint64) []byte { return c.payloads[(seq-1)%uint64(len(c.payloads))] }
 
 // latency: the shared percentile summary plus the number of values.
 type latency struct {
@@ -128,6 +186,9 @@ type subscriber struct {
 	dup       uint64
 	ooo       uint64
 	malformed uint64
+	verify    bool   // reads every message whole and compares it (-payload-file)
+	verified  uint64 // messages compared
+	mismatch  uint64 // of which differed from the payload sent
 	// closed by the server (or an error) before the client closed it
 	lostConn bool
 }
@@ -142,6 +203,8 @@ type run struct {
 	closing  atomic.Bool
 	delivers atomic.Int64
 	connErrs loadkit.ErrCounter
+	readErrs loadkit.ErrCounter // a message that could not be read (e.g. bad deflate data)
+	wire     atomic.Int64       // bytes read from the subscriber sockets
 	readers  sync.WaitGroup
 }
 
@@ -172,6 +235,10 @@ func (r *run) read(idx int, s *subscriber) {
 				r.connErrs.Add(err.Error())
 			}
 			return
+		}
+		if r.cfg.payloads != nil {
+			r.readPayload(idx, s, rd, buf)
+			continue
 		}
 		k, err := io.ReadFull(rd, buf)
 		now := time.Now().UnixNano()
@@ -217,6 +284,62 @@ func (r *run) read(idx int, s *subscriber) {
 	}
 }
 
+// readPayload takes one -payload-file message: its first prefixRead bytes (the
+// whole of it, compared with what was published, for a verifying subscriber).
+func (r *run) readPayload(idx int, s *subscriber, rd io.Reader, buf []byte) {
+	want := prefixRead
+	if s.verify {
+		want = len(buf)
+	}
+	k, err := io.ReadFull(rd, buf[:want])
+	now := time.Now().UnixNano()
+	switch {
+	case err == nil && s.verify: // longer than any message published
+		io.Copy(io.Discard, rd)
+		s.malformed++
+		return
+	case err != nil && err != io.EOF && err != io.ErrUnexpectedEOF:
+		r.readErrs.Add(err.Error())
+		s.malformed++
+		return
+	}
+	msg := buf[:k]
+	if !bytes.HasPrefix(msg, seqKey) {
+		s.malformed++
+		return
+	}
+	seq, i, ok1 := parseUint(msg, len(seqKey))
+	var sent uint64
+	ok2 := false
+	if ok1 && bytes.HasPrefix(msg[i:], sentKey) {
+		sent, i, ok2 = parseUint(msg, i+len(sentKey))
+	}
+	if !ok1 || !ok2 || seq == 0 || seq > maxSeq || i >= len(msg) || msg[i] != ',' {
+		s.malformed++
+		return
+	}
+	if s.verify {
+		s.verified++
+		if !bytes.Equal(msg[i+1:], r.cfg.tail(seq)) {
+			s.mismatch++
+		}
+	}
+	r.delivers.Add(1)
+	s.n++
+	if int64(sent) >= r.measFrom.Load() {
+		r.lat.Add(idx, now-int64(sent))
+	}
+	if s.recv.set(seq) {
+		s.dup++
+		return
+	}
+	if seq < s.maxSeq {
+		s.ooo++
+	} else {
+		s.maxSeq = seq
+	}
+}
+
 func (r *run) openAll() loadkit.Opening {
 	cfg := r.cfg
 	q := ""
@@ -226,7 +349,7 @@ func (r *run) openAll() loadkit.Opening {
 	o := loadkit.Opener{Prog: "fanload", Conns: cfg.conns, Rate: cfg.rate, IPs: r.ips, Timeout: cfg.DialTimeout,
 		ReadBuf: 1024, WriteBuf: 256,
 		URL: func(i int) string { return cfg.scheme("ws") + cfg.addr + "/ws/" + r.names[r.subs[i].ch] + q },
-		TLS: cfg.TLSConfig("fanload")}
+		TLS: cfg.TLSConfig("fanload"), Deflate: cfg.deflate, WireRead: &r.wire}
 	return o.Open(func(i int, c *websocket.Conn) {
 		s := r.subs[i]
 		s.conn = c
@@ -250,6 +373,7 @@ func (r *run) closeAll() (forced bool) {
 
 type pubStats struct {
 	ok, failed, skipped, seqMismatch, dials atomic.Int64
+	bytesOK                                 atomic.Int64 // bodies of the accepted publishes
 	errs                                    loadkit.ErrCounter
 	rtt                                     loadkit.ShardedHist
 }
@@ -277,6 +401,17 @@ type result struct {
 	CloseForced        bool           `json:"close_forced"`
 	ClientRSSKB        int64          `json:"client_rss_kb"`
 	Size               int            `json:"size,omitempty"`
+	PayloadFile        string         `json:"payload_file,omitempty"`
+	Payloads           int            `json:"payload_lines,omitempty"`
+	PublishedBytesOK   int64          `json:"published_bytes_ok,omitempty"`
+	PayloadBytesMean   float64        `json:"payload_bytes_mean,omitempty"`
+	HandshakeBytesRead int64          `json:"handshake_bytes_read"`
+	WireBytesRead      int64          `json:"wire_bytes_read"`
+	WireBytesPer       float64        `json:"wire_bytes_per_delivery"`
+	VerifyEvery        int            `json:"verify_every,omitempty"`
+	Verified           uint64         `json:"verified_deliveries"`
+	PayloadMismatch    uint64         `json:"payload_mismatch"`
+	ReadErrors         map[string]int `json:"read_errors,omitempty"`
 	PublishRate        float64        `json:"publish_rate,omitempty"`
 	Publishers         int            `json:"publishers,omitempty"`
 	KeepAlive          bool           `json:"keepalive,omitempty"`
@@ -307,6 +442,7 @@ type result struct {
 	LatencyUS          *latency       `json:"latency_us,omitempty"`
 	ClkTck             int            `json:"clk_tck,omitempty"`
 	ServerCPUSeconds   float64        `json:"server_cpu_seconds"`
+	ServerSysSeconds   float64        `json:"server_cpu_sys_seconds"`
 	ServerCPUUSPer     float64        `json:"server_cpu_us_per_delivery"`
 	ServerCPUCores     float64        `json:"server_cpu_cores"`
 	ClientCPUSeconds   float64        `json:"client_cpu_seconds"`
@@ -355,13 +491,24 @@ func (r *run) publishOne(hc *http.Client, ps *pubStats, ch int, st *chanState, p
 	st.next++
 	seq := st.next
 	body := make([]byte, 0, cfg.size+40)
-	body = strconv.AppendUint(body, seq, 10)
-	body = append(body, ' ')
-	t0 := time.Now()
-	body = strconv.AppendInt(body, t0.UnixNano(), 10)
-	body = append(body, ' ')
-	if len(body) < cfg.size {
-		body = append(body, pad[:cfg.size-len(body)]...)
+	var t0 time.Time
+	if cfg.payloads != nil {
+		body = append(body, seqKey...)
+		body = strconv.AppendUint(body, seq, 10)
+		body = append(body, sentKey...)
+		t0 = time.Now()
+		body = strconv.AppendInt(body, t0.UnixNano(), 10)
+		body = append(body, ',')
+		body = append(body, cfg.tail(seq)...)
+	} else {
+		body = strconv.AppendUint(body, seq, 10)
+		body = append(body, ' ')
+		t0 = time.Now()
+		body = strconv.AppendInt(body, t0.UnixNano(), 10)
+		body = append(body, ' ')
+		if len(body) < cfg.size {
+			body = append(body, pad[:cfg.size-len(body)]...)
+		}
 	}
 	req, _ := http.NewRequest("POST", cfg.scheme("http")+cfg.addr+"/api/publish/"+r.names[ch], bytes.NewReader(body))
 	req.Header.Set("Content-Type", "text/plain")
@@ -390,6 +537,7 @@ func (r *run) publishOne(hc *http.Client, ps *pubStats, ch int, st *chanState, p
 	st.ok.set(seq)
 	st.okN.Add(1)
 	ps.ok.Add(1)
+	ps.bytesOK.Add(int64(len(body)))
 }
 
 func main() {
@@ -413,6 +561,9 @@ func main() {
 	flag.DurationVar(&cfg.settle, "settle", time.Second, "wait after all subscribers are open (before RSS sample / publishing)")
 	flag.DurationVar(&cfg.reqTimeout, "request-timeout", 5*time.Second, "publish request timeout")
 	flag.StringVar(&cfg.label, "label", "", "copied into the output")
+	flag.BoolVar(&cfg.deflate, "deflate", false, "subscribers offer permessage-deflate (server_no_context_takeover; client_no_context_takeover); the output says what the server answered")
+	flag.StringVar(&cfg.payloadFile, "payload-file", "", "publish these messages: one JSON object per line, message seq = line (seq-1)%lines with {\"seq\":N,\"sent\":NANOS, in front (-size unused)")
+	flag.IntVar(&cfg.verifyEvery, "verify-every", 1, "with -payload-file: every Nth subscriber reads each message whole and compares it with the payload (the others read its first 64 bytes)")
 	cfg.Register()
 	flag.Parse()
 
@@ -437,6 +588,26 @@ func main() {
 		fail("-size must be 1..60000")
 	case cfg.format != "raw" && cfg.format != "json":
 		fail("-format must be raw or json")
+	case cfg.verifyEvery < 1:
+		fail("-verify-every must be at least 1")
+	case cfg.payloadFile != "" && cfg.format != "raw":
+		fail("-payload-file needs -format raw")
+	}
+	if cfg.payloadFile != "" {
+		var err error
+		if cfg.payloads, err = loadPayloads(cfg.payloadFile); err != nil {
+			fail(err.Error())
+		}
+		// The largest message: its line plus {"seq":N,"sent":NANOS, (at most 7+8+8+19+1).
+		cfg.size = 0
+		for _, p := range cfg.payloads {
+			if len(p)+prefixRead > cfg.size {
+				cfg.size = len(p) + prefixRead
+			}
+		}
+		if cfg.size > 60000 {
+			fail("-payload-file: a line is longer than 60000 bytes")
+		}
 	}
 	ips := cfg.Check("fanload")
 	r := &run{cfg: cfg, ips: ips}
@@ -444,7 +615,7 @@ func main() {
 		r.names = append(r.names, cfg.prefix+strconv.Itoa(i))
 	}
 	for i := 0; i < cfg.conns; i++ {
-		r.subs = append(r.subs, &subscriber{ch: i % cfg.channels})
+		r.subs = append(r.subs, &subscriber{ch: i % cfg.channels, verify: cfg.payloads != nil && i%cfg.verifyEvery == 0})
 	}
 	r.measFrom.Store(math.MaxInt64)
 
@@ -455,8 +626,15 @@ func main() {
 	} else if cfg.publishRate == 0 {
 		res.Mode = "idle"
 	}
+	if cfg.payloads != nil {
+		res.PayloadFile, res.Payloads, res.VerifyEvery = filepath.Base(cfg.payloadFile), len(cfg.payloads), cfg.verifyEvery
+	}
 	res.Opening = r.openAll()
+	res.HandshakeBytesRead = r.wire.Load()
 	fmt.Fprintf(os.Stderr, "fanload: opened %d failed %d; settle %s\n", res.Opened, res.Failed, cfg.settle)
+	if res.Deflate != nil {
+		fmt.Fprintf(os.Stderr, "fanload: permessage-deflate accepted on %d of %d: %v\n", res.Deflate.Negotiated, res.Opened, res.Deflate.Extensions)
+	}
 	time.Sleep(cfg.settle)
 	cfg.RSSAfter(&res.RSSDelta, res.Opened)
 
@@ -481,6 +659,7 @@ func main() {
 	}
 	res.CloseForced = r.closeAll()
 	res.ConnErrors = r.connErrs.Snapshot()
+	res.ReadErrors = r.readErrs.Snapshot()
 	for _, s := range r.subs {
 		if s.lostConn {
 			res.ClosedByServer++
@@ -566,9 +745,9 @@ func (r *run) publish(res *result) {
 	// Measured window.
 	time.Sleep(time.Until(tStart))
 	win := loadkit.StartWindow(cfg.ServerPID)
-	d0, p0 := r.delivers.Load(), ps.ok.Load()
+	d0, p0, w0 := r.delivers.Load(), ps.ok.Load(), r.wire.Load()
 	res.Timeline = loadkit.Timeline(tStart, tEnd, d0, r.delivers.Load)
-	d1, p1 := r.delivers.Load(), ps.ok.Load()
+	d1, p1, w1 := r.delivers.Load(), ps.ok.Load(), r.wire.Load()
 	use := win.End()
 	window := use.Seconds
 
@@ -584,6 +763,7 @@ func (r *run) publish(res *result) {
 	dEnd := r.delivers.Load()
 
 	r.account(res, ps, use, d1-d0)
+	res.wireBytes(w1-w0, d1-d0)
 	res.Deliveries = dEnd
 	res.PublishedInWindow = p1 - p0
 	res.PublishPerSec = float64(p1-p0) / window
@@ -619,7 +799,7 @@ func (r *run) burst(res *result) {
 	deadline := start.Add(cfg.duration)
 	r.measFrom.Store(start.UnixNano())
 	win := loadkit.StartWindow(cfg.ServerPID)
-	d0 := r.delivers.Load()
+	d0, w0 := r.delivers.Load(), r.wire.Load()
 	for k := 0; k < cfg.messages; k++ {
 		if cfg.publishRate > 0 { // paced: message k is due at k/rate (later if the answers are slower)
 			time.Sleep(time.Until(start.Add(time.Duration(float64(k) * float64(time.Second) / cfg.publishRate))))
@@ -640,12 +820,21 @@ func (r *run) burst(res *result) {
 		time.Sleep(time.Millisecond)
 	}
 	use := win.End()
-	d1 := r.delivers.Load()
+	d1, w1 := r.delivers.Load(), r.wire.Load()
 	r.account(res, ps, use, d1-d0)
+	res.wireBytes(w1-w0, d1-d0)
 	res.PublishedInWindow = ps.ok.Load()
 	res.PublishPerSec = float64(ps.ok.Load()) / published
 	res.DeliveriesInWindow = d1 - d0
 	res.DeliveriesPerSec = float64(d1-d0) / use.Seconds
+}
+
+// wireBytes: the bytes the subscribers read from their sockets in the window.
+func (res *result) wireBytes(read, delivered int64) {
+	res.WireBytesRead = read
+	if delivered > 0 {
+		res.WireBytesPer = float64(read) / float64(delivered)
+	}
 }
 
 // account fills in what every publishing mode reports: the publishes, the
@@ -659,6 +848,10 @@ func (r *run) account(res *result, ps *pubStats, use loadkit.Usage, delivered in
 	res.PublishFailed, res.PublishSkipped = ps.failed.Load(), ps.skipped.Load()
 	res.PublishErrors = ps.errs.Snapshot()
 	res.PublishSeqMismatch, res.PublishDials = ps.seqMismatch.Load(), ps.dials.Load()
+	res.PublishedBytesOK = ps.bytesOK.Load()
+	if res.PublishedOK > 0 {
+		res.PayloadBytesMean = float64(res.PublishedBytesOK) / float64(res.PublishedOK)
+	}
 	rtt := summarize(ps.rtt.Merged())
 	res.PublishRTTUS = &rtt
 	res.Deliveries = r.delivers.Load()
@@ -676,6 +869,7 @@ func (r *run) account(res *result, ps *pubStats, use loadkit.Usage, delivered in
 	res.Residual = res.MachineBusy - res.ClientCPUSeconds
 	if use.ServerOK {
 		res.ServerCPUSeconds = float64(use.ServerTicks) / tck
+		res.ServerSysSeconds = float64(use.ServerSys) / tck
 		res.ServerCPUCores = res.ServerCPUSeconds / window
 		res.Residual -= res.ServerCPUSeconds
 		if delivered > 0 {
@@ -711,6 +905,8 @@ func (r *run) tally(res *result) {
 		res.Duplicated += s.dup
 		res.OutOfOrder += s.ooo
 		res.Malformed += s.malformed
+		res.Verified += s.verified
+		res.PayloadMismatch += s.mismatch
 		if lost > 0 {
 			res.SubsWithLoss++
 		}

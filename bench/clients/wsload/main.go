@@ -12,6 +12,12 @@
 //	      after a -warmup. Reports messages, msgs/s, latency percentiles; with
 //	      -server-pid also the server's CPU time in the measured window.
 //
+// -deflate offers permessage-deflate (gorilla's EnableCompression: the offer
+// "permessage-deflate; server_no_context_takeover; client_no_context_takeover")
+// and reports under "deflate" how many connections the server accepted it for and
+// its exact Sec-WebSocket-Extensions answers. Echo messages are then sent
+// compressed where it was accepted (gorilla's default).
+//
 // Output: one JSON object on stdout. Progress goes to stderr.
 // Everything is bounded: dials time out, the load window is fixed, reads and
 // writes carry deadlines.
@@ -48,6 +54,7 @@ type config struct {
 	size     int
 	readBuf  int
 	writeBuf int
+	deflate  bool
 }
 
 // ---------- connection opening ----------
@@ -68,7 +75,7 @@ type opening struct {
 func openAll(cfg *config, ips []net.IP, onOpen func(int, *websocket.Conn)) opening {
 	o := loadkit.Opener{Prog: "wsload", Conns: cfg.conns, Rate: cfg.rate, IPs: ips, Timeout: cfg.DialTimeout,
 		ReadBuf: cfg.readBuf, WriteBuf: cfg.writeBuf, URL: func(int) string { return cfg.url },
-		TLS: cfg.TLSConfig("wsload")}
+		TLS: cfg.TLSConfig("wsload"), Deflate: cfg.deflate}
 	return opening{Mode: cfg.mode, URL: cfg.url, Conns: cfg.conns, Rate: cfg.rate, Opening: o.Open(onOpen)}
 }
 
@@ -324,6 +331,7 @@ func main() {
 	flag.IntVar(&cfg.size, "size", 32, "echo: message size in bytes (text)")
 	flag.IntVar(&cfg.readBuf, "read-buf", 0, "gorilla client read buffer size (0 = default 4096)")
 	flag.IntVar(&cfg.writeBuf, "write-buf", 0, "gorilla client write buffer size (0 = default 4096)")
+	flag.BoolVar(&cfg.deflate, "deflate", false, "offer permessage-deflate (server_no_context_takeover; client_no_context_takeover) and report what the server answered")
 	cfg.Register()
 	flag.Parse()
 

@@ -14,6 +14,11 @@
 # uSockets with -DLIBUS_USE_OPENSSL plus src/crypto/*, linked with the system
 # -lssl -lcrypto (needs libssl-dev); `build.sh --tls --version` adds the OpenSSL
 # version to the version line.
+# `build.sh --deflate` builds only bench/peers/uws/bin/uws-hub-deflate instead
+# (hub-deflate.cpp: the hub peer with uWS's SHARED_COMPRESSOR permessage-deflate):
+# uSockets as for the plain build, the hub with zlib (no -DUWS_NO_ZLIB), linked with
+# the system -lz (needs zlib1g-dev); `build.sh --deflate --version` adds the zlib
+# version to the version line.
 # Idempotent: does nothing when the binaries are newer than their sources and
 # this script. Prints the binaries' directory on stdout (last line).
 # Env: CXX (default g++), CC (default gcc), UWS_SRC (use this uWebSockets
@@ -35,13 +40,16 @@ command -v "$CXX" >/dev/null 2>&1 || die "needs a C++20 compiler ($CXX): apt-get
 # ---- locate (and if needed fetch) the uWebSockets source
 MODE=build
 TLS=0
+DEFLATE=0
 for arg in "$@"; do
   case "$arg" in
     --version) MODE=version ;;
     --tls) TLS=1 ;;
-    *) die "usage: build.sh [--tls] [--version]" ;;
+    --deflate) DEFLATE=1 ;;
+    *) die "usage: build.sh [--tls | --deflate] [--version]" ;;
   esac
 done
+[ "$TLS" = 1 ] && [ "$DEFLATE" = 1 ] && die "--tls and --deflate are separate builds: run build.sh once with each"
 
 # The OpenSSL uws-echo-tls and uws-hub-tls link: the system libssl/libcrypto as `openssl version`
 # reports it (its "Library:" part), else the headers' OPENSSL_VERSION_TEXT.
@@ -56,6 +64,15 @@ openssl_version() {
 }
 if [ "$TLS" = 1 ] && ! printf '#include <openssl/ssl.h>\n' | "$CC" -E - >/dev/null 2>&1; then
   die "--tls needs the OpenSSL headers (openssl/ssl.h): apt-get install -y libssl-dev"
+fi
+# The zlib uws-hub-deflate links: the system libz, as its headers name it (ZLIB_VERSION).
+zlib_version() {
+  local v
+  v=$(printf '#include <zlib.h>\nZLIB_VERSION\n' | "$CC" -E -P - 2>/dev/null | tr -d '"' | tail -1)
+  echo "zlib ${v:-?}"
+}
+if [ "$DEFLATE" = 1 ] && ! printf '#include <zlib.h>\n' | "$CC" -E - >/dev/null 2>&1; then
+  die "--deflate needs the zlib headers (zlib.h): apt-get install -y zlib1g-dev"
 fi
 if [ -z "${UWS_SRC:-}" ]; then
   CARGO_HOME_DIR=${CARGO_HOME:-$HOME/.cargo}
@@ -81,6 +98,7 @@ fi
 if [ "$MODE" = version ]; then
   tls=""
   [ "$TLS" = 1 ] && tls=", TLS by $(openssl_version) (uSockets LIBUS_USE_OPENSSL)"
+  [ "$DEFLATE" = 1 ] && tls=", permessage-deflate by $(zlib_version) (SHARED_COMPRESSOR)"
   if [ -f "$UWS_SRC/UPSTREAM" ]; then
     # Laid out by upstream.sh: the pinned upstream commits.
     echo "$(cat "$UWS_SRC/UPSTREAM")$tls, $("$CXX" --version | head -1)"
@@ -95,6 +113,9 @@ fi
 if [ "$TLS" = 1 ]; then
   PROGS=(echo-tls hub-tls)
   SOURCES=("$HERE/echo-tls.cpp" "$HERE/hub-tls.cpp" "$HERE/hub.cpp" "$HERE/common.h" "$HERE/build.sh")
+elif [ "$DEFLATE" = 1 ]; then
+  PROGS=(hub-deflate)
+  SOURCES=("$HERE/hub-deflate.cpp" "$HERE/hub.cpp" "$HERE/common.h" "$HERE/build.sh")
 else
   PROGS=(echo hub)
   SOURCES=("$HERE/echo.cpp" "$HERE/hub.cpp" "$HERE/common.h" "$HERE/build.sh")
@@ -130,7 +151,14 @@ else
   LIBS=()
 fi
 CFLAGS=(-O3 -flto=auto "$SSLDEF" -std=c11 -I"$US_SRC")
-CXXFLAGS=(-O3 -flto=auto "$SSLDEF" -DUWS_NO_ZLIB -std=c++20 -I"$UWS_SRC/src" -I"$US_SRC")
+ZLIBDEF=-DUWS_NO_ZLIB
+if [ "$DEFLATE" = 1 ]; then
+  # uWebSockets' PerMessageDeflate.h on the system zlib (as its own Makefile does
+  # when not WITH_LIBDEFLATE): no -DUWS_NO_ZLIB, link -lz.
+  ZLIBDEF=
+  LIBS+=(-lz)
+fi
+CXXFLAGS=(-O3 -flto=auto "$SSLDEF" ${ZLIBDEF:+"$ZLIBDEF"} -std=c++20 -I"$UWS_SRC/src" -I"$US_SRC")
 
 say "compiling uSockets ($US_SRC${CRYPTO_C:+, with OpenSSL})"
 objs=()
@@ -159,6 +187,8 @@ for prog in "${PROGS[@]}"; do
 done
 if [ "$TLS" = 1 ]; then
   say "built $BIN/uws-echo-tls and $BIN/uws-hub-tls ($(openssl_version))"
+elif [ "$DEFLATE" = 1 ]; then
+  say "built $BIN/uws-hub-deflate ($(zlib_version))"
 else
   say "built $BIN/uws-echo and $BIN/uws-hub"
 fi

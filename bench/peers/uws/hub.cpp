@@ -22,13 +22,35 @@
 //   uws-hub-tls --cert CERT.pem --key KEY.pem [--addr 127.0.0.1:8080]
 //   uws-hub-tls --version   (the OpenSSL it runs with)
 // Without UWS_HUB_TLS the preprocessed source is the plain uws-hub as before.
+//
+// hub-deflate.cpp compiles this file with UWS_HUB_DEFLATE defined (build.sh
+// --deflate, with zlib: no -DUWS_NO_ZLIB, -lz) into uws-hub-deflate: the same
+// server with permessage-deflate, uWS's SHARED_COMPRESSOR (one zlib deflate
+// stream per event loop, reset after every message, so every frame is compressed
+// without context takeover; client frames are not inflated, uWS's default
+// decompressor DISABLED), and every publish sent with compress = true: uWS
+// compresses it for each subscriber that negotiated the extension (plain for the
+// others). Same flags and API as uws-hub:
+//   uws-hub-deflate [--addr 127.0.0.1:8080]
 #include "App.h"
 #include "common.h"
 
+#if defined(UWS_HUB_TLS) && defined(UWS_HUB_DEFLATE)
+#error "uws-hub is built with TLS or with deflate, not both"
+#endif
 #ifdef UWS_HUB_TLS
 #define HUB_NAME "uws-hub-tls"
+#elif defined(UWS_HUB_DEFLATE)
+#define HUB_NAME "uws-hub-deflate"
 #else
 #define HUB_NAME "uws-hub"
+#endif
+#ifdef UWS_HUB_DEFLATE
+#define HUB_COMPRESSION uWS::SHARED_COMPRESSOR
+#define HUB_COMPRESS_PUBLISH true
+#else
+#define HUB_COMPRESSION uWS::DISABLED
+#define HUB_COMPRESS_PUBLISH false
 #endif
 
 #include <csignal>
@@ -77,7 +99,7 @@ int main(int argc, char **argv) {
     TlsArgs args = parse_tls_args(argc, argv, HUB_NAME);
     const Addr &addr = args.addr;
 #else
-    Addr addr = parse_addr_args(argc, argv, "uws-hub");
+    Addr addr = parse_addr_args(argc, argv, HUB_NAME);
 #endif
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
@@ -96,7 +118,7 @@ int main(int argc, char **argv) {
     uWS::App app;
 #endif
     app.ws<Sub>("/ws/:channel", {
-            .compression = uWS::DISABLED,
+            .compression = HUB_COMPRESSION,
             .maxPayloadLength = 64 * 1024,
             .idleTimeout = 120,
             .maxBackpressure = 64 * 1024,
@@ -150,7 +172,7 @@ int main(int argc, char **argv) {
                 }
                 uint64_t seq = ++g_seq[channel];
                 g_published++;
-                app.publish(channel, body, binary ? uWS::OpCode::BINARY : uWS::OpCode::TEXT);
+                app.publish(channel, body, binary ? uWS::OpCode::BINARY : uWS::OpCode::TEXT, HUB_COMPRESS_PUBLISH);
                 char out[40];
                 int n = std::snprintf(out, sizeof out, "{\"seq\":%llu}", (unsigned long long) seq);
                 res->writeHeader("Content-Type", "application/json")->end(std::string_view(out, (size_t) n));
@@ -169,7 +191,7 @@ int main(int argc, char **argv) {
             std::fprintf(stderr, HUB_NAME " listening on %s:%d (TLS, %s)\n", addr.host.c_str(), addr.port,
                          OpenSSL_version(OPENSSL_VERSION));
 #else
-            std::fprintf(stderr, "uws-hub listening on %s:%d\n", addr.host.c_str(), addr.port);
+            std::fprintf(stderr, HUB_NAME " listening on %s:%d\n", addr.host.c_str(), addr.port);
 #endif
         })
         .run();

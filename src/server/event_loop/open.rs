@@ -15,7 +15,7 @@ use crate::protocol::http::write_error;
 use crate::server::conn::Mode;
 use crate::server::timer::{Tick, ticks};
 use crate::stats::{HandshakeFailure, LoopCounters};
-use crate::transport::{After, Change, Opening, Subscribe};
+use crate::transport::{After, Change, Deflater, Opening, Subscribe};
 
 impl EventLoop {
     /// Opens `opening` on connection `key` for `client` (its peer, or whom a
@@ -132,7 +132,13 @@ impl EventLoop {
             return true;
         };
         let start = self.buf.out.len();
-        if transport.write_replay(&mut self.buf.out, replay, resume) == After::Close {
+        let mut deflater = Deflater {
+            window_bits: conn.deflate,
+            compression: self.shared.config.compression,
+            counts: &mut self.tally.turn,
+        };
+        if transport.write_replay(&mut self.buf.out, replay, resume, &mut deflater) == After::Close
+        {
             // Answered from history at once (a long-poll).
             self.send_out(key, After::Close);
             return false;

@@ -567,3 +567,60 @@ fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
     );
     assert!(!subscribers.has_fresh(), "a newer message ends the filter");
 }
+
+#[test]
+fn compressed_subscribers_share_one_frame_per_window_and_plain_ones_get_it_plain() {
+    let (_poll, hub, broker) = broker(10);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0).compressing(Compression {
+        min_size: 64,
+        level: 6,
+    });
+    // Two with a 15-bit window, one with a 10-bit one, one without compression.
+    let mut clients = Vec::new();
+    for window in [15u8, 15, 10, 0] {
+        let (key, client) = connect(&listener, &mut conns);
+        ws_subscribe(&mut subscribers, &broker, &mut conns, key, "z", None);
+        conns[key].deflate = window;
+        clients.push(client);
+    }
+    let long = "{\"symbol\":\"EURUSD\",\"bid\":1.0842,\"ask\":1.0843}".repeat(20);
+    broker.publish("z", text(&long)).unwrap();
+    broker.publish("z", text("short")).unwrap();
+    let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+    );
+    assert!(failed.is_empty());
+    let got: Vec<Vec<u8>> = clients.iter_mut().map(received).collect();
+    let short_frame = [0x81, 5, b's', b'h', b'o', b'r', b't'];
+    for (i, bytes) in got.iter().enumerate() {
+        assert!(
+            bytes.ends_with(&short_frame),
+            "subscriber {i}: the short one is plain"
+        );
+        let first = &bytes[..bytes.len() - short_frame.len()];
+        if i == 3 {
+            assert_eq!(first[0], 0x81, "no compression negotiated: plain");
+            assert!(first.ends_with(long.as_bytes()));
+            continue;
+        }
+        assert_eq!(first[0], 0xC1, "subscriber {i}: RSV1 set");
+        let len = usize::from(first[1] & 0x7F);
+        assert_eq!(first.len(), 2 + len);
+        let mut inflated = Vec::new();
+        crate::protocol::deflate::inflate(&first[2..], 1 << 20, &mut inflated).unwrap();
+        assert_eq!(inflated, long.as_bytes());
+    }
+    assert_eq!(got[0], got[1], "the same window, the same bytes");
+    // Three compressed deliveries counted, at their plain and wire sizes.
+    let wire = (got[0].len() + got[1].len() + got[2].len() - 3 * short_frame.len()) as u64;
+    assert_eq!(counts.deflate_wire, wire);
+    assert_eq!(counts.deflate_plain, 3 * (4 + long.len() as u64));
+}

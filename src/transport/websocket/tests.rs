@@ -150,8 +150,14 @@ fn a_replayed_chat_message_says_who_sent_it_in_json_only() {
     let Some(sub) = member.sub.as_mut() else {
         panic!("a subscriber");
     };
+    let mut counts = TurnCounts::default();
+    let mut plain = Deflater {
+        window_bits: 0,
+        compression: ServeConfig::default().compression,
+        counts: &mut counts,
+    };
     let mut out = Vec::new();
-    write_replay(&mut out, sub, replay(), resume);
+    write_replay(&mut out, sub, replay(), resume, &mut plain);
     let frames = frame_payloads(&out);
     assert_eq!(frames.len(), 3, "the epoch, then two messages");
     assert_eq!(
@@ -162,8 +168,31 @@ fn a_replayed_chat_message_says_who_sent_it_in_json_only() {
 
     sub.format = Format::WsRaw;
     let mut out = Vec::new();
-    write_replay(&mut out, sub, replay(), resume);
+    write_replay(&mut out, sub, replay(), resume, &mut plain);
     assert_eq!(frame_payloads(&out), vec![&b"hi"[..], &b"ho"[..]]);
+
+    // With permessage-deflate, messages past the minimum size go compressed.
+    let mut compressing = Deflater {
+        window_bits: 15,
+        compression: Compression {
+            min_size: 2,
+            level: 6,
+        },
+        counts: &mut counts,
+    };
+    let long = Replay {
+        messages: vec![stored(1, "hi ".repeat(100).leak().as_bytes(), None)],
+        last_seq: 1,
+        oldest: 1,
+        epoch: 1,
+    };
+    let mut out = Vec::new();
+    write_replay(&mut out, sub, long, resume, &mut compressing);
+    assert_eq!(out[0], 0xC0 | opcode::TEXT, "RSV1 set");
+    let mut inflated = Vec::new();
+    crate::protocol::deflate::inflate(&out[2..], 1 << 20, &mut inflated).unwrap();
+    assert_eq!(inflated, "hi ".repeat(100).as_bytes());
+    assert_eq!(counts.deflate_wire, out.len() as u64);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 package loadkit
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -59,22 +60,70 @@ type Opener struct {
 	WriteBuf int                //
 	URL      func(i int) string // where connection i goes
 	TLS      *tls.Config        // for wss:// URLs (nil: Go's defaults, the system roots)
+	// Deflate offers permessage-deflate (gorilla's Dialer.EnableCompression: the
+	// offer "permessage-deflate; server_no_context_takeover;
+	// client_no_context_takeover"; gorilla refuses an answer without both
+	// no_context_takeover parameters, a dial error) and tallies what the server
+	// answered in Opening.Deflate.
+	Deflate bool
+	// WireRead, if set, counts every byte read from the connections' sockets
+	// (TCP payload: with wss://, TLS records), handshake included.
+	WireRead *atomic.Int64
 }
 
 // Opening is what both clients report about opening their connections.
 type Opening struct {
-	SourceIPs   int            `json:"source_ips"`
-	Opened      int64          `json:"opened"`
-	Failed      int64          `json:"failed"`
-	DialErrors  map[string]int `json:"dial_errors,omitempty"`
-	OpenSeconds float64        `json:"open_seconds"`
+	SourceIPs   int             `json:"source_ips"`
+	Opened      int64           `json:"opened"`
+	Failed      int64           `json:"failed"`
+	DialErrors  map[string]int  `json:"dial_errors,omitempty"`
+	OpenSeconds float64         `json:"open_seconds"`
+	Deflate     *DeflateOpening `json:"deflate,omitempty"`
+}
+
+// DeflateOpening: with Opener.Deflate, what the servers answered to the offer.
+type DeflateOpening struct {
+	Offered string `json:"offered"`
+	// Negotiated: opened connections whose 101 answer accepted permessage-deflate.
+	Negotiated int64 `json:"negotiated"`
+	// Extensions: the answers' Sec-WebSocket-Extensions header, exactly as sent
+	// ("(none)" when absent), and how many opened connections got each.
+	Extensions map[string]int `json:"extensions"`
+}
+
+// DeflateOffer is what gorilla's client offers with EnableCompression.
+const DeflateOffer = "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
+
+// countingConn adds every byte read to n.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c *countingConn) Read(b []byte) (int, error) {
+	k, err := c.Conn.Read(b)
+	if k > 0 {
+		c.n.Add(int64(k))
+	}
+	return k, err
 }
 
 func (o *Opener) dialers() []*websocket.Dialer {
 	mk := func(local net.Addr) *websocket.Dialer {
 		nd := &net.Dialer{Timeout: o.Timeout, LocalAddr: local}
-		return &websocket.Dialer{NetDialContext: nd.DialContext, HandshakeTimeout: o.Timeout,
-			ReadBufferSize: o.ReadBuf, WriteBufferSize: o.WriteBuf, TLSClientConfig: o.TLS}
+		dial := nd.DialContext
+		if o.WireRead != nil {
+			dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := nd.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &countingConn{Conn: c, n: o.WireRead}, nil
+			}
+		}
+		return &websocket.Dialer{NetDialContext: dial, HandshakeTimeout: o.Timeout,
+			ReadBufferSize: o.ReadBuf, WriteBufferSize: o.WriteBuf, TLSClientConfig: o.TLS,
+			EnableCompression: o.Deflate}
 	}
 	var out []*websocket.Dialer
 	if len(o.IPs) == 0 {
@@ -93,7 +142,9 @@ func (o *Opener) Open(onOpen func(i int, c *websocket.Conn)) Opening {
 	dialers := o.dialers()
 	var errs ErrCounter
 	var wg sync.WaitGroup
-	var nOK, nFail atomic.Int64
+	var nOK, nFail, nDeflate atomic.Int64
+	var extMu sync.Mutex
+	exts := map[string]int{}
 	start := time.Now()
 	for i := 0; i < o.Conns; i++ {
 		if o.Rate > 0 {
@@ -115,6 +166,22 @@ func (o *Opener) Open(onOpen func(i int, c *websocket.Conn)) Opening {
 				return
 			}
 			nOK.Add(1)
+			if o.Deflate {
+				ext := strings.Join(resp.Header.Values("Sec-WebSocket-Extensions"), ", ")
+				if ext == "" {
+					ext = "(none)"
+				}
+				if strings.Contains(ext, "permessage-deflate") {
+					nDeflate.Add(1)
+				}
+				extMu.Lock()
+				if len(exts) < 20 || exts[ext] > 0 {
+					exts[ext]++
+				} else {
+					exts["(other)"]++
+				}
+				extMu.Unlock()
+			}
 			onOpen(i, c)
 		}(i)
 		if (i+1)%5000 == 0 {
@@ -122,8 +189,12 @@ func (o *Opener) Open(onOpen func(i int, c *websocket.Conn)) Opening {
 		}
 	}
 	wg.Wait()
-	return Opening{SourceIPs: len(o.IPs), Opened: nOK.Load(), Failed: nFail.Load(), DialErrors: errs.Snapshot(),
+	out := Opening{SourceIPs: len(o.IPs), Opened: nOK.Load(), Failed: nFail.Load(), DialErrors: errs.Snapshot(),
 		OpenSeconds: time.Since(start).Seconds()}
+	if o.Deflate {
+		out.Deflate = &DeflateOpening{Offered: DeflateOffer, Negotiated: nDeflate.Load(), Extensions: exts}
+	}
+	return out
 }
 
 // CloseAll closes conns politely: a close frame to each (256 at a time), 2 s

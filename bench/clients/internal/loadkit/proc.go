@@ -38,16 +38,22 @@ func ProcStatFields(pid int) ([]string, error) {
 
 // ProcCPUTicks returns utime+stime of pid (clock ticks).
 func ProcCPUTicks(pid int) (int64, error) {
+	ut, st, err := ProcCPUTicksSplit(pid)
+	return ut + st, err
+}
+
+// ProcCPUTicksSplit returns utime and stime of pid (clock ticks).
+func ProcCPUTicksSplit(pid int) (int64, int64, error) {
 	f, err := ProcStatFields(pid)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	ut, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		return 0, errors.New("bad stat numbers")
+		return 0, 0, errors.New("bad stat numbers")
 	}
-	return ut + st, nil
+	return ut, st, nil
 }
 
 // ServerPIDs is pid and its child processes: a server that runs workers
@@ -75,15 +81,22 @@ func ServerPIDs(pid int) []int {
 
 // ServerCPUTicks returns utime+stime of pid and its children (clock ticks).
 func ServerCPUTicks(pid int) (int64, error) {
-	var sum int64
+	ut, st, err := ServerCPUTicksSplit(pid)
+	return ut + st, err
+}
+
+// ServerCPUTicksSplit returns utime and stime of pid and its children (clock ticks).
+func ServerCPUTicksSplit(pid int) (int64, int64, error) {
+	var ut, st int64
 	for i, p := range ServerPIDs(pid) {
-		t, err := ProcCPUTicks(p)
+		u, s, err := ProcCPUTicksSplit(p)
 		if err != nil && i == 0 {
-			return 0, err
+			return 0, 0, err
 		}
-		sum += t
+		ut += u
+		st += s
 	}
-	return sum, nil
+	return ut, st, nil
 }
 
 // ProcRSSKB returns VmRSS of pid in KiB.
@@ -228,6 +241,7 @@ func SelfCPU() time.Duration {
 type Window struct {
 	serverPID int
 	srv0      int64
+	srvSys0   int64
 	srvErr    error
 	cli0      time.Duration
 	m0        MachineTicks
@@ -240,6 +254,7 @@ type Usage struct {
 	Seconds       float64      // wall-clock length
 	ServerOK      bool         // the server pid was given and read at both ends
 	ServerTicks   int64        // server utime+stime (clock ticks), if ServerOK
+	ServerSys     int64        // of which stime (clock ticks)
 	ClientSeconds float64      // this process's CPU
 	Machine       MachineTicks // /proc/stat difference (USER_HZ ticks)
 	OthersTicks   int64        // other user-space processes (clock ticks)
@@ -249,7 +264,9 @@ type Usage struct {
 func StartWindow(serverPID int) *Window {
 	w := &Window{serverPID: serverPID, srvErr: errors.New("no server pid")}
 	if serverPID > 0 {
-		w.srv0, w.srvErr = ServerCPUTicks(serverPID)
+		var ut int64
+		ut, w.srvSys0, w.srvErr = ServerCPUTicksSplit(serverPID)
+		w.srv0 = ut + w.srvSys0
 	}
 	w.cli0 = SelfCPU()
 	w.m0 = MachineStat()
@@ -265,8 +282,8 @@ func (w *Window) End() Usage {
 	cli1 := SelfCPU()
 	u := Usage{Machine: m1.sub(w.m0), OthersTicks: OthersDelta(w.others0, others1), ClientSeconds: (cli1 - w.cli0).Seconds()}
 	if w.srvErr == nil {
-		if srv1, err := ServerCPUTicks(w.serverPID); err == nil {
-			u.ServerOK, u.ServerTicks = true, srv1-w.srv0
+		if ut, st, err := ServerCPUTicksSplit(w.serverPID); err == nil {
+			u.ServerOK, u.ServerTicks, u.ServerSys = true, ut+st-w.srv0, st-w.srvSys0
 		}
 	}
 	u.Seconds = time.Since(w.wall0).Seconds()
