@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check an Autobahn-format report (index.json) for cases 1-10.
+"""Check an Autobahn-format report (index.json) for cases 1-10, 12 and 13.
 
 Usage: autobahn_check.py INDEX_JSON [--agent NAME] [--summary-md PATH]
                          [--export-failing DIR] [--behavior-only]
@@ -13,8 +13,13 @@ A case passes when
     kosoku's ERROR fail), and
   * behaviorClose is OK or INFORMATIONAL (WRONG CODE, UNCLEAN, FAILED BY CLIENT,
     FAILED fail; this is kosoku's own pass rule). --behavior-only drops this.
-Cases of sections 1-10 missing from the index fail too (unless run.json next to
-the index says a subset was selected on purpose).
+Cases missing from the index fail too: every case run.json (next to the index,
+written by scripts/autobahn.sh) lists as selected, and every case of a section
+selected whole (the default 1-10, or a pattern "N.*" in AUTOBAHN_CASES with
+nothing excluded: section 12 has 90 cases, 13 has 126). Without run.json,
+sections 1-10 and any of 12 and 13 the index has cases of must be complete.
+Sections 12 and 13 (permessage-deflate) pass only if the server negotiated the
+extension: kosoku calls a case UNIMPLEMENTED otherwise, which fails.
 
 Needs only the standard library. When the per-case reports named in index.json
 ("reportfile") sit next to it, it also audits them for two blind spots of
@@ -41,12 +46,18 @@ import re
 import shutil
 import sys
 
-SECTIONS = {"1": 16, "2": 11, "3": 7, "4": 10, "5": 20, "6": 145, "7": 37, "9": 54, "10": 1}
+SECTIONS = {"1": 16, "2": 11, "3": 7, "4": 10, "5": 20, "6": 145, "7": 37, "9": 54, "10": 1,
+            "12": 90, "13": 126}
 SECTION_NAMES = {
     "1": "Framing", "2": "Pings/Pongs", "3": "Reserved Bits", "4": "Opcodes",
     "5": "Fragmentation", "6": "UTF-8 Handling", "7": "Close Handling",
     "9": "Limits/Performance", "10": "Misc",
+    "12": "WebSocket Compression (different payloads)",
+    "13": "WebSocket Compression (different parameters)",
 }
+# What scripts/autobahn.sh runs when AUTOBAHN_CASES is not set.
+DEFAULT_SECTIONS = ["1", "2", "3", "4", "5", "6", "7", "9", "10"]
+COMPRESSION_SECTIONS = ["12", "13"]
 BEHAVIORS = ["OK", "NON-STRICT", "INFORMATIONAL", "UNIMPLEMENTED", "FAILED", "ERROR"]
 CLOSES = ["OK", "INFORMATIONAL", "WRONG CODE", "UNCLEAN", "FAILED BY CLIENT", "FAILED"]
 GOOD_BEHAVIOR = {"OK", "NON-STRICT", "INFORMATIONAL"}
@@ -57,6 +68,45 @@ SAMPLE_ACCEPT = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
 
 def sort_key(case_id: str) -> list[int]:
     return [int(p) for p in case_id.split(".")]
+
+
+def sections_label(sections) -> str:
+    """'1-10, 12, 13' for the default sections plus 12 and 13; else the list."""
+    secs = sorted(set(sections), key=int)
+    if set(DEFAULT_SECTIONS) <= set(secs):
+        rest = [x for x in secs if x not in DEFAULT_SECTIONS]
+        return ", ".join(["1-10"] + rest)
+    return ", ".join(secs) if secs else "none"
+
+
+def whole_sections(run: dict, present: set[str]) -> list[str]:
+    """The sections that must be complete in the index (see the module doc)."""
+    if not run:
+        return DEFAULT_SECTIONS + [x for x in COMPRESSION_SECTIONS if x in present]
+    if not run.get("selection_custom"):
+        return list(DEFAULT_SECTIONS)
+    if run.get("exclude"):
+        return []
+    pats = [p.strip() for p in (run.get("selection") or "").split(",") if p.strip()]
+    return [x for x in SECTIONS if f"{x}.*" in pats]
+
+
+def missing_cases(run: dict, index_ids: set[str], counts: dict[str, int]) -> list[str]:
+    """Problems: selected cases absent from the index, incomplete whole sections."""
+    out = []
+    selected = run.get("selected_cases") if run else None
+    if selected is not None:
+        absent = sorted((c for c in selected if c not in index_ids), key=sort_key)
+        if absent:
+            out.append(f"{len(absent)} selected case(s) not in the index: {', '.join(absent[:8])}"
+                       + (" ..." if len(absent) > 8 else ""))
+    elif run and run.get("selection_custom"):
+        return out  # an older run.json of a subset: nothing more is known
+    for sec in whole_sections(run, {x for x, n in counts.items() if n}):
+        have, n = counts.get(sec, 0), SECTIONS[sec]
+        if have < n:
+            out.append(f"section {sec}: {have} of {n} cases in the index")
+    return out
 
 
 def plain(text: str, limit: int = 0) -> str:
@@ -184,7 +234,6 @@ def main() -> int:
 
     run = load_json("run.json") or {}
     probe = load_json("probe.json")
-    subset = bool(run.get("selection_custom"))
 
     entries = {cid: e for cid, e in index[agent].items() if cid.split(".")[0] in SECTIONS}
     others = sorted(set(index[agent]) - set(entries), key=sort_key)
@@ -215,12 +264,8 @@ def main() -> int:
         if bad or audit:
             failing[cid] = describe_failure(cid, e, case, audit)
 
-    missing = []
-    if not subset:
-        for sec, n in SECTIONS.items():
-            have = sum(by_section[sec].values())
-            if have < n:
-                missing.append(f"section {sec}: {have} of {n} cases in the index")
+    counts = {sec: sum(by_section[sec].values()) for sec in SECTIONS if sec in by_section}
+    missing = missing_cases(run, set(index[agent]), counts)
 
     probe_problems = []
     if probe is not None:
@@ -239,7 +284,8 @@ def main() -> int:
     # ---- text report ------------------------------------------------------
     out: list[str] = []
     total = sum(sum(c.values()) for c in by_section.values())
-    out.append(f"Autobahn TestSuite cases 1-10 (kosoku {run.get('kosoku', '?')}) -- agent '{agent}', "
+    label = sections_label(by_section)
+    out.append(f"Autobahn TestSuite cases {label} (kosoku {run.get('kosoku', '?')}) -- agent '{agent}', "
                f"{total} cases" + (f", target {run['url']}, {run.get('wall_seconds')}s wall" if run else ""))
     cols = ["sec", "total"] + BEHAVIORS + ["| close:"] + CLOSES
     widths = [max(len(c), 5) for c in cols]
@@ -260,7 +306,7 @@ def main() -> int:
     if odd:
         out.append(f"other labels seen: {odd}")
     if others:
-        out.append(f"ignored (not sections 1-10): {len(others)} cases")
+        out.append(f"ignored (not sections {sections_label(SECTIONS)}): {len(others)} cases")
     if reports_seen < total:
         out.append(f"note: per-case reports found for {reports_seen} of {total} cases; the audit covers only those"
                    + ("" if reports_seen else " (scripts/autobahn.sh audits all of them before pruning)"))
@@ -286,7 +332,7 @@ def main() -> int:
 
     # ---- markdown summary ---------------------------------------------------
     if args.summary_md:
-        md = ["# Autobahn TestSuite summary (cases 1-10)", ""]
+        md = [f"# Autobahn TestSuite summary (cases {label})", ""]
         md.append(f"Generated by `scripts/autobahn_check.py` from `{os.path.relpath(args.index)}`"
                   if not run else
                   f"Run by `scripts/autobahn.sh` with kosoku {run.get('kosoku')} against `{run.get('url')}` "

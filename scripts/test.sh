@@ -3,8 +3,10 @@
 # then runs formatting and lint checks, the Rust unit tests, the Python
 # (`websockets`, `httpx`, curl, Nchan as a foreign SSE server, two nodes on a real
 # Redis, the web pages in a headless Chromium driven by Playwright) and Go
-# (`gorilla/websocket`) integration suites against the real binary, and the Autobahn TestSuite cases 1-10 against a server it starts on a
-# free port and stops by pid.
+# (`gorilla/websocket`) integration suites against the real binary, and the
+# Autobahn TestSuite cases 1-10 against a server it starts on a free port and
+# stops by pid, then cases 1-10, 12 and 13 (permessage-deflate) against a second
+# one with --permessage-deflate (reports in target/autobahn, target/autobahn-deflate).
 #
 # Usage: scripts/test.sh [--quick]     (--quick skips Autobahn)
 # Also: a 30-second smoke of each fuzz target (scripts/fuzz.sh).
@@ -102,27 +104,53 @@ step "fuzz smoke: 30 s per cargo-fuzz target"
 scripts/fuzz.sh --seconds 30
 
 if [[ $QUICK == 0 ]]; then
+    # autobahn_against OUTDIR [FLAGS...]: a throng on a free port with the
+    # Autobahn flags plus FLAGS, scripts/autobahn.sh against it (AUTOBAHN_* from
+    # the environment), the server stopped by its pid; a failed run ends the
+    # script with its status and the server's log.
+    autobahn_against() {
+        local outdir=$1
+        shift
+        local port log server_pid status=0 started=$SECONDS
+        local flags=(--threads 2 --stats-interval 0 --max-message-size 16MiB --ping-interval 0 "$@")
+        port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        log=$(mktemp)
+        "$THRONG_BIN" serve --listen "127.0.0.1:$port" "${flags[@]}" >"$log" 2>&1 &
+        server_pid=$!
+        trap "kill $server_pid 2>/dev/null || true" EXIT
+        for _ in $(seq 50); do
+            curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        AUTOBAHN_SERVER_NOTE="throng serve ${flags[*]}" scripts/autobahn.sh "$port" "$outdir" || status=$?
+        kill "$server_pid"
+        wait "$server_pid" || true
+        trap - EXIT
+        echo "Autobahn run against throng ${flags[*]}: $((SECONDS - started)) s"
+        if [[ $status != 0 ]]; then
+            echo "Autobahn failed (status $status); server log:"
+            tail -n 50 "$log"
+            exit "$status"
+        fi
+        rm -f "$log"
+    }
+
     step "Autobahn TestSuite cases 1-10 against throng"
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    log=$(mktemp)
-    "$THRONG_BIN" serve --listen "127.0.0.1:$port" --threads 2 --stats-interval 0 \
-        --max-message-size 16MiB --ping-interval 0 >"$log" 2>&1 &
-    server_pid=$!
-    trap 'kill "$server_pid" 2>/dev/null || true' EXIT
-    for _ in $(seq 50); do
-        curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
-        sleep 0.1
-    done
-    status=0
-    scripts/autobahn.sh "$port" "$ROOT/target/autobahn" || status=$?
-    kill "$server_pid"
-    wait "$server_pid" || true
-    trap - EXIT
-    if [[ $status != 0 ]]; then
-        echo "Autobahn failed (status $status); server log:"
-        tail -n 50 "$log"
-        exit "$status"
-    fi
+    autobahn_against "$ROOT/target/autobahn"
+
+    # The same flags with permessage-deflate on: cases 1-10 again (kosoku offers
+    # the extension only in 12 and 13), and the compression sections 12
+    # (payloads) and 13 (offers, window sizes), all required to pass. Each 12/13
+    # case echoes 1000 messages of up to 128 KiB, compressed both ways: on 2 CPUs
+    # 12 and 13 alone took 521 s one case at a time; this whole run 411 s two at
+    # a time, 237-307 s four at a time (the longest case 36 s). The
+    # defaults below can be overridden with AUTOBAHN_DEFLATE_PARALLEL and
+    # AUTOBAHN_DEFLATE_CASES.
+    step "Autobahn TestSuite cases 1-10, 12, 13 against throng --permessage-deflate"
+    AUTOBAHN_CASES=${AUTOBAHN_DEFLATE_CASES:-"1.*,2.*,3.*,4.*,5.*,6.*,7.*,9.*,10.*,12.*,13.*"} \
+        AUTOBAHN_PARALLEL=${AUTOBAHN_DEFLATE_PARALLEL:-4} AUTOBAHN_BUDGET=900 \
+        AUTOBAHN_CASE_TIMEOUT_12=120 \
+        autobahn_against "$ROOT/target/autobahn-deflate" --permessage-deflate
 fi
 
 step "all tests passed"
