@@ -267,20 +267,26 @@ func (r *run) read(idx int, s *subscriber) {
 			s.malformed++
 			continue
 		}
-		r.delivers.Add(1)
-		s.n++
-		if int64(sent) >= r.measFrom.Load() {
-			r.lat.Add(idx, now-int64(sent))
-		}
-		if s.recv.set(seq) {
-			s.dup++
-			continue
-		}
-		if seq < s.maxSeq {
-			s.ooo++
-		} else {
-			s.maxSeq = seq
-		}
+		r.delivered(idx, s, seq, sent, now)
+	}
+}
+
+// delivered counts one well-formed delivery of seq, sent at sent (Unix nanos)
+// and read at now: its latency, and whether it came twice or out of order.
+func (r *run) delivered(idx int, s *subscriber, seq, sent uint64, now int64) {
+	r.delivers.Add(1)
+	s.n++
+	if int64(sent) >= r.measFrom.Load() {
+		r.lat.Add(idx, now-int64(sent))
+	}
+	if s.recv.set(seq) {
+		s.dup++
+		return
+	}
+	if seq < s.maxSeq {
+		s.ooo++
+	} else {
+		s.maxSeq = seq
 	}
 }
 
@@ -324,20 +330,7 @@ func (r *run) readPayload(idx int, s *subscriber, rd io.Reader, buf []byte) {
 			s.mismatch++
 		}
 	}
-	r.delivers.Add(1)
-	s.n++
-	if int64(sent) >= r.measFrom.Load() {
-		r.lat.Add(idx, now-int64(sent))
-	}
-	if s.recv.set(seq) {
-		s.dup++
-		return
-	}
-	if seq < s.maxSeq {
-		s.ooo++
-	} else {
-		s.maxSeq = seq
-	}
+	r.delivered(idx, s, seq, sent, now)
 }
 
 func (r *run) openAll() loadkit.Opening {

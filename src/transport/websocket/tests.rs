@@ -266,6 +266,12 @@ fn server_closes_say_why() {
 /// Feeds `input` (client frames) to an echo WebSocket that negotiated
 /// permessage-deflate with a 15-bit window; returns the answer bytes.
 fn feed_compressed(input: &mut [u8], config: &ServeConfig) -> (Vec<u8>, After, TurnCounts) {
+    feed_echo(input, config, 15)
+}
+
+/// Feeds `input` to an echo WebSocket whose permessage-deflate window is
+/// `deflate` (0: it did not negotiate the extension).
+fn feed_echo(input: &mut [u8], config: &ServeConfig, deflate: u8) -> (Vec<u8>, After, TurnCounts) {
     let (broker, _hub, _poll) = chat_room();
     let mut state = WsState::default();
     let mut out = Vec::new();
@@ -278,7 +284,7 @@ fn feed_compressed(input: &mut [u8], config: &ServeConfig) -> (Vec<u8>, After, T
         counts: &mut counts,
         chosen_name: None,
         changes: &mut Vec::new(),
-        deflate: 15,
+        deflate,
     };
     let after = feed(&mut state, input, &mut ctx);
     (out, after, counts)
@@ -340,26 +346,9 @@ fn a_decompression_bomb_closes_1009_and_bad_data_1007() {
 
 #[test]
 fn rsv1_without_deflate_or_on_a_control_frame_closes_1002() {
-    let (broker, _hub, _poll) = chat_room();
     let config = ServeConfig::default();
-    let mut state = WsState::default();
     let mut frame = compressed_client_frame(opcode::TEXT, b"hello hello hello");
-    let (out, after) = {
-        let mut out = Vec::new();
-        let mut counts = TurnCounts::default();
-        let mut ctx = Ctx {
-            out: &mut out,
-            broker: &broker,
-            config: &config,
-            webhooks: None,
-            counts: &mut counts,
-            chosen_name: None,
-            changes: &mut Vec::new(),
-            deflate: 0,
-        };
-        let after = feed(&mut state, &mut frame, &mut ctx);
-        (out, after)
-    };
+    let (out, after, _) = feed_echo(&mut frame, &config, 0);
     assert_eq!(after, After::Close);
     assert_eq!(&out[2..4], &close_code::PROTOCOL_ERROR.to_be_bytes());
 
