@@ -144,6 +144,11 @@ pub enum Body {
     /// Every subscriber of the channel is to be closed (its connection ended,
     /// with the transport's goodbye): a signed-in user's connections terminated.
     CloseAll,
+    /// The channel's history started afresh (another epoch, after a Redis
+    /// failover): what came after the last message delivered here may be lost,
+    /// and the next message is `next_seq` of `epoch`. Shown as a gap in formats
+    /// that show gaps.
+    NewEpoch { epoch: u64, next_seq: u64 },
     /// A channel event (a member joined or left), shown only in formats with events.
     Event {
         event: &'static str,
@@ -173,7 +178,7 @@ impl Message {
     pub fn skip(&self) -> Option<SocketId> {
         match &self.body {
             Body::Data { skip, .. } | Body::Presence { skip, .. } => *skip,
-            Body::Event { .. } | Body::CloseAll => None,
+            Body::Event { .. } | Body::CloseAll | Body::NewEpoch { .. } => None,
         }
     }
 

@@ -517,7 +517,10 @@ mod tests {
                     client,
                     count,
                 } => Some((*event, &**client, *count, m.exclude)),
-                Body::Data { .. } | Body::Presence { .. } | Body::CloseAll => None,
+                Body::Data { .. }
+                | Body::Presence { .. }
+                | Body::CloseAll
+                | Body::NewEpoch { .. } => None,
             })
             .collect();
         assert_eq!(

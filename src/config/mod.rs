@@ -90,6 +90,7 @@ pub mod defaults {
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
     pub const REDIS_SUBSCRIBE: &str = "channels";
+    pub const REDIS_WAIT_REPLICAS: &str = "0";
     pub const IO_URING: &str = "auto";
     pub const PERMESSAGE_DEFLATE: &str = "off";
     pub const DEFLATE_MIN_SIZE: &str = "256";
@@ -307,6 +308,13 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_REDIS_SUBSCRIBE", value_name = "HOW", default_value = defaults::REDIS_SUBSCRIBE, value_parser = parse_redis_subscribe)]
     pub redis_subscribe: crate::broker::Subscribe,
 
+    /// With a Redis broker: before answering a publish, wait (Redis WAIT, at most
+    /// 500 ms) until this many replicas have it, so that a failover keeps it and
+    /// its channel's epoch; 0 answers at once (a failover then starts a new epoch
+    /// on each channel, and subscribers are told of the gap)
+    #[arg(long, env = "THRONG_REDIS_WAIT_REPLICAS", value_name = "N", default_value = defaults::REDIS_WAIT_REPLICAS)]
+    pub redis_wait_replicas: u32,
+
     /// Serve TLS (wss://, https://) on every --listen address with this
     /// certificate chain (PEM); needs --tls-key. SIGHUP reads both again
     #[arg(
@@ -443,6 +451,8 @@ pub struct ServeConfig {
     /// waits for Redis to confirm); `pattern`: one PSUBSCRIBE, nothing to wait for,
     /// but every node gets every message.
     pub redis_subscribe: crate::broker::Subscribe,
+    /// Replicas a publish waits for (`--redis-wait-replicas`).
+    pub redis_wait_replicas: u32,
     /// Receive through io_uring where the kernel allows it (`auto`, the default):
     /// each loop keeps a multishot receive armed per busy connection (8 reads in a
     /// second; a quiet second moves it back to epoll), into a pool of buffers it
@@ -520,6 +530,10 @@ impl Default for ServeConfig {
             broker: builtin(str::parse, defaults::BROKER),
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
             redis_subscribe: builtin(parse_redis_subscribe, defaults::REDIS_SUBSCRIBE),
+            redis_wait_replicas: builtin(
+                |s| s.parse().map_err(|e| format!("{e}")),
+                defaults::REDIS_WAIT_REPLICAS,
+            ),
             io_uring: builtin(parse_io_uring, defaults::IO_URING),
             tls: None,
             namespaces: Namespaces::default(),
@@ -666,6 +680,7 @@ impl ServeArgs {
             broker: self.broker,
             workers: self.workers,
             redis_subscribe: self.redis_subscribe,
+            redis_wait_replicas: self.redis_wait_replicas,
             io_uring: self.io_uring,
             tls: match (self.tls_cert, self.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles {

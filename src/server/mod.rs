@@ -210,6 +210,7 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
             Arc::clone(&hub),
             url,
             config.redis_subscribe,
+            config.redis_wait_replicas,
             history,
             config.namespaces.clone(),
         )?),

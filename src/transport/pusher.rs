@@ -357,7 +357,7 @@ pub fn encode(message: &Message) -> Option<Bytes> {
             from.as_deref(),
         ),
         Body::Presence { event, data, .. } => (data, DataKind::Text, *event, None),
-        Body::Event { .. } | Body::CloseAll => return None,
+        Body::Event { .. } | Body::CloseAll | Body::NewEpoch { .. } => return None,
     };
     let mut body = Vec::with_capacity(payload.len() + channel.len() + event.len() + 48);
     body.extend_from_slice(b"{\"event\":");

@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use super::request::{Endpoint, Gate, Path, Refused, admit_get, resume_param};
 use super::{After, CloseReason, Format, Handover, Opening, Subscribe, Subscription, Transport};
-use crate::broker::{Replay, Resume};
+use crate::broker::{GapReason, Replay, Resume};
 use crate::hub::{Body, Message};
 use crate::protocol::DataKind;
 use crate::protocol::http::Request;
@@ -188,6 +188,16 @@ pub fn encode(message: &Message) -> Option<Bytes> {
             &mut out,
             event,
             &serde_json::json!({ "client": &**client, "count": count }),
+        ),
+        Body::NewEpoch { epoch, next_seq } => json_event(
+            &mut out,
+            "gap",
+            &serde_json::json!({
+                "from": 1,
+                "to": next_seq.saturating_sub(1),
+                "reason": GapReason::NewEpoch.as_str(),
+                "epoch": format!("{epoch:016x}"),
+            }),
         ),
         // Pusher's presence: for Pusher subscribers only.
         Body::Presence { .. } | Body::CloseAll => return None,

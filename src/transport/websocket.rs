@@ -13,7 +13,7 @@ use super::{
     After, CloseReason, Compression, Ctx, Deflater, Format, Handover, Opening, Subscribe,
     Subscription, Transport, json_data,
 };
-use crate::broker::{Outgoing, Replay, Resume};
+use crate::broker::{GapReason, Outgoing, Replay, Resume};
 use crate::history::Tags;
 use crate::hub::{Body, Message};
 use crate::protocol::deflate::{self, Agreement};
@@ -425,7 +425,18 @@ pub fn encode(json: bool, message: &Message) -> Option<Bytes> {
         )),
         // Pusher's presence: for Pusher subscribers only.
         Body::Presence { .. } | Body::CloseAll => None,
-        Body::Event { .. } if !json => None,
+        Body::Event { .. } | Body::NewEpoch { .. } if !json => None,
+        Body::NewEpoch { epoch, next_seq } => {
+            let body = serde_json::json!({
+                "channel": name,
+                "event": "gap",
+                "from": 1,
+                "to": next_seq.saturating_sub(1),
+                "reason": GapReason::NewEpoch.as_str(),
+                "epoch": format!("{epoch:016x}"),
+            });
+            Some(frame_bytes(opcode::TEXT, body.to_string().as_bytes()))
+        }
         Body::Event {
             event,
             client,

@@ -101,7 +101,7 @@ impl Shared {
     }
 
     pub(super) fn connect(&self) -> Result<Connection, BrokerError> {
-        let con = self
+        let mut con = self
             .client
             .get_connection_with_timeout(REDIS_TIMEOUT)
             .map_err(unavailable)?;
@@ -109,6 +109,7 @@ impl Shared {
             .map_err(unavailable)?;
         con.set_write_timeout(Some(REDIS_TIMEOUT))
             .map_err(unavailable)?;
+        self.probe_durability(&mut con);
         Ok(con)
     }
 
@@ -182,6 +183,10 @@ mod tests {
             occupy: Script::new(crate::broker::redis::occupancy::OCCUPY_LUA),
             vacate: Script::new(crate::broker::redis::occupancy::VACATE_LUA),
             occupying: Mutex::new(Default::default()),
+            durable: Mutex::new(None),
+            wait_replicas: 0,
+            short_waits: std::sync::atomic::AtomicU64::new(0),
+            unwaited: Script::new(crate::broker::redis::origin::UNWAITED_LUA),
         };
         // The first command waits out the timeout and fails ...
         let first = shared.heartbeat().unwrap_err().to_string();

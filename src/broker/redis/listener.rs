@@ -227,12 +227,12 @@ impl Listener {
                 // After a reconnect the fill-in reads history, which already holds
                 // what was published between the resubscribe and its read; those
                 // messages come here too, and were handed out once.
-                if self
-                    .delivered
-                    .get(name)
-                    .is_some_and(|&(e, last)| e == epoch && seq <= last)
-                {
-                    return;
+                match self.delivered.get(name) {
+                    Some(&(e, last)) if e == epoch && seq <= last => return,
+                    // History started afresh (a failover, see `origin`): what came
+                    // after `last` of the old epoch may be gone, and is named.
+                    Some(&(e, _)) if e != epoch => self.announce_epoch(&channel, epoch, seq),
+                    _ => {}
                 }
                 if self.deliver(&channel, seq, epoch, message) {
                     self.delivered.insert(name.into(), (epoch, seq));
@@ -307,6 +307,26 @@ impl Listener {
         }
     }
 
+    /// Tells the channel's subscribers here that its history started afresh at
+    /// `epoch`, whose next message is `next_seq`.
+    fn announce_epoch(&self, channel: &Arc<Channel>, epoch: u64, next_seq: u64) {
+        tracing::warn!(
+            channel = channel.name(),
+            epoch = format_args!("{epoch:016x}"),
+            "the channel's history started afresh (a new epoch); subscribers are told of the gap"
+        );
+        let result = self
+            .shared
+            .hub
+            .deliver(channel, Audience::Everyone, None, || Body::NewEpoch {
+                epoch,
+                next_seq,
+            });
+        if let Err(e) = result {
+            tracing::warn!(channel = channel.name(), error = %e, "a new epoch was not announced here");
+        }
+    }
+
     /// After a reconnect: what local subscribers missed while the listener was
     /// away, from each channel's history, in order.
     fn fill_in(&mut self) {
@@ -327,6 +347,14 @@ impl Listener {
                 continue;
             };
             let mut newest = (epoch, last);
+            if now_epoch != epoch {
+                let next_seq = snapshot
+                    .kept
+                    .first()
+                    .map_or(snapshot.last_seq + 1, |(m, _)| m.seq);
+                self.announce_epoch(&channel, now_epoch, next_seq);
+                newest = (now_epoch, 0);
+            }
             for (stored, _) in snapshot.kept {
                 if now_epoch == epoch && stored.seq <= last {
                     continue;

@@ -39,7 +39,7 @@
 //! formats.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use ::redis::{Client, Connection, Script};
@@ -62,6 +62,7 @@ mod connection;
 mod keys;
 mod listener;
 mod occupancy;
+mod origin;
 mod presence;
 mod snapshot;
 mod users;
@@ -82,7 +83,7 @@ pub enum Subscribe {
 
 /// Next seq, keep, publish: atomic, so every node sees one order. KEYS and ARGV
 /// are in the file's header.
-const PUBLISH_LUA: &str = include_str!("publish.lua");
+const PUBLISH_LUA: &str = origin::with_origin!("publish.lua");
 
 /// A lock that a panicked holder left poisoned is still the lock.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,6 +120,13 @@ struct Shared {
     occupy: Script,
     vacate: Script,
     occupying: Mutex<occupancy::Occupying>,
+    /// The replication id of the Redis last found durable (see `origin`).
+    durable: Mutex<Option<String>>,
+    /// `--redis-wait-replicas`.
+    wait_replicas: u32,
+    /// Publishes whose WAIT came back with fewer replicas than asked.
+    short_waits: AtomicU64,
+    unwaited: Script,
 }
 
 /// Channels kept in Redis, shared by every node on it.
@@ -144,6 +152,7 @@ impl RedisBroker {
         hub: Arc<Hub>,
         url: &str,
         mode: Subscribe,
+        wait_replicas: u32,
         history: Limits,
         namespaces: Namespaces,
     ) -> Result<RedisBroker, BrokerError> {
@@ -172,6 +181,10 @@ impl RedisBroker {
             occupy: Script::new(occupancy::OCCUPY_LUA),
             vacate: Script::new(occupancy::VACATE_LUA),
             occupying: Mutex::new(Default::default()),
+            durable: Mutex::new(None),
+            wait_replicas,
+            short_waits: AtomicU64::new(0),
+            unwaited: Script::new(origin::UNWAITED_LUA),
         });
         let listener = Listener {
             shared: Arc::clone(&shared),
@@ -213,8 +226,11 @@ impl Broker for RedisBroker {
         let limits = self.shared.limits(channel);
         let size = if limits.enabled() { limits.size } else { 0 };
         let encoded = encode_message(&message);
-        let answer: (u64, String) = self.shared.with_connection(|con| {
-            self.publish
+        let waits = self.shared.wait_replicas > 0;
+        let durable = self.shared.durable_arg();
+        let (seq, _epoch, _stamp): (u64, String, String) = self.shared.with_connection(|con| {
+            let answer: (u64, String, String) = self
+                .publish
                 .key(&keys.seq)
                 .key(&keys.epoch)
                 .key(&keys.hist)
@@ -225,9 +241,15 @@ impl Broker for RedisBroker {
                 .arg(format!("{:016x}", new_epoch()))
                 .arg(format!("{PUBSUB_PREFIX}{channel}"))
                 .arg(MAGIC)
-                .invoke(con)
+                .arg(&durable)
+                .arg(if waits { "w" } else { "" })
+                .invoke(con)?;
+            if waits {
+                self.shared.wait_replicas(con, &keys.epoch, &answer.2)?;
+            }
+            Ok(answer)
         })?;
-        Ok(answer.0)
+        Ok(seq)
     }
 
     fn subscribe(

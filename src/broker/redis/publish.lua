@@ -4,15 +4,20 @@
 -- ARGV[1] the encoded message   ARGV[2] now (unix seconds)   ARGV[3] history size (0: keep none)
 -- ARGV[4] key life (seconds)   ARGV[5] a fresh epoch (used if the channel has none)
 -- ARGV[6] the pubsub channel   ARGV[7] the magic that marks a node's own messages
--- Returns {seq, epoch}. A channel without an epoch starts over: seq and history go.
-local epoch = redis.call('GET', KEYS[2])
+-- ARGV[8] the id of the durable Redis, if any (see origin.lua)
+-- ARGV[9] 'w' when the node WAITs for replicas after this, '' otherwise
+-- Returns {seq, epoch, the epoch key's new value}. A channel without an epoch,
+-- or whose history may have gone back (origin.lua), starts over: seq and
+-- history go.
+local epoch = throng_kept_epoch(redis.call('GET', KEYS[2]), ARGV[8])
 if not epoch then
   epoch = ARGV[5]
   redis.call('DEL', KEYS[1], KEYS[3])
 end
 local seq = redis.call('INCR', KEYS[1])
 local life = tonumber(ARGV[4])
-redis.call('SET', KEYS[2], epoch, 'EX', life)
+local stamp = epoch .. ':' .. throng_replid() .. ':' .. ARGV[9]
+redis.call('SET', KEYS[2], stamp, 'EX', life)
 redis.call('EXPIRE', KEYS[1], life)
 local size = tonumber(ARGV[3])
 if size > 0 then
@@ -20,4 +25,4 @@ if size > 0 then
   redis.call('EXPIRE', KEYS[3], life)
 end
 redis.call('PUBLISH', ARGV[6], ARGV[7] .. 'D' .. seq .. ' ' .. epoch .. '\n' .. ARGV[1])
-return {seq, epoch}
+return {seq, epoch, stamp}

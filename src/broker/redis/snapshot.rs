@@ -16,7 +16,7 @@ use crate::history::{self, Limits};
 
 /// A channel's seq, epoch and kept messages in one instant. KEYS and ARGV are in
 /// the file's header.
-pub(super) const SNAPSHOT_LUA: &str = include_str!("snapshot.lua");
+pub(super) const SNAPSHOT_LUA: &str = super::origin::with_origin!("snapshot.lua");
 
 /// A channel's state in Redis at one instant.
 pub(super) struct Snapshot {
@@ -115,6 +115,7 @@ impl Shared {
     /// it has none and `create`).
     pub(super) fn snapshot(&self, channel: &str, create: bool) -> Result<Snapshot, BrokerError> {
         let keys = Keys::of(channel);
+        let durable = self.durable_arg();
         let value: Value = self.with_connection(|con| {
             self.snapshot
                 .key(&keys.seq)
@@ -123,6 +124,7 @@ impl Shared {
                 .arg(format!("{:016x}", new_epoch()))
                 .arg(key_life(Duration::ZERO))
                 .arg(if create { "1" } else { "0" })
+                .arg(&durable)
                 .invoke(con)
         })?;
         parse_snapshot(value)
