@@ -344,6 +344,9 @@ impl Listener {
                 }
             };
             let Some(now_epoch) = snapshot.epoch else {
+                // Redis forgot the channel (restarted empty): its next publish
+                // starts an epoch, which is then announced.
+                self.delivered.insert(name, (epoch, last));
                 continue;
             };
             let mut newest = (epoch, last);

@@ -1,0 +1,188 @@
+"""Failover honesty on a real Redis (Debian's redis-server on free ports, stopped by
+pid): Redis replicates asynchronously and a restart may reload an older image, so a
+Redis that may lack acknowledged publishes must never hand their seqs out again.
+Each channel's epoch key carries the replication id of the Redis that wrote it
+(src/broker/redis/origin.lua); another Redis starts a new epoch, and subscribers
+that were live are told of it as a gap. `--redis-wait-replicas N` WAITs for
+replicas before answering, and records whether they answered in time."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from conftest import tcp_connectable
+from procs import stop_process
+from rawws import channel_info, publish_ok
+from test_redis import Redis, wait_for, wait_healthy
+from test_sse import EventReader
+from wsutil import recv_json, run, ws_connect
+
+
+class Replica(Redis):
+    """A redis-server replicating `master`."""
+
+    def __init__(self, master: Redis) -> None:
+        self.master = master
+        super().__init__()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir.name,
+             "--replicaof", "127.0.0.1", str(self.master.port)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not tcp_connectable(self.port):
+            assert self.proc.poll() is None, "redis-server (replica) exited at start"
+            assert time.monotonic() < deadline, "replica not listening after 10 s"
+            time.sleep(0.05)
+        wait_for(lambda: "master_link_status:up" in self.cli("INFO", "replication"),
+                 timeout=10, what="replica linked")
+
+
+def stamp(redis: Redis, channel: str) -> list[str]:
+    """The channel's epoch key as (epoch, origin, waited)."""
+    return redis.cli("GET", f"throng:{{{channel}}}:epoch").split(":")
+
+
+def replid(redis: Redis) -> str:
+    info = redis.cli("INFO", "replication")
+    return next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("master_replid:"))
+
+
+def test_a_redis_that_lost_its_data_starts_a_new_epoch_and_live_subscribers_are_told(start_server):
+    redis = Redis()  # no persistence: a restart forgets everything
+    try:
+        a = start_server("--broker", redis.url)
+        b = start_server("--broker", redis.url)
+        for node in (a, b):
+            wait_healthy(node.port)
+
+        async def main():
+            ws = await ws_connect(b.url("/ws/lost?format=json"))
+            sse = EventReader(f"http://127.0.0.1:{b.port}/sse/lost")
+            try:
+                wait_for(lambda: channel_info(a.port, "lost")["subscribers"] == 2, what="2 subscribers")
+                assert [publish_ok(a.port, "lost", f"m{i}") for i in range(3)] == [1, 2, 3]
+                old = channel_info(a.port, "lost")["epoch"]
+                assert stamp(redis, "lost") == [old, replid(redis), ""]
+                got = [await recv_json(ws) for _ in range(3)]
+                assert [m["seq"] for m in got] == [1, 2, 3], got
+                redis.stop()
+                redis.start()
+                wait_healthy(a.port)
+                wait_healthy(b.port)
+                # The seqs start again, so the subscribers must hear of it first.
+                assert publish_ok(a.port, "lost", "after") == 1
+                new = channel_info(a.port, "lost")["epoch"]
+                assert new != old
+                gap = await recv_json(ws, timeout=10)
+                assert gap == {"channel": "lost", "event": "gap", "from": 1, "to": 0,
+                               "reason": "new epoch", "epoch": new}, gap
+                after = await recv_json(ws)
+                assert (after["seq"], after["data"]) == (1, "after"), after
+                events = sse.wait(5, timeout=10)
+                assert events[3]["event"] == "gap", events
+                assert '"reason":"new epoch"' in events[3]["data"] and new in events[3]["data"], events
+                assert events[4] == {"id": f"1:{new}", "data": "after"}, events
+            finally:
+                await ws.close()
+                sse.close()
+
+        run(main(), timeout=60)
+    finally:
+        redis.stop()
+        redis.dir.cleanup()
+
+
+def test_a_restarted_redis_that_kept_everything_keeps_the_epoch(start_server):
+    # appendfsync always: what Redis acknowledged is on disk, so a restart (a new
+    # replication id) is trusted, and nobody is told of a gap.
+    redis = Redis(persist=True)
+    try:
+        node = start_server("--broker", redis.url)
+        wait_healthy(node.port)
+
+        async def main():
+            ws = await ws_connect(node.url("/ws/kept?format=json"))
+            try:
+                wait_for(lambda: channel_info(node.port, "kept")["subscribers"] == 1, what="subscribed")
+                assert publish_ok(node.port, "kept", "before") == 1
+                epoch = channel_info(node.port, "kept")["epoch"]
+                assert (await recv_json(ws))["seq"] == 1
+                first_id = replid(redis)
+                redis.stop()
+                redis.start()
+                assert replid(redis) != first_id
+                wait_healthy(node.port)
+                assert publish_ok(node.port, "kept", "after") == 2
+                assert channel_info(node.port, "kept")["epoch"] == epoch
+                got = await recv_json(ws, timeout=10)
+                assert (got["seq"], got["data"]) == (2, "after"), got
+                assert stamp(redis, "kept")[1] == replid(redis)
+            finally:
+                await ws.close()
+
+        run(main(), timeout=60)
+    finally:
+        redis.stop()
+        redis.dir.cleanup()
+
+
+def test_wait_for_replicas_is_recorded_in_the_stamp(start_server):
+    master = Redis()
+    replica = Replica(master)
+    try:
+        node = start_server("--broker", master.url, "--redis-wait-replicas", "1")
+        wait_healthy(node.port)
+        assert publish_ok(node.port, "w", "replicated") == 1
+        assert stamp(master, "w")[2] == "w"
+        # The replica has it too, as the WAIT said.
+        wait_for(lambda: replica.cli("GET", "throng:{w}:seq") == "1", what="replicated")
+        stop_process(replica.proc)
+        began = time.monotonic()
+        assert publish_ok(node.port, "w", "alone") == 2
+        took = time.monotonic() - began
+        # Answered anyway (after WAIT's bound), and the stamp no longer claims a
+        # replica has it: a promoted replica would start a new epoch.
+        assert stamp(master, "w")[2] == "", stamp(master, "w")
+        assert took < 5, took
+    finally:
+        replica.stop()
+        master.stop()
+        replica.dir.cleanup()
+        master.dir.cleanup()
+
+
+def test_a_promoted_replica_that_lacks_nothing_keeps_the_epoch_only_after_wait(start_server):
+    # Both nodes talk to the master; then the replica is promoted (REPLICAOF NO ONE)
+    # and a node pointed at it publishes. Its replication id differs, its second
+    # id is the master's: only a stamp made with WAIT is trusted there.
+    for wait, kept in (("1", True), ("0", False)):
+        master = Redis()
+        replica = Replica(master)
+        try:
+            node = start_server("--broker", master.url, "--redis-wait-replicas", wait)
+            wait_healthy(node.port)
+            for i in range(3):
+                publish_ok(node.port, "p", f"m{i}")
+            epoch = channel_info(node.port, "p")["epoch"]
+            wait_for(lambda: replica.cli("GET", "throng:{p}:seq") == "3", what="replicated")
+            replica.cli("REPLICAOF", "NO", "ONE")
+            assert replid(replica) != replid(master)
+            promoted = start_server("--broker", replica.url)
+            wait_healthy(promoted.port)
+            seq = publish_ok(promoted.port, "p", "after")
+            info = channel_info(promoted.port, "p")
+            if kept:
+                assert (seq, info["epoch"]) == (4, epoch), (seq, info)
+            else:
+                assert seq == 1 and info["epoch"] != epoch, (seq, info)
+        finally:
+            replica.stop()
+            master.stop()
+            replica.dir.cleanup()
+            master.dir.cleanup()
+
