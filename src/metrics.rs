@@ -38,6 +38,8 @@ pub struct Scrape {
     pub process: Process,
     /// Pusher webhooks, when an app has any.
     pub webhooks: Option<crate::pusher::webhook::Tally>,
+    /// A replicated broker's failover counts.
+    pub failover: Option<crate::broker::FailoverCounts>,
 }
 
 /// The process figures, where `/proc/self` gives them.
@@ -320,6 +322,20 @@ pub fn render(scrape: &Scrape) -> String {
         Kind::Gauge,
         Value::Float(scrape.uptime.as_secs_f64()),
     );
+    if let Some(failover) = scrape.failover {
+        e.single(
+            "throng_redis_new_epochs_total",
+            "Channels with subscribers here whose history started afresh (a Redis failover or restart that may have lost acknowledged publishes); each was told to its subscribers as a gap.",
+            Kind::Counter,
+            Value::Int(failover.new_epochs),
+        );
+        e.single(
+            "throng_redis_short_waits_total",
+            "Publishes whose WAIT (--redis-wait-replicas) came back in 500 ms with fewer replicas than asked.",
+            Kind::Counter,
+            Value::Int(failover.short_waits),
+        );
+    }
     if let Some(hooks) = scrape.webhooks {
         e.family(
             "throng_pusher_webhook_events_total",
@@ -477,9 +493,15 @@ mod tests {
                 delivered: 3,
                 ..Default::default()
             }),
+            failover: Some(crate::broker::FailoverCounts {
+                new_epochs: 4,
+                short_waits: 1,
+            }),
         };
         let text = render(&scrape);
         let has = |line: &str| text.lines().any(|l| l == line);
+        assert!(has("throng_redis_new_epochs_total 4"));
+        assert!(has("throng_redis_short_waits_total 1"));
         assert!(has(
             r#"throng_pusher_webhook_events_total{outcome="delivered"} 3"#
         ));
@@ -522,7 +544,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 19, "{text}");
+        assert_eq!(types.len(), 21, "{text}");
         assert_eq!(helps, types.len());
         let mut unique = types.clone();
         unique.sort_unstable();

@@ -106,6 +106,16 @@ pub fn member_removed_data(user_id: &str) -> String {
     serde_json::json!({ "user_id": user_id }).to_string()
 }
 
+/// What the Redis broker counts for `/metrics` of failover honesty.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailoverCounts {
+    /// Channels whose history this node saw start afresh while it had
+    /// subscribers (each announced to them as a gap).
+    pub new_epochs: u64,
+    /// Publishes whose `WAIT` came back with fewer replicas than asked.
+    pub short_waits: u64,
+}
+
 /// Where a returning subscriber left off: the last `seq` it has, and the epoch
 /// that seq belongs to when it knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,6 +289,11 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 
     /// Short name for logs and stats (`memory`, `redis://…`).
     fn describe(&self) -> String;
+
+    /// What a replicated broker counts of its failovers (none for the others).
+    fn failover_counts(&self) -> Option<FailoverCounts> {
+        None
+    }
 
     /// Whether publishing works right now (for `/healthz`).
     fn healthy(&self) -> bool;

@@ -13,7 +13,7 @@ import time
 
 from conftest import tcp_connectable
 from procs import stop_process
-from rawws import channel_info, publish_ok
+from rawws import channel_info, metric, publish_ok
 from test_redis import Redis, wait_for, wait_healthy
 from test_sse import EventReader
 from wsutil import recv_json, run, ws_connect
@@ -87,6 +87,7 @@ def test_a_redis_that_lost_its_data_starts_a_new_epoch_and_live_subscribers_are_
                 assert events[3]["event"] == "gap", events
                 assert '"reason":"new epoch"' in events[3]["data"] and new in events[3]["data"], events
                 assert events[4] == {"id": f"1:{new}", "data": "after"}, events
+                assert metric(b.port, "throng_redis_new_epochs_total") == 1
             finally:
                 await ws.close()
                 sse.close()
@@ -149,6 +150,7 @@ def test_wait_for_replicas_is_recorded_in_the_stamp(start_server):
         # replica has it: a promoted replica would start a new epoch.
         assert stamp(master, "w")[2] == "", stamp(master, "w")
         assert took < 5, took
+        assert metric(node.port, "throng_redis_short_waits_total") == 1
     finally:
         replica.stop()
         master.stop()

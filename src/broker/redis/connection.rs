@@ -186,6 +186,7 @@ mod tests {
             durable: Mutex::new(None),
             wait_replicas: 0,
             short_waits: std::sync::atomic::AtomicU64::new(0),
+            new_epochs: std::sync::atomic::AtomicU64::new(0),
             unwaited: Script::new(crate::broker::redis::origin::UNWAITED_LUA),
         };
         // The first command waits out the timeout and fails ...

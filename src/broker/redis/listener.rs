@@ -310,6 +310,7 @@ impl Listener {
     /// Tells the channel's subscribers here that its history started afresh at
     /// `epoch`, whose next message is `next_seq`.
     fn announce_epoch(&self, channel: &Arc<Channel>, epoch: u64, next_seq: u64) {
+        self.shared.new_epochs.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             channel = channel.name(),
             epoch = format_args!("{epoch:016x}"),

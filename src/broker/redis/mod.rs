@@ -45,8 +45,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use ::redis::{Client, Connection, Script};
 
 use super::{
-    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, Member, Members, Outgoing,
-    Replay, Resume, Stored, Subscribed, new_epoch,
+    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, FailoverCounts, Member,
+    Members, Outgoing, Replay, Resume, Stored, Subscribed, new_epoch,
 };
 use crate::history::{self, Limits};
 use crate::hub::{Channel, ConnRef, Hub};
@@ -126,6 +126,8 @@ struct Shared {
     wait_replicas: u32,
     /// Publishes whose WAIT came back with fewer replicas than asked.
     short_waits: AtomicU64,
+    /// Epoch changes announced to local subscribers.
+    new_epochs: AtomicU64,
     unwaited: Script,
 }
 
@@ -184,6 +186,7 @@ impl RedisBroker {
             durable: Mutex::new(None),
             wait_replicas,
             short_waits: AtomicU64::new(0),
+            new_epochs: AtomicU64::new(0),
             unwaited: Script::new(origin::UNWAITED_LUA),
         });
         let listener = Listener {
@@ -425,6 +428,13 @@ impl Broker for RedisBroker {
 
     fn describe(&self) -> String {
         self.url.clone()
+    }
+
+    fn failover_counts(&self) -> Option<FailoverCounts> {
+        Some(FailoverCounts {
+            new_epochs: self.shared.new_epochs.load(Ordering::Relaxed),
+            short_waits: self.shared.short_waits.load(Ordering::Relaxed),
+        })
     }
 
     fn healthy(&self) -> bool {

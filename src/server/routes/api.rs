@@ -213,6 +213,7 @@ pub(super) fn prometheus(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec
         uptime: shared.stats.started.elapsed(),
         process: metrics::Process::read(),
         webhooks: shared.webhooks.as_ref().map(|h| h.counts().tally()),
+        failover: shared.broker.failover_counts(),
     };
     let body = metrics::render(&scrape);
     ok(req, ctx, out, metrics::CONTENT_TYPE, body.as_bytes(), 0)
