@@ -126,7 +126,8 @@ fn parse_redis_subscribe(s: &str) -> Result<crate::broker::Subscribe, String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrokerSpec {
     Memory,
-    /// `redis://host[:port][/db]`, as written.
+    /// `redis://host[:port][/db]` or `redis-cluster://host:port[,host:port…]`,
+    /// as written.
     Redis(String),
 }
 
@@ -142,8 +143,22 @@ impl std::str::FromStr for BrokerSpec {
             drop(client);
             return Ok(BrokerSpec::Redis(s.to_string()));
         }
+        if let Some(rest) = s.strip_prefix("redis-cluster://") {
+            let hosts = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+            let hosts: Vec<&str> = hosts.trim_end_matches('/').split(',').collect();
+            let bad = hosts.iter().find(|h| {
+                h.rsplit_once(':')
+                    .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+            });
+            return match bad {
+                Some(h) => Err(format!(
+                    "'{s}': a cluster node must be host:port, not '{h}'"
+                )),
+                None => Ok(BrokerSpec::Redis(s.to_string())),
+            };
+        }
         Err(format!(
-            "'{s}' is not a broker: use memory or redis://host[:port][/db]"
+            "'{s}' is not a broker: use memory, redis://host[:port][/db] or redis-cluster://host:port[,host:port…]"
         ))
     }
 }

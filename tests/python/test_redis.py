@@ -478,4 +478,4 @@ def test_a_bad_broker_is_refused_at_start():
         capture_output=True, timeout=10,
     )
     assert out.returncode != 0
-    assert b"memory or redis://" in out.stderr, out.stderr
+    assert b"memory, redis://" in out.stderr, out.stderr

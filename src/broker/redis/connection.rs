@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ::redis::Connection;
+use ::redis::{Connection, ConnectionLike};
 
 use super::keys::{NODE_TTL_SECS, node_key};
 use super::{BrokerError, Shared, lock};
@@ -16,6 +16,9 @@ use super::{BrokerError, Shared, lock};
 /// Event loops wait this long at most once: after a failure they fail fast while
 /// the keeper thread probes (see [`Shared::with_connection`]).
 pub(super) const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A pooled command connection.
+pub(super) type Pooled = Box<dyn ConnectionLike + Send>;
 
 /// How a Redis command failed: on the wire (the connection is gone), or with an
 /// error Redis answered.
@@ -49,7 +52,7 @@ impl Shared {
     /// back.
     pub(super) fn with_connection<T>(
         &self,
-        f: impl Fn(&mut Connection) -> ::redis::RedisResult<T>,
+        f: impl Fn(&mut dyn ConnectionLike) -> ::redis::RedisResult<T>,
     ) -> Result<T, BrokerError> {
         if !self.commands_ok.load(Ordering::Relaxed) {
             return Err(unavailable("unreachable (retrying every second)"));
@@ -67,17 +70,17 @@ impl Shared {
 
     fn run_on<T>(
         &self,
-        pooled: Option<Connection>,
-        f: &impl Fn(&mut Connection) -> ::redis::RedisResult<T>,
+        pooled: Option<Pooled>,
+        f: &impl Fn(&mut dyn ConnectionLike) -> ::redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         let mut con = match pooled {
             Some(con) => con,
-            None => self.connect().map_err(|e| {
+            None => self.connect_pooled().map_err(|e| {
                 self.commands_ok.store(false, Ordering::Relaxed);
                 Failure::Wire(e)
             })?,
         };
-        match f(&mut con) {
+        match f(&mut *con) {
             Ok(v) => {
                 self.commands_ok.store(true, Ordering::Relaxed);
                 lock(&self.pool).push(con);
@@ -100,6 +103,20 @@ impl Shared {
         }
     }
 
+    /// A connection for the pool: to the one Redis, or a cluster connection
+    /// (the redis crate's, which routes each command to its key's master and
+    /// follows `MOVED`, `ASK` and failovers).
+    fn connect_pooled(&self) -> Result<Pooled, BrokerError> {
+        match &self.cluster {
+            Some(cluster) => {
+                let con = cluster.get_connection().map_err(unavailable)?;
+                Ok(Box::new(con))
+            }
+            None => Ok(Box::new(self.connect()?)),
+        }
+    }
+
+    /// A connection to the one Redis (not in a cluster).
     pub(super) fn connect(&self) -> Result<Connection, BrokerError> {
         let mut con = self
             .client
@@ -117,7 +134,7 @@ impl Shared {
     /// Redis back after a failure, so it always tries, on a fresh connection then.
     pub(super) fn heartbeat(&self) -> Result<(), BrokerError> {
         let key = node_key(&self.node);
-        let set = |con: &mut Connection| {
+        let set = |con: &mut dyn ConnectionLike| {
             ::redis::cmd("SET")
                 .arg(&key)
                 .arg(1)
@@ -183,6 +200,8 @@ mod tests {
             occupy: Script::new(crate::broker::redis::occupancy::OCCUPY_LUA),
             vacate: Script::new(crate::broker::redis::occupancy::VACATE_LUA),
             occupying: Mutex::new(Default::default()),
+            cluster: None,
+            shards: crate::broker::redis::shards::ShardState::new(),
             durable: Mutex::new(None),
             wait_replicas: 0,
             short_waits: std::sync::atomic::AtomicU64::new(0),

@@ -84,7 +84,7 @@ impl Shared {
         let _ = self.wake_listener();
     }
 
-    fn wake_listener(&self) -> Result<(), BrokerError> {
+    pub(super) fn wake_listener(&self) -> Result<(), BrokerError> {
         let wake = format!("{WAKE_PREFIX}{}", self.node);
         self.with_connection(|con| ::redis::cmd("PUBLISH").arg(&wake).arg("").query::<i64>(con))
             .map(drop)
@@ -212,7 +212,7 @@ impl Listener {
         Ok(())
     }
 
-    fn handle(&mut self, name: &str, bytes: &[u8]) {
+    pub(super) fn handle(&mut self, name: &str, bytes: &[u8]) {
         let hub = &self.shared.hub;
         let Some(channel) = hub.find(name) else {
             self.delivered.remove(name);
@@ -330,7 +330,7 @@ impl Listener {
 
     /// After a reconnect: what local subscribers missed while the listener was
     /// away, from each channel's history, in order.
-    fn fill_in(&mut self) {
+    pub(super) fn fill_in(&mut self) {
         let channels: Vec<(Box<str>, (u64, u64))> = self.delivered.drain().collect();
         for (name, (epoch, last)) in channels {
             let Some(channel) = self.shared.hub.find(&name) else {

@@ -42,7 +42,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
-use ::redis::{Client, Connection, Script};
+use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
+use ::redis::{Client, Script};
 
 use super::{
     Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, FailoverCounts, Member,
@@ -51,19 +52,21 @@ use super::{
 use crate::history::{self, Limits};
 use crate::hub::{Channel, ConnRef, Hub};
 use crate::rules::Namespaces;
-use connection::unavailable;
+use connection::{REDIS_TIMEOUT, unavailable};
 use keys::{Keys, key_life};
 use listener::{Listener, Subs};
 use presence::MEMBERS_LUA;
 use snapshot::SNAPSHOT_LUA;
 use wire::{MAGIC, PUBSUB_PREFIX, encode_message};
 
+mod cluster;
 mod connection;
 mod keys;
 mod listener;
 mod occupancy;
 mod origin;
 mod presence;
+mod shards;
 mod snapshot;
 mod users;
 mod wire;
@@ -80,6 +83,10 @@ pub enum Subscribe {
     /// every message of every channel.
     Pattern,
 }
+
+/// How often a cluster command is tried again after `MOVED`, `ASK`,
+/// `TRYAGAIN` or a failover (each wait 10 to 200 ms, an event loop waiting).
+const CLUSTER_RETRIES: u32 = 3;
 
 /// Next seq, keep, publish: atomic, so every node sees one order. KEYS and ARGV
 /// are in the file's header.
@@ -99,7 +106,11 @@ struct Shared {
     listening: AtomicBool,
     /// The last command on the pool's connections went through.
     commands_ok: AtomicBool,
-    pool: Mutex<Vec<Connection>>,
+    pool: Mutex<Vec<connection::Pooled>>,
+    /// On a Redis Cluster: the command client (the listener is `shards`).
+    cluster: Option<ClusterClient>,
+    /// On a Redis Cluster: the shard threads' state.
+    shards: shards::ShardState,
     snapshot: Script,
     members: Script,
     users_join: Script,
@@ -146,6 +157,26 @@ impl std::fmt::Debug for RedisBroker {
     }
 }
 
+impl Shared {
+    /// The pubsub channel of `channel`: a shard channel in its keys' slot on a
+    /// cluster.
+    pub(super) fn pubsub_channel(&self, channel: &str) -> String {
+        match self.cluster {
+            Some(_) => shards::shard_channel(channel),
+            None => format!("{PUBSUB_PREFIX}{channel}"),
+        }
+    }
+
+    /// `SPUBLISH` on a cluster (only the slot's master carries it), `PUBLISH`
+    /// otherwise.
+    pub(super) fn publish_command(&self) -> &'static str {
+        match self.cluster {
+            Some(_) => "SPUBLISH",
+            None => "PUBLISH",
+        }
+    }
+}
+
 impl RedisBroker {
     /// Connects to `url` (once, to say at start whether Redis is there) and starts
     /// the listener thread. A Redis that is down at start is not an error: the
@@ -158,7 +189,27 @@ impl RedisBroker {
         history: Limits,
         namespaces: Namespaces,
     ) -> Result<RedisBroker, BrokerError> {
-        let client = Client::open(url).map_err(unavailable)?;
+        let seeds = cluster::Seeds::parse(url);
+        let (client, cluster) = match &seeds {
+            Some(seeds) => {
+                if mode == Subscribe::Pattern {
+                    return Err(unavailable(
+                        "--redis-subscribe pattern needs one Redis: a cluster has no sharded pattern subscriptions",
+                    ));
+                }
+                let cluster = ClusterClientBuilder::new(seeds.urls())
+                    .connection_timeout(REDIS_TIMEOUT)
+                    .response_timeout(REDIS_TIMEOUT)
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(10)
+                    .max_retry_wait(200)
+                    .build()
+                    .map_err(unavailable)?;
+                let first = Client::open(seeds.url(&seeds.hosts[0])).map_err(unavailable)?;
+                (first, Some(cluster))
+            }
+            None => (Client::open(url).map_err(unavailable)?, None),
+        };
         let node = format!("{:016x}", new_epoch());
         let shared = Arc::new(Shared {
             hub,
@@ -188,15 +239,31 @@ impl RedisBroker {
             short_waits: AtomicU64::new(0),
             new_epochs: AtomicU64::new(0),
             unwaited: Script::new(origin::UNWAITED_LUA),
+            cluster,
+            shards: shards::ShardState::new(),
         });
-        let listener = Listener {
-            shared: Arc::clone(&shared),
-            delivered: HashMap::new(),
+        let listen = Arc::clone(&shared);
+        let listening = match seeds {
+            Some(seeds) => std::thread::Builder::new()
+                .name("throng-redis".into())
+                .spawn(move || {
+                    shards::Supervisor {
+                        shared: listen,
+                        seeds,
+                    }
+                    .run()
+                }),
+            None => std::thread::Builder::new()
+                .name("throng-redis".into())
+                .spawn(move || {
+                    Listener {
+                        shared: listen,
+                        delivered: HashMap::new(),
+                    }
+                    .run()
+                }),
         };
-        std::thread::Builder::new()
-            .name("throng-redis".into())
-            .spawn(move || listener.run())
-            .map_err(unavailable)?;
+        listening.map_err(unavailable)?;
         if let Err(e) = shared.heartbeat() {
             tracing::warn!(error = %e, "redis not reachable at start; serving, and retrying");
         }
@@ -242,10 +309,11 @@ impl Broker for RedisBroker {
                 .arg(size)
                 .arg(key_life(limits.ttl))
                 .arg(format!("{:016x}", new_epoch()))
-                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                .arg(self.shared.pubsub_channel(channel))
                 .arg(MAGIC)
                 .arg(&durable)
                 .arg(if waits { "w" } else { "" })
+                .arg(self.shared.publish_command())
                 .invoke(con)?;
             if waits {
                 self.shared.wait_replicas(con, &keys.epoch, &answer.2)?;
@@ -364,8 +432,8 @@ impl Broker for RedisBroker {
         let mut message = MAGIC.to_vec();
         message.extend_from_slice(b"K\n");
         self.shared.with_connection(|con| {
-            ::redis::cmd("PUBLISH")
-                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+            ::redis::cmd(self.shared.publish_command())
+                .arg(self.shared.pubsub_channel(channel))
                 .arg(&message)
                 .query::<i64>(con)
         })?;

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::keys::{Keys, NODE_PREFIX, key_life};
-use super::wire::{PUBSUB_PREFIX, encode_event};
+use super::wire::encode_event;
 use super::{BrokerError, ConnRef, RedisBroker, Shared, lock};
 
 /// Adds to this node's members of a channel and returns every live node's sum.
@@ -115,10 +115,10 @@ impl RedisBroker {
         exclude: Option<ConnRef>,
     ) {
         let message = encode_event(&self.shared.node, exclude, count, event, client);
-        let pubsub = format!("{PUBSUB_PREFIX}{channel}");
+        let pubsub = self.shared.pubsub_channel(channel);
         // Presence is advisory: a lost event is corrected by the next one's count.
         let _ = self.shared.with_connection(|con| {
-            ::redis::cmd("PUBLISH")
+            ::redis::cmd(self.shared.publish_command())
                 .arg(&pubsub)
                 .arg(&message)
                 .query::<i64>(con)
