@@ -304,6 +304,10 @@ def test_redis_down_gives_503_and_subscribers_stay_then_everything_resumes(clust
             wait_healthy(a.port)
             wait_healthy(b.port)
             seq = publish_ok(a.port, "fault", "two")
+            # Redis came back empty: the channel's history started afresh, and the
+            # subscriber is told so before the new epoch's first message.
+            gap = await recv_json(ws, timeout=10)
+            assert (gap["event"], gap["reason"], gap["to"]) == ("gap", "new epoch", seq - 1), gap
             msg = await recv_json(ws, timeout=10)
             assert (msg["seq"], msg["data"]) == (seq, "two"), msg
         finally:
