@@ -201,6 +201,7 @@ mod tests {
             vacate: Script::new(crate::broker::redis::occupancy::VACATE_LUA),
             occupying: Mutex::new(Default::default()),
             cluster: None,
+            seeds: None,
             shards: crate::broker::redis::shards::ShardState::new(),
             durable: Mutex::new(None),
             wait_replicas: 0,

@@ -109,6 +109,8 @@ struct Shared {
     pool: Mutex<Vec<connection::Pooled>>,
     /// On a Redis Cluster: the command client (the listener is `shards`).
     cluster: Option<ClusterClient>,
+    /// On a Redis Cluster: the nodes it was named by.
+    seeds: Option<cluster::Seeds>,
     /// On a Redis Cluster: the shard threads' state.
     shards: shards::ShardState,
     snapshot: Script,
@@ -158,6 +160,42 @@ impl std::fmt::Debug for RedisBroker {
 }
 
 impl Shared {
+    /// Every key matching `pattern`, by `SCAN`: on a cluster, of every master.
+    fn scan(&self, pattern: &str) -> Result<Vec<String>, BrokerError> {
+        let scan_on = |con: &mut dyn ::redis::ConnectionLike| {
+            let mut keys = Vec::new();
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch): (u64, Vec<String>) = ::redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query(con)?;
+                keys.extend(batch);
+                if next == 0 {
+                    return Ok(keys);
+                }
+                cursor = next;
+            }
+        };
+        let Some(seeds) = &self.seeds else {
+            return self.with_connection(scan_on);
+        };
+        let topology = cluster::Topology::read(seeds, REDIS_TIMEOUT).map_err(unavailable)?;
+        let mut keys = Vec::new();
+        for master in topology.masters() {
+            let mut con = Client::open(seeds.url(&master))
+                .and_then(|c| c.get_connection_with_timeout(REDIS_TIMEOUT))
+                .map_err(unavailable)?;
+            con.set_read_timeout(Some(REDIS_TIMEOUT))
+                .map_err(unavailable)?;
+            keys.extend(scan_on(&mut con).map_err(unavailable)?);
+        }
+        Ok(keys)
+    }
+
     /// The pubsub channel of `channel`: a shard channel in its keys' slot on a
     /// cluster.
     pub(super) fn pubsub_channel(&self, channel: &str) -> String {
@@ -240,6 +278,7 @@ impl RedisBroker {
             new_epochs: AtomicU64::new(0),
             unwaited: Script::new(origin::UNWAITED_LUA),
             cluster,
+            seeds: seeds.clone(),
             shards: shards::ShardState::new(),
         });
         let listen = Arc::clone(&shared);
@@ -444,28 +483,16 @@ impl Broker for RedisBroker {
     /// found by `SCAN`, each counted as `channel_info` counts.
     fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError> {
         let pattern = format!("throng:{{{prefix}*}}:members");
-        let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = self.shared.with_connection(|con| {
-                ::redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query(con)
-            })?;
-            names.extend(keys.iter().filter_map(|k| {
+        let mut names: Vec<String> = self
+            .shared
+            .scan(&pattern)?
+            .iter()
+            .filter_map(|k| {
                 k.strip_prefix("throng:{")?
                     .strip_suffix("}:members")
                     .map(str::to_string)
-            }));
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
+            })
+            .collect();
         // Channels with subscribers here whose count is not written yet.
         for name in lock(&self.shared.written_members).keys() {
             if name.starts_with(prefix) && !names.iter().any(|n| **n == **name) {
