@@ -1,13 +1,15 @@
 //! Commands to Redis and the circuit breaker around them: a pool of connections
-//! with timeouts, what counts as a failure on the wire, failing fast while Redis
-//! is down, and the heartbeat (this node's key) that is also the probe finding
-//! Redis back. Besides that key it must not know what the commands mean
-//! (channels, presence, subscriptions).
+//! with timeouts, what counts as a failure on the wire (a `READONLY` answer too:
+//! the master was demoted), failing fast while Redis is down, and the heartbeat
+//! (this node's key) that is also the probe finding Redis back. Where a new
+//! connection goes (one Redis, or the master Sentinel names) is `sentinel`'s.
+//! Besides that key it must not know what the commands mean (channels, presence,
+//! subscriptions).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ::redis::Connection;
+use ::redis::{Connection, ErrorKind, RedisError, ServerErrorKind};
 
 use super::keys::{NODE_TTL_SECS, node_key};
 use super::{BrokerError, Shared, lock};
@@ -36,6 +38,26 @@ pub(super) fn unavailable(e: impl std::fmt::Display) -> BrokerError {
     BrokerError::Unavailable(format!("redis: {e}"))
 }
 
+/// A connection taken from the pool, and the generation it was taken in.
+struct Pooled {
+    con: Connection,
+    generation: u64,
+}
+
+/// The connection is gone, or goes to a Redis that is no master any more: either
+/// way the next command needs a new connection (to wherever the master is now).
+fn is_wire_failure(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || is_demoted(e)
+}
+
+fn is_demoted(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+}
+
 impl Shared {
     /// Runs `f` on a pooled connection (a new one if none is idle); a connection
     /// that failed on the wire is dropped, not returned. A pooled connection found
@@ -54,7 +76,9 @@ impl Shared {
         if !self.commands_ok.load(Ordering::Relaxed) {
             return Err(unavailable("unreachable (retrying every second)"));
         }
-        let pooled = lock(&self.pool).pop();
+        // Taken before the pop: a connection from before a switch is not given back.
+        let generation = self.target.generation();
+        let pooled = lock(&self.pool).pop().map(|con| Pooled { con, generation });
         let reused = pooled.is_some();
         match self.run_on(pooled, &f) {
             Err(Failure::Wire(_)) if reused => {
@@ -67,49 +91,68 @@ impl Shared {
 
     fn run_on<T>(
         &self,
-        pooled: Option<Connection>,
+        pooled: Option<Pooled>,
         f: &impl Fn(&mut Connection) -> ::redis::RedisResult<T>,
     ) -> Result<T, Failure> {
-        let mut con = match pooled {
-            Some(con) => con,
-            None => self.connect().map_err(|e| {
-                self.commands_ok.store(false, Ordering::Relaxed);
-                Failure::Wire(e)
-            })?,
+        let (mut con, generation) = match pooled {
+            Some(Pooled { con, generation }) => (con, generation),
+            None => {
+                let generation = self.target.generation();
+                let con = self.connect().map_err(|e| {
+                    self.commands_ok.store(false, Ordering::Relaxed);
+                    Failure::Wire(e)
+                })?;
+                (con, generation)
+            }
         };
         match f(&mut con) {
             Ok(v) => {
                 self.commands_ok.store(true, Ordering::Relaxed);
-                lock(&self.pool).push(con);
+                self.give_back(con, generation);
                 Ok(v)
             }
-            Err(e)
-                if e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_unrecoverable_error() =>
-            {
+            Err(e) if is_wire_failure(&e) => {
                 self.commands_ok.store(false, Ordering::Relaxed);
+                if is_demoted(&e) {
+                    tracing::warn!(error = %e, "redis is no master any more; reconnecting");
+                    if self.target.is_sentinel() {
+                        self.forget_master();
+                    } else {
+                        // The same URL again (its name may point at the new master
+                        // by now); the listener reconnecting there would gain nothing.
+                        lock(&self.pool).clear();
+                    }
+                }
                 Err(Failure::Wire(unavailable(e)))
             }
             Err(e) => {
                 // Redis answered with an error: the connection is fine.
-                lock(&self.pool).push(con);
+                self.give_back(con, generation);
                 Err(Failure::Answer(unavailable(e)))
             }
         }
     }
 
+    /// Into the pool, unless the master changed since the connection was taken.
+    fn give_back(&self, con: Connection, generation: u64) {
+        let mut pool = lock(&self.pool);
+        if self.target.generation() == generation {
+            pool.push(con);
+        }
+    }
+
+    /// The master changed, or may have (Sentinel said so, or Redis answered
+    /// `READONLY`): no connection made before is used again, and the next connect
+    /// asks where the master is. The listener notices the new generation itself.
+    pub(super) fn forget_master(&self) {
+        // Counted before the pool is emptied: a connection given back between the
+        // two is either cleared here or refused by `give_back`.
+        self.target.next_generation();
+        lock(&self.pool).clear();
+    }
+
     pub(super) fn connect(&self) -> Result<Connection, BrokerError> {
-        let con = self
-            .client
-            .get_connection_with_timeout(REDIS_TIMEOUT)
-            .map_err(unavailable)?;
-        con.set_read_timeout(Some(REDIS_TIMEOUT))
-            .map_err(unavailable)?;
-        con.set_write_timeout(Some(REDIS_TIMEOUT))
-            .map_err(unavailable)?;
-        Ok(con)
+        self.target.connect()
     }
 
     /// This node is alive (its members count). It is also the probe that finds
@@ -138,11 +181,12 @@ mod tests {
     use std::sync::atomic::AtomicBool;
     use std::sync::{Arc, Condvar, Mutex};
 
-    use ::redis::{Client, Script};
+    use ::redis::Script;
 
     use super::super::Subscribe;
     use super::super::listener::Subs;
     use super::super::presence::MEMBERS_LUA;
+    use super::super::sentinel::Target;
     use super::super::snapshot::SNAPSHOT_LUA;
     use super::*;
     use crate::history::Limits;
@@ -158,7 +202,7 @@ mod tests {
         let waker = Arc::new(mio::Waker::new(polls.registry(), mio::Token(0)).unwrap());
         let shared = Shared {
             hub: Arc::new(Hub::new(vec![waker])),
-            client: Client::open(url.as_str()).unwrap(),
+            target: Target::open(&url).unwrap(),
             node: "n".into(),
             listening: AtomicBool::new(false),
             commands_ok: AtomicBool::new(true),

@@ -1,6 +1,11 @@
 //! The Redis broker: every node that names the same Redis shares each channel's
 //! `seq`, history, epoch and presence, and gets every message published on any
-//! node. Redis is the whole distributed engine: no node talks to another.
+//! node. Redis is the whole distributed engine: no node talks to another. That
+//! Redis is one (`redis://…`) or the master Redis Sentinel names
+//! (`redis-sentinel://…`): every new connection then goes to the master Sentinel
+//! names now, and a failover (`+switch-master`, or a `READONLY` answer from a
+//! demoted master) empties the pool and moves the listener to the new master,
+//! which fills in from history as after any reconnect.
 //!
 //! Keys of channel `NAME` (the braces keep them in one Redis Cluster slot):
 //! `throng:{NAME}:seq`, `throng:{NAME}:epoch`, `throng:{NAME}:hist` (a stream, one
@@ -26,6 +31,8 @@
 //! - `keys`: the Redis keys and how long they live;
 //! - `connection`: the connection pool and the circuit breaker (fail fast while
 //!   Redis is down; the heartbeat probes);
+//! - `sentinel`: where connections go (the Redis, or the master Sentinel names),
+//!   and the thread following Sentinel's failovers;
 //! - `snapshot`: a channel's seq, epoch and history in one instant, and replays;
 //! - `presence`: member counts, join/leave events, the keeper thread;
 //! - `users`: Pusher presence channels' users (`users_*.lua`);
@@ -42,7 +49,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
-use ::redis::{Client, Connection, Script};
+use ::redis::{Connection, Script};
 
 use super::{
     Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, Member, Members, Outgoing,
@@ -63,6 +70,7 @@ mod keys;
 mod listener;
 mod occupancy;
 mod presence;
+mod sentinel;
 mod snapshot;
 mod users;
 mod wire;
@@ -92,7 +100,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What the listener thread and the broker share.
 struct Shared {
     hub: Arc<Hub>,
-    client: Client,
+    /// Where new connections go: one Redis, or the master Sentinel names.
+    target: sentinel::Target,
     node: String,
     /// The listener is subscribed and reading.
     listening: AtomicBool,
@@ -137,9 +146,21 @@ impl std::fmt::Debug for RedisBroker {
 }
 
 impl RedisBroker {
+    /// Whether `url` names a Redis (`redis://host[:port][/db]`) or a master behind
+    /// Sentinel (`redis-sentinel://…`, see `sentinel`); says what is wrong if not.
+    pub fn check_url(url: &str) -> Result<(), String> {
+        if url.starts_with(sentinel::SCHEME) {
+            return sentinel::SentinelUrl::parse(url).map(drop);
+        }
+        ::redis::Client::open(url)
+            .map(drop)
+            .map_err(|e| format!("'{}': {e}", redact(url)))
+    }
+
     /// Connects to `url` (once, to say at start whether Redis is there) and starts
-    /// the listener thread. A Redis that is down at start is not an error: the
-    /// node runs, unhealthy, until Redis comes.
+    /// the listener thread, and with Sentinel the thread following failovers. A
+    /// Redis (or every Sentinel) down at start is not an error: the node runs,
+    /// unhealthy, until it comes.
     pub fn start(
         hub: Arc<Hub>,
         url: &str,
@@ -147,11 +168,11 @@ impl RedisBroker {
         history: Limits,
         namespaces: Namespaces,
     ) -> Result<RedisBroker, BrokerError> {
-        let client = Client::open(url).map_err(unavailable)?;
+        let target = sentinel::Target::open(url)?;
         let node = format!("{:016x}", new_epoch());
         let shared = Arc::new(Shared {
             hub,
-            client,
+            target,
             node,
             listening: AtomicBool::new(false),
             commands_ok: AtomicBool::new(false),
@@ -181,6 +202,13 @@ impl RedisBroker {
             .name("throng-redis".into())
             .spawn(move || listener.run())
             .map_err(unavailable)?;
+        if shared.target.is_sentinel() {
+            let watcher = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("throng-redis-sentinel".into())
+                .spawn(move || sentinel::watch(watcher))
+                .map_err(unavailable)?;
+        }
         if let Err(e) = shared.heartbeat() {
             tracing::warn!(error = %e, "redis not reachable at start; serving, and retrying");
         }
@@ -419,5 +447,9 @@ mod tests {
     fn urls_hide_passwords() {
         assert_eq!(redact("redis://:secret@h:6379/0"), "redis://***@h:6379/0");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        assert_eq!(
+            redact("redis-sentinel://:pw@a:1,b:2/m"),
+            "redis-sentinel://***@a:1,b:2/m"
+        );
     }
 }
