@@ -42,7 +42,8 @@ have curl || apt_install curl
 have openssl || apt_install openssl
 have ip || apt_install iproute2   # network namespaces play remote peers in tests
 # Servers the tests start themselves, on free ports: Redis (the Redis broker's
-# tests; redis-cli comes along) and Nchan (nginx module: a foreign SSE server the
+# tests; redis-cli comes along, and `redis-server --sentinel` is Sentinel: no
+# redis-sentinel package needed) and Nchan (nginx module: a foreign SSE server the
 # bench is tested against). Their packages would start system services (Redis on
 # 6379, nginx on 80); a refusing policy-rc.d stops that during the install.
 apt_install_no_services() {

@@ -126,8 +126,10 @@ fn parse_redis_subscribe(s: &str) -> Result<crate::broker::Subscribe, String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrokerSpec {
     Memory,
-    /// `redis://host[:port][/db]` or `redis-cluster://host:port[,host:port…]`,
-    /// as written.
+    /// `redis://host[:port][/db]`, the master behind Sentinel
+    /// (`redis-sentinel://[[user]:password@]host[:port][,host[:port]…]/master`) or
+    /// a Redis Cluster (`redis-cluster://host:port[,host:port…]`); as written (the
+    /// broker reads it again at start).
     Redis(String),
 }
 
@@ -138,9 +140,8 @@ impl std::str::FromStr for BrokerSpec {
         if s == "memory" {
             return Ok(BrokerSpec::Memory);
         }
-        if s.starts_with("redis://") {
-            let client = ::redis::Client::open(s).map_err(|e| format!("'{s}': {e}"))?;
-            drop(client);
+        if s.starts_with("redis://") || s.starts_with("redis-sentinel://") {
+            crate::broker::RedisBroker::check_url(s)?;
             return Ok(BrokerSpec::Redis(s.to_string()));
         }
         if let Some(rest) = s.strip_prefix("redis-cluster://") {
@@ -158,7 +159,7 @@ impl std::str::FromStr for BrokerSpec {
             };
         }
         Err(format!(
-            "'{s}' is not a broker: use memory, redis://host[:port][/db] or redis-cluster://host:port[,host:port…]"
+            "'{s}' is not a broker: use memory, redis://host[:port][/db], redis-sentinel://[[user]:password@]host[:port][,host[:port]…]/master or redis-cluster://host:port[,host:port…]"
         ))
     }
 }
@@ -313,8 +314,9 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_HISTORY_TTL", value_name = "DURATION", default_value = defaults::HISTORY_TTL, value_parser = parse_duration)]
     pub history_ttl: Duration,
 
-    /// Where channels live: memory (this process) or redis://host[:port][/db] (every
+    /// Where channels live: memory (this process), redis://host[:port][/db] (every
     /// node sharing that Redis: one seq and history per channel, cluster-wide delivery)
+    /// or redis-sentinel://host:port[,host:port…]/master (the master Sentinel names)
     #[arg(long, env = "THRONG_BROKER", value_name = "BROKER", default_value = defaults::BROKER)]
     pub broker: BrokerSpec,
 
@@ -459,7 +461,8 @@ pub struct ServeConfig {
     pub history_ttl: Duration,
     /// Where channels live. Default `memory` (this process only); `redis://…` shares
     /// seq, history, presence and delivery with every node on that Redis, at one
-    /// Redis round trip per publish and per resuming subscribe.
+    /// Redis round trip per publish and per resuming subscribe; `redis-sentinel://…`
+    /// does that on the master Sentinel names, following its failovers.
     pub broker: BrokerSpec,
     /// How a node listens to Redis. Default `channels`: it subscribes to the
     /// channels it has subscribers of (the first subscriber of a channel on a node

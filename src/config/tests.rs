@@ -101,3 +101,26 @@ fn config_path_is_found_before_parsing() {
         .collect();
     assert_eq!(config_path_from(&args), Some(PathBuf::from("b.toml")));
 }
+
+#[test]
+fn brokers_are_memory_redis_or_redis_behind_sentinel() {
+    assert_eq!("memory".parse::<BrokerSpec>(), Ok(BrokerSpec::Memory));
+    for url in [
+        "redis://127.0.0.1:6379/0",
+        "redis-sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster",
+    ] {
+        assert_eq!(url.parse::<BrokerSpec>(), Ok(BrokerSpec::Redis(url.into())));
+    }
+    let refused = "postgres://x".parse::<BrokerSpec>().unwrap_err();
+    assert!(
+        refused.contains("memory, redis://") && refused.contains("redis-sentinel://"),
+        "{refused}"
+    );
+    let no_master = "redis-sentinel://:pw@h:26379"
+        .parse::<BrokerSpec>()
+        .unwrap_err();
+    assert!(
+        no_master.contains("no master name") && !no_master.contains("pw@"),
+        "{no_master}"
+    );
+}

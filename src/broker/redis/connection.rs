@@ -1,13 +1,15 @@
 //! Commands to Redis and the circuit breaker around them: a pool of connections
-//! with timeouts, what counts as a failure on the wire, failing fast while Redis
-//! is down, and the heartbeat (this node's key) that is also the probe finding
-//! Redis back. Besides that key it must not know what the commands mean
-//! (channels, presence, subscriptions).
+//! with timeouts, what counts as a failure on the wire (a `READONLY` answer too:
+//! the master was demoted), failing fast while Redis is down, and the heartbeat
+//! (this node's key) that is also the probe finding Redis back. Where a new
+//! connection goes (one Redis, or the master Sentinel names) is `sentinel`'s.
+//! Besides that key it must not know what the commands mean (channels, presence,
+//! subscriptions).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ::redis::{Connection, ConnectionLike};
+use ::redis::{Connection, ConnectionLike, ErrorKind, RedisError, ServerErrorKind};
 
 use super::keys::{NODE_TTL_SECS, node_key};
 use super::{BrokerError, Shared, lock};
@@ -16,9 +18,6 @@ use super::{BrokerError, Shared, lock};
 /// Event loops wait this long at most once: after a failure they fail fast while
 /// the keeper thread probes (see [`Shared::with_connection`]).
 pub(super) const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// A pooled command connection.
-pub(super) type Pooled = Box<dyn ConnectionLike + Send>;
 
 /// How a Redis command failed: on the wire (the connection is gone), or with an
 /// error Redis answered.
@@ -39,6 +38,31 @@ pub(super) fn unavailable(e: impl std::fmt::Display) -> BrokerError {
     BrokerError::Unavailable(format!("redis: {e}"))
 }
 
+/// A command connection: to the one Redis, or the redis crate's cluster
+/// connection (which routes each command to its key's master and follows
+/// `MOVED`, `ASK` and failovers).
+pub(super) type Link = Box<dyn ConnectionLike + Send>;
+
+/// A connection taken from the pool, and the generation it was taken in.
+struct Pooled {
+    con: Link,
+    generation: u64,
+}
+
+/// The connection is gone, or goes to a Redis that is no master any more: either
+/// way the next command needs a new connection (to wherever the master is now).
+fn is_wire_failure(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || is_demoted(e)
+}
+
+fn is_demoted(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+}
+
 impl Shared {
     /// Runs `f` on a pooled connection (a new one if none is idle); a connection
     /// that failed on the wire is dropped, not returned. A pooled connection found
@@ -57,7 +81,9 @@ impl Shared {
         if !self.commands_ok.load(Ordering::Relaxed) {
             return Err(unavailable("unreachable (retrying every second)"));
         }
-        let pooled = lock(&self.pool).pop();
+        // Taken before the pop: a connection from before a switch is not given back.
+        let generation = self.target.generation();
+        let pooled = lock(&self.pool).pop().map(|con| Pooled { con, generation });
         let reused = pooled.is_some();
         match self.run_on(pooled, &f) {
             Err(Failure::Wire(_)) if reused => {
@@ -73,59 +99,75 @@ impl Shared {
         pooled: Option<Pooled>,
         f: &impl Fn(&mut dyn ConnectionLike) -> ::redis::RedisResult<T>,
     ) -> Result<T, Failure> {
-        let mut con = match pooled {
-            Some(con) => con,
-            None => self.connect_pooled().map_err(|e| {
-                self.commands_ok.store(false, Ordering::Relaxed);
-                Failure::Wire(e)
-            })?,
+        let (mut con, generation) = match pooled {
+            Some(Pooled { con, generation }) => (con, generation),
+            None => {
+                let generation = self.target.generation();
+                let con = self.connect_link().map_err(|e| {
+                    self.commands_ok.store(false, Ordering::Relaxed);
+                    Failure::Wire(e)
+                })?;
+                (con, generation)
+            }
         };
         match f(&mut *con) {
             Ok(v) => {
                 self.commands_ok.store(true, Ordering::Relaxed);
-                lock(&self.pool).push(con);
+                self.give_back(con, generation);
                 Ok(v)
             }
-            Err(e)
-                if e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_unrecoverable_error() =>
-            {
+            Err(e) if is_wire_failure(&e) => {
                 self.commands_ok.store(false, Ordering::Relaxed);
+                if is_demoted(&e) {
+                    tracing::warn!(error = %e, "redis is no master any more; reconnecting");
+                    if self.target.is_sentinel() {
+                        self.forget_master();
+                    } else {
+                        // The same URL again (its name may point at the new master
+                        // by now); the listener reconnecting there would gain nothing.
+                        lock(&self.pool).clear();
+                    }
+                }
                 Err(Failure::Wire(unavailable(e)))
             }
             Err(e) => {
                 // Redis answered with an error: the connection is fine.
-                lock(&self.pool).push(con);
+                self.give_back(con, generation);
                 Err(Failure::Answer(unavailable(e)))
             }
         }
     }
 
-    /// A connection for the pool: to the one Redis, or a cluster connection
-    /// (the redis crate's, which routes each command to its key's master and
-    /// follows `MOVED`, `ASK` and failovers).
-    fn connect_pooled(&self) -> Result<Pooled, BrokerError> {
+    /// Into the pool, unless the master changed since the connection was taken.
+    fn give_back(&self, con: Link, generation: u64) {
+        let mut pool = lock(&self.pool);
+        if self.target.generation() == generation {
+            pool.push(con);
+        }
+    }
+
+    /// The master changed, or may have (Sentinel said so, or Redis answered
+    /// `READONLY`): no connection made before is used again, and the next connect
+    /// asks where the master is. The listener notices the new generation itself.
+    pub(super) fn forget_master(&self) {
+        // Counted before the pool is emptied: a connection given back between the
+        // two is either cleared here or refused by `give_back`.
+        self.target.next_generation();
+        lock(&self.pool).clear();
+    }
+
+    /// A command connection for the pool.
+    fn connect_link(&self) -> Result<Link, BrokerError> {
         match &self.cluster {
-            Some(cluster) => {
-                let con = cluster.get_connection().map_err(unavailable)?;
-                Ok(Box::new(con))
-            }
+            Some(cluster) => Ok(Box::new(cluster.get_connection().map_err(unavailable)?)),
             None => Ok(Box::new(self.connect()?)),
         }
     }
 
-    /// A connection to the one Redis (not in a cluster).
+    /// A connection to the one Redis, or the master Sentinel names (not on a
+    /// cluster); whether it is durable is noted (see `origin`).
     pub(super) fn connect(&self) -> Result<Connection, BrokerError> {
-        let mut con = self
-            .client
-            .get_connection_with_timeout(REDIS_TIMEOUT)
-            .map_err(unavailable)?;
-        con.set_read_timeout(Some(REDIS_TIMEOUT))
-            .map_err(unavailable)?;
-        con.set_write_timeout(Some(REDIS_TIMEOUT))
-            .map_err(unavailable)?;
+        let mut con = self.target.connect()?;
         self.probe_durability(&mut con);
         Ok(con)
     }
@@ -152,16 +194,11 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
-    use std::sync::{Arc, Condvar, Mutex};
 
-    use ::redis::{Client, Script};
-
-    use super::super::Subscribe;
-    use super::super::listener::Subs;
-    use super::super::presence::MEMBERS_LUA;
-    use super::super::snapshot::SNAPSHOT_LUA;
+    use super::super::sentinel::Target;
+    use super::super::{Scheme, Subscribe};
     use super::*;
     use crate::history::Limits;
     use crate::hub::Hub;
@@ -174,41 +211,22 @@ mod tests {
         let url = format!("redis://{}", hung.local_addr().unwrap());
         let polls = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(polls.registry(), mio::Token(0)).unwrap());
-        let shared = Shared {
-            hub: Arc::new(Hub::new(vec![waker])),
-            client: Client::open(url.as_str()).unwrap(),
-            node: "n".into(),
-            listening: AtomicBool::new(false),
-            commands_ok: AtomicBool::new(true),
-            pool: Mutex::new(Vec::new()),
-            snapshot: Script::new(SNAPSHOT_LUA),
-            members: Script::new(MEMBERS_LUA),
-            users_join: Script::new(crate::broker::redis::users::JOIN_LUA),
-            users_leave: Script::new(crate::broker::redis::users::LEAVE_LUA),
-            users_sweep: Script::new(crate::broker::redis::users::SWEEP_LUA),
-            presence_channels: Mutex::new(HashMap::new()),
-            history: Limits {
-                size: 0,
-                ttl: Duration::ZERO,
+        let mut shared = Shared::new(
+            Arc::new(Hub::new(vec![waker])),
+            Target::open(&url).unwrap(),
+            Scheme {
+                mode: Subscribe::Pattern,
+                wait_replicas: 0,
+                history: Limits {
+                    size: 0,
+                    ttl: Duration::ZERO,
+                },
+                namespaces: Namespaces::default(),
             },
-            namespaces: Namespaces::default(),
-            written_members: Mutex::new(HashMap::new()),
-            mode: Subscribe::Pattern,
-            subs: Mutex::new(Subs::default()),
-            confirmed: Condvar::new(),
-            watch: std::sync::OnceLock::new(),
-            occupy: Script::new(crate::broker::redis::occupancy::OCCUPY_LUA),
-            vacate: Script::new(crate::broker::redis::occupancy::VACATE_LUA),
-            occupying: Mutex::new(Default::default()),
-            cluster: None,
-            seeds: None,
-            shards: crate::broker::redis::shards::ShardState::new(),
-            durable: Mutex::new(None),
-            wait_replicas: 0,
-            short_waits: std::sync::atomic::AtomicU64::new(0),
-            new_epochs: std::sync::atomic::AtomicU64::new(0),
-            unwaited: Script::new(crate::broker::redis::origin::UNWAITED_LUA),
-        };
+            None,
+            None,
+        );
+        shared.commands_ok = AtomicBool::new(true);
         // The first command waits out the timeout and fails ...
         let first = shared.heartbeat().unwrap_err().to_string();
         assert!(!first.contains("retrying"), "{first}");

@@ -23,6 +23,9 @@ use crate::protocol::DataKind;
 /// The listener's reconnect backoff, doubling from the first to the last.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// The listener's read timeout: at least this often it looks whether the master
+/// changed (Sentinel's failover), however quiet its channels are.
+const TICK: Duration = Duration::from_secs(1);
 
 /// Per-channel subscriptions: what the listener should hold, and what it has not
 /// done yet, in order.
@@ -101,10 +104,17 @@ pub(super) struct Listener {
 }
 
 impl Listener {
+    /// Connects, subscribes and hands what comes to the hub until the connection
+    /// is lost or the master changes (looked at after every message and every
+    /// `TICK`); then again, with back-off, and fills in what was missed.
     pub(super) fn run(mut self) {
+        let shared = Arc::clone(&self.shared);
+        let target = &shared.target;
         let mut backoff = BACKOFF_FIRST;
         let mut lost = false;
         loop {
+            // Taken before connecting: a switch announced meanwhile is seen below.
+            let generation = target.generation();
             let mut con = match self.shared.connect() {
                 Ok(con) => con,
                 Err(e) => {
@@ -112,20 +122,20 @@ impl Listener {
                         tracing::warn!(error = %e, "redis unreachable; retrying");
                     }
                     lost = true;
-                    std::thread::sleep(backoff);
+                    target.pause(generation, backoff);
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
                 }
             };
-            // Messages come whenever they come: no read timeout on this one.
-            if con.set_read_timeout(None).is_err() {
+            // Messages come whenever they come: a timeout is only a tick.
+            if con.set_read_timeout(Some(TICK)).is_err() {
                 continue;
             }
             let mut pubsub = con.as_pubsub();
             if let Err(e) = self.subscribe_all(&mut pubsub) {
                 tracing::warn!(error = %e, "redis subscribe failed; retrying");
                 lost = true;
-                std::thread::sleep(backoff);
+                target.pause(generation, backoff);
                 continue;
             }
             self.shared.listening.store(true, Ordering::Relaxed);
@@ -137,8 +147,13 @@ impl Listener {
                 self.fill_in();
             }
             loop {
+                if target.generation() != generation {
+                    tracing::info!("the redis master changed: resubscribing on the new one");
+                    break;
+                }
                 let msg = match pubsub.get_message() {
                     Ok(msg) => msg,
+                    Err(e) if e.is_timeout() => continue,
                     Err(e) => {
                         tracing::warn!(error = %e, "redis subscription lost; reconnecting");
                         break;

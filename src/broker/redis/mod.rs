@@ -1,6 +1,11 @@
 //! The Redis broker: every node that names the same Redis shares each channel's
 //! `seq`, history, epoch and presence, and gets every message published on any
-//! node. Redis is the whole distributed engine: no node talks to another.
+//! node. Redis is the whole distributed engine: no node talks to another. That
+//! Redis is one (`redis://…`) or the master Redis Sentinel names
+//! (`redis-sentinel://…`): every new connection then goes to the master Sentinel
+//! names now, and a failover (`+switch-master`, or a `READONLY` answer from a
+//! demoted master) empties the pool and moves the listener to the new master,
+//! which fills in from history as after any reconnect.
 //!
 //! Keys of channel `NAME` (the braces keep them in one Redis Cluster slot):
 //! `throng:{NAME}:seq`, `throng:{NAME}:epoch`, `throng:{NAME}:hist` (a stream, one
@@ -26,6 +31,8 @@
 //! - `keys`: the Redis keys and how long they live;
 //! - `connection`: the connection pool and the circuit breaker (fail fast while
 //!   Redis is down; the heartbeat probes);
+//! - `sentinel`: where connections go (the Redis, or the master Sentinel names),
+//!   and the thread following Sentinel's failovers;
 //! - `snapshot`: a channel's seq, epoch and history in one instant, and replays;
 //! - `presence`: member counts, join/leave events, the keeper thread;
 //! - `users`: Pusher presence channels' users (`users_*.lua`);
@@ -42,8 +49,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
+use ::redis::Script;
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
-use ::redis::{Client, Script};
 
 use super::{
     Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, FailoverCounts, Member,
@@ -66,6 +73,7 @@ mod listener;
 mod occupancy;
 mod origin;
 mod presence;
+mod sentinel;
 mod shards;
 mod snapshot;
 mod users;
@@ -100,13 +108,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What the listener thread and the broker share.
 struct Shared {
     hub: Arc<Hub>,
-    client: Client,
+    /// Where new connections go: one Redis, or the master Sentinel names.
+    target: sentinel::Target,
     node: String,
     /// The listener is subscribed and reading.
     listening: AtomicBool,
     /// The last command on the pool's connections went through.
     commands_ok: AtomicBool,
-    pool: Mutex<Vec<connection::Pooled>>,
+    pool: Mutex<Vec<connection::Link>>,
     /// On a Redis Cluster: the command client (the listener is `shards`).
     cluster: Option<ClusterClient>,
     /// On a Redis Cluster: the nodes it was named by.
@@ -159,7 +168,56 @@ impl std::fmt::Debug for RedisBroker {
     }
 }
 
+/// How a node uses its Redis, from its flags.
+pub(super) struct Scheme {
+    pub(super) mode: Subscribe,
+    pub(super) wait_replicas: u32,
+    pub(super) history: Limits,
+    pub(super) namespaces: Namespaces,
+}
+
 impl Shared {
+    pub(super) fn new(
+        hub: Arc<Hub>,
+        target: sentinel::Target,
+        scheme: Scheme,
+        cluster: Option<ClusterClient>,
+        seeds: Option<cluster::Seeds>,
+    ) -> Shared {
+        Shared {
+            hub,
+            target,
+            node: format!("{:016x}", new_epoch()),
+            listening: AtomicBool::new(false),
+            commands_ok: AtomicBool::new(false),
+            pool: Mutex::new(Vec::new()),
+            snapshot: Script::new(SNAPSHOT_LUA),
+            members: Script::new(MEMBERS_LUA),
+            users_join: Script::new(users::JOIN_LUA),
+            users_leave: Script::new(users::LEAVE_LUA),
+            users_sweep: Script::new(users::SWEEP_LUA),
+            presence_channels: Mutex::new(HashMap::new()),
+            history: scheme.history,
+            namespaces: scheme.namespaces,
+            written_members: Mutex::new(HashMap::new()),
+            mode: scheme.mode,
+            subs: Mutex::new(Subs::default()),
+            confirmed: Condvar::new(),
+            watch: OnceLock::new(),
+            occupy: Script::new(occupancy::OCCUPY_LUA),
+            vacate: Script::new(occupancy::VACATE_LUA),
+            occupying: Mutex::new(Default::default()),
+            durable: Mutex::new(None),
+            wait_replicas: scheme.wait_replicas,
+            short_waits: AtomicU64::new(0),
+            new_epochs: AtomicU64::new(0),
+            unwaited: Script::new(origin::UNWAITED_LUA),
+            cluster,
+            seeds,
+            shards: shards::ShardState::new(),
+        }
+    }
+
     /// Every key matching `pattern`, by `SCAN`: on a cluster, of every master.
     fn scan(&self, pattern: &str) -> Result<Vec<String>, BrokerError> {
         let scan_on = |con: &mut dyn ::redis::ConnectionLike| {
@@ -186,7 +244,7 @@ impl Shared {
         let topology = cluster::Topology::read(seeds, REDIS_TIMEOUT).map_err(unavailable)?;
         let mut keys = Vec::new();
         for master in topology.masters() {
-            let mut con = Client::open(seeds.url(&master))
+            let mut con = ::redis::Client::open(seeds.url(&master))
                 .and_then(|c| c.get_connection_with_timeout(REDIS_TIMEOUT))
                 .map_err(unavailable)?;
             con.set_read_timeout(Some(REDIS_TIMEOUT))
@@ -216,9 +274,21 @@ impl Shared {
 }
 
 impl RedisBroker {
+    /// Whether `url` names a Redis (`redis://host[:port][/db]`) or a master behind
+    /// Sentinel (`redis-sentinel://…`, see `sentinel`); says what is wrong if not.
+    pub fn check_url(url: &str) -> Result<(), String> {
+        if url.starts_with(sentinel::SCHEME) {
+            return sentinel::SentinelUrl::parse(url).map(drop);
+        }
+        ::redis::Client::open(url)
+            .map(drop)
+            .map_err(|e| format!("'{}': {e}", redact(url)))
+    }
+
     /// Connects to `url` (once, to say at start whether Redis is there) and starts
-    /// the listener thread. A Redis that is down at start is not an error: the
-    /// node runs, unhealthy, until Redis comes.
+    /// the listener thread, and with Sentinel the thread following failovers. A
+    /// Redis (or every Sentinel) down at start is not an error: the node runs,
+    /// unhealthy, until it comes.
     pub fn start(
         hub: Arc<Hub>,
         url: &str,
@@ -228,7 +298,7 @@ impl RedisBroker {
         namespaces: Namespaces,
     ) -> Result<RedisBroker, BrokerError> {
         let seeds = cluster::Seeds::parse(url);
-        let (client, cluster) = match &seeds {
+        let (target, cluster) = match &seeds {
             Some(seeds) => {
                 if mode == Subscribe::Pattern {
                     return Err(unavailable(
@@ -243,44 +313,25 @@ impl RedisBroker {
                     .max_retry_wait(200)
                     .build()
                     .map_err(unavailable)?;
-                let first = Client::open(seeds.url(&seeds.hosts[0])).map_err(unavailable)?;
+                // Plain connections (a shard's, a SCAN's) go to masters the
+                // topology names; the first seed stands for "the Redis".
+                let first = sentinel::Target::open(&seeds.url(&seeds.hosts[0]))?;
                 (first, Some(cluster))
             }
-            None => (Client::open(url).map_err(unavailable)?, None),
+            None => (sentinel::Target::open(url)?, None),
         };
-        let node = format!("{:016x}", new_epoch());
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Shared::new(
             hub,
-            client,
-            node,
-            listening: AtomicBool::new(false),
-            commands_ok: AtomicBool::new(false),
-            pool: Mutex::new(Vec::new()),
-            snapshot: Script::new(SNAPSHOT_LUA),
-            members: Script::new(MEMBERS_LUA),
-            users_join: Script::new(users::JOIN_LUA),
-            users_leave: Script::new(users::LEAVE_LUA),
-            users_sweep: Script::new(users::SWEEP_LUA),
-            presence_channels: Mutex::new(HashMap::new()),
-            history,
-            namespaces,
-            written_members: Mutex::new(HashMap::new()),
-            mode,
-            subs: Mutex::new(Subs::default()),
-            confirmed: Condvar::new(),
-            watch: OnceLock::new(),
-            occupy: Script::new(occupancy::OCCUPY_LUA),
-            vacate: Script::new(occupancy::VACATE_LUA),
-            occupying: Mutex::new(Default::default()),
-            durable: Mutex::new(None),
-            wait_replicas,
-            short_waits: AtomicU64::new(0),
-            new_epochs: AtomicU64::new(0),
-            unwaited: Script::new(origin::UNWAITED_LUA),
+            target,
+            Scheme {
+                mode,
+                wait_replicas,
+                history,
+                namespaces,
+            },
             cluster,
-            seeds: seeds.clone(),
-            shards: shards::ShardState::new(),
-        });
+            seeds.clone(),
+        ));
         let listen = Arc::clone(&shared);
         let listening = match seeds {
             Some(seeds) => std::thread::Builder::new()
@@ -303,6 +354,13 @@ impl RedisBroker {
                 }),
         };
         listening.map_err(unavailable)?;
+        if shared.target.is_sentinel() {
+            let watcher = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("throng-redis-sentinel".into())
+                .spawn(move || sentinel::watch(watcher))
+                .map_err(unavailable)?;
+        }
         if let Err(e) = shared.heartbeat() {
             tracing::warn!(error = %e, "redis not reachable at start; serving, and retrying");
         }
@@ -546,5 +604,9 @@ mod tests {
     fn urls_hide_passwords() {
         assert_eq!(redact("redis://:secret@h:6379/0"), "redis://***@h:6379/0");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        assert_eq!(
+            redact("redis-sentinel://:pw@a:1,b:2/m"),
+            "redis-sentinel://***@a:1,b:2/m"
+        );
     }
 }
