@@ -1,15 +1,14 @@
 //! Commands to Redis and the circuit breaker around them: a pool of connections
 //! with timeouts, what counts as a failure on the wire, failing fast while Redis
-//! is down, and the heartbeat (this node's key) that is also the probe finding
-//! Redis back. Besides that key it must not know what the commands mean
-//! (channels, presence, subscriptions).
+//! is down, and when the heartbeat (written by `presence`) runs: it is also the
+//! probe finding Redis back. It must not know what the commands mean (channels,
+//! presence, liveness, subscriptions).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ::redis::Connection;
 
-use super::keys::{NODE_TTL_SECS, node_key};
 use super::{BrokerError, Shared, lock};
 
 /// How long a Redis connect or command may take before it counts as a failure.
@@ -112,23 +111,15 @@ impl Shared {
         Ok(con)
     }
 
-    /// This node is alive (its members count). It is also the probe that finds
+    /// This node is alive ([`Shared::beat`]). It is also the probe that finds
     /// Redis back after a failure, so it always tries, on a fresh connection then.
     pub(super) fn heartbeat(&self) -> Result<(), BrokerError> {
-        let key = node_key(&self.node);
-        let set = |con: &mut Connection| {
-            ::redis::cmd("SET")
-                .arg(&key)
-                .arg(1)
-                .arg("EX")
-                .arg(NODE_TTL_SECS)
-                .query::<()>(con)
-        };
+        let beat = |con: &mut Connection| self.beat(con);
         if self.commands_ok.load(Ordering::Relaxed) {
-            return self.with_connection(set);
+            return self.with_connection(beat);
         }
         lock(&self.pool).clear();
-        self.run_on(None, &set).map_err(Failure::into_error)
+        self.run_on(None, &beat).map_err(Failure::into_error)
     }
 }
 
@@ -182,6 +173,7 @@ mod tests {
             occupy: Script::new(crate::broker::redis::occupancy::OCCUPY_LUA),
             vacate: Script::new(crate::broker::redis::occupancy::VACATE_LUA),
             occupying: Mutex::new(Default::default()),
+            gone: Mutex::new(Arc::from([])),
         };
         // The first command waits out the timeout and fails ...
         let first = shared.heartbeat().unwrap_err().to_string();

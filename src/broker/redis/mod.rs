@@ -5,7 +5,10 @@
 //! Keys of channel `NAME` (the braces keep them in one Redis Cluster slot):
 //! `throng:{NAME}:seq`, `throng:{NAME}:epoch`, `throng:{NAME}:hist` (a stream, one
 //! entry per kept message, id `SEQ-1`) and `throng:{NAME}:members` (a hash, node ->
-//! its subscribers). A publish is one Lua script (`publish.lua`): next seq, keep,
+//! its subscribers); the rest are in `keys`. Every Lua script touches only keys it
+//! declares, all in one slot (its channel's; the nodes' set for `heartbeat.lua`),
+//! so it runs on a Redis Cluster: the scripts are told which nodes are gone (see
+//! `presence`). A publish is one Lua script (`publish.lua`): next seq, keep,
 //! PUBLISH on `throng:ch:NAME`, all atomic. Every node listens on its own thread
 //! ([`Listener`](listener::Listener)): `SUBSCRIBE`d to the channels it has
 //! subscribers of, or `PSUBSCRIBE`d to `throng:ch:*` (see [`Subscribe`]); it
@@ -27,13 +30,14 @@
 //! - `connection`: the connection pool and the circuit breaker (fail fast while
 //!   Redis is down; the heartbeat probes);
 //! - `snapshot`: a channel's seq, epoch and history in one instant, and replays;
-//! - `presence`: member counts, join/leave events, the keeper thread;
+//! - `presence`: member counts, join/leave events, the keeper thread, which
+//!   nodes are gone (`heartbeat.lua`);
 //! - `users`: Pusher presence channels' users (`users_*.lua`);
 //! - `occupancy`: watched channels' occupants across the cluster (`occupy.lua`,
 //!   `vacate.lua`), for Pusher's webhooks;
 //! - `listener`: the pubsub thread and the subscriptions it holds;
-//! - `publish.lua`, `snapshot.lua`, `members.lua`: the scripts Redis runs, by
-//!   EVALSHA of their text (the `redis` crate loads one on Redis' first NOSCRIPT).
+//! - `*.lua`: the scripts Redis runs, by EVALSHA of their text (the `redis` crate
+//!   loads one on Redis' first NOSCRIPT); each one's header says its KEYS and ARGV.
 //!
 //! This module must not touch sockets of clients, connections or their wire
 //! formats.
@@ -119,6 +123,8 @@ struct Shared {
     occupy: Script,
     vacate: Script,
     occupying: Mutex<occupancy::Occupying>,
+    /// The nodes gone at this node's last heartbeat (see `presence`).
+    gone: Mutex<Arc<[String]>>,
 }
 
 /// Channels kept in Redis, shared by every node on it.
@@ -172,6 +178,7 @@ impl RedisBroker {
             occupy: Script::new(occupancy::OCCUPY_LUA),
             vacate: Script::new(occupancy::VACATE_LUA),
             occupying: Mutex::new(Default::default()),
+            gone: Mutex::new(Arc::from([])),
         });
         let listener = Listener {
             shared: Arc::clone(&shared),

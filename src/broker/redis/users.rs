@@ -3,12 +3,12 @@
 //! node's share, changed by Lua scripts that also publish `member_added` when a
 //! user's first connection comes and `member_removed` when its last goes, so
 //! each is said once for the cluster, in order with the channel's messages. The
-//! keeper takes out the connections of nodes that died without leaving. It must
-//! not deliver to local connections (the listener does).
+//! keeper takes out the connections of gone nodes (nodes that died without
+//! leaving). It must not deliver to local connections (the listener does).
 
 use std::collections::HashMap;
 
-use super::keys::{Keys, NODE_PREFIX, key_life};
+use super::keys::{Keys, key_life};
 use super::wire::{PUBSUB_PREFIX, encode_presence, presence_head};
 use super::{BrokerError, Shared, lock};
 use crate::broker::{Members, PresenceMember, member_added_data, member_removed_data};
@@ -95,8 +95,8 @@ impl Shared {
             watch.member_removed(channel, member.user_id);
         }
         if let Err(e) = result {
-            // The keeper's sweep takes it out once this node's heartbeat is gone;
-            // until then the user stays listed.
+            // Another node's keeper takes it out once this node is gone; until
+            // then the user stays listed.
             tracing::warn!(channel, error = %e, "presence leave not written to redis");
         }
     }
@@ -112,35 +112,49 @@ impl Shared {
             .collect())
     }
 
-    /// Takes dead nodes' connections out of the presence channels this node
+    /// Takes gone nodes' connections out of the presence channels this node
     /// has members in.
     pub(super) fn sweep_users(&self) -> Result<(), BrokerError> {
+        let gone = self.gone();
+        if gone.is_empty() {
+            return Ok(());
+        }
         let channels: Vec<Box<str>> = lock(&self.presence_channels).keys().cloned().collect();
         let head = presence_head(false, None);
-        for channel in channels {
-            let keys = Keys::of(&channel);
-            let removed: Vec<String> = self.with_connection(|con| {
-                self.users_sweep
-                    .key(&keys.users)
-                    .key(&keys.user_conns)
-                    .key(&keys.node_conns)
-                    .arg(NODE_PREFIX)
-                    .arg(format!("{PUBSUB_PREFIX}{channel}"))
-                    .arg(&head)
-                    .invoke(con)
-            })?;
-            if let Some(watch) = self.watch.get() {
-                for user in &removed {
-                    watch.member_removed(&channel, user);
-                }
+        for channel in &channels {
+            self.sweep_channel_users(channel, &head, &gone)?;
+        }
+        Ok(())
+    }
+
+    fn sweep_channel_users(
+        &self,
+        channel: &str,
+        head: &[u8],
+        gone: &[String],
+    ) -> Result<(), BrokerError> {
+        let keys = Keys::of(channel);
+        let removed: Vec<String> = self.with_connection(|con| {
+            self.users_sweep
+                .key(&keys.users)
+                .key(&keys.user_conns)
+                .key(&keys.node_conns)
+                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                .arg(head)
+                .arg(gone)
+                .invoke(con)
+        })?;
+        if let Some(watch) = self.watch.get() {
+            for user in &removed {
+                watch.member_removed(channel, user);
             }
-            if !removed.is_empty() {
-                tracing::info!(
-                    channel = &*channel,
-                    removed = removed.len(),
-                    "presence users of a gone node removed"
-                );
-            }
+        }
+        if !removed.is_empty() {
+            tracing::info!(
+                channel,
+                removed = removed.len(),
+                "presence users of a gone node removed"
+            );
         }
         Ok(())
     }
