@@ -27,6 +27,7 @@ from rawws import channel_info, publish_ok
 from test_pusher import APP, clients, sdk, user  # noqa: F401 (clients is a fixture)
 from test_pusher_webhooks import named, receiver  # noqa: F401 (receiver is a fixture)
 from test_redis import Redis, wait_for, wait_healthy
+from test_sse import EventReader
 from wsutil import recv_json, run, ws_connect
 
 # The keeper's failures are logged at debug: the nodes log them so that a command
@@ -364,3 +365,36 @@ def test_gone_nodes_stop_counting_forgotten_ones_are_swept_and_unknown_ones_coun
     receiver.event(named("channel_occupied", channel="ghost-room"))
     assert_no_slot_errors(a)
     assert cluster_redis.assert_scripts_stay_in_their_slot() > 0
+
+
+def test_a_quiet_channels_shares_are_kept_alive_and_rid_of_gone_nodes(
+        start_server, cluster_redis, clients):
+    # Nothing changes on the channels for a minute: the keeper's refresh alone
+    # (once a minute) must keep their shares from expiring (5 minutes), and
+    # what keeps them alive takes a gone node out, or its share could outlive
+    # the node's being forgotten and count again.
+    r = cluster_redis
+    seconds, _ = r.cli("TIME").split()
+    r.cli("ZADD", "throng:nodes", str(int(seconds) * 1000 - 60_000), "gone")
+    r.cli("HSET", "throng:{quiet}:members", "gone", "3")
+    a = start_server("--broker", r.url, "--pusher-app", APP, env=LOG)
+    wait_healthy(a.port)
+    ann = clients(a.port, user=user("ann"))
+    ann.connected()
+    ann.subscribe("presence-quiet")
+    # An SSE subscriber: it has no pings to answer while the test waits.
+    sse = EventReader(f"http://127.0.0.1:{a.port}/sse/quiet")
+    try:
+        members = "throng:{quiet}:members"
+        wait_for(lambda: r.cli("HEXISTS", members, "gone") == "0" and r.cli("HLEN", members) == "1",
+                 timeout=75, what="the gone node's count taken out")
+        users = [f"throng:{{4242:presence-quiet}}:{k}" for k in ("users", "userconns", "nodeconns")]
+        r.cli("HSET", members, "gone", "3")
+        for key in [members, *users]:
+            assert r.cli("EXPIRE", key, "100") == "1", key
+        wait_for(lambda: all(int(r.cli("TTL", key)) > 100 for key in [members, *users]), timeout=75,
+                 what="the keys kept alive")
+        wait_for(lambda: r.cli("HEXISTS", members, "gone") == "0", what="the gone node taken out again")
+    finally:
+        sse.close()
+    assert_no_slot_errors(a)

@@ -15,10 +15,16 @@ pub(super) const NODES: &str = "throng:nodes";
 /// counts, and is taken out by whoever comes across it.
 pub(super) const NODE_TTL: Duration = Duration::from_secs(30);
 /// A gone node is forgotten (taken out of [`NODES`]) this long after its last
-/// beat; until then it is taken out of whatever channel key it is found in.
-/// Nodes left in [`OCCUPIERS`] (which never expires) are swept when absent
-/// from [`NODES`].
+/// beat. By then nothing of it is left: whatever keeps a channel's key alive
+/// takes gone nodes out of it (a presence join at its node's next sweep), and
+/// a key nothing keeps alive expires within [`NODE_TTL`] and [`key_life`] (5
+/// minutes) of the node's death. Nodes left in [`OCCUPIERS`] (which never
+/// expires) are swept when absent from [`NODES`].
 pub(super) const NODE_FORGET: Duration = Duration::from_secs(600);
+const _: () = assert!(
+    NODE_FORGET.as_secs() > NODE_TTL.as_secs() + CHANNEL_RETENTION.as_secs(),
+    "a node must stay listed gone while its shares may still be in Redis"
+);
 
 /// The Redis keys of one channel.
 pub(super) struct Keys {

@@ -94,7 +94,7 @@ impl Shared {
                     .inspect(|()| swept = true)
                     .and_then(|()| self.write_occupancy())
                     .and_then(|()| self.write_members(refresh))
-                    .and_then(|()| self.sweep_users())
+                    .and_then(|()| self.sweep_users(refresh))
             } else if swept {
                 self.write_occupancy()
                     .and_then(|()| self.write_members(refresh))
@@ -108,14 +108,17 @@ impl Shared {
         }
     }
 
-    /// Writes this node's member counts of channels that changed; forgets the
-    /// count of channels without local subscribers.
+    /// Writes this node's member counts of channels that changed (of every
+    /// channel with `refresh_keys`, which also keeps their keys alive); forgets
+    /// the count of channels without local subscribers. Where it writes a
+    /// count it takes out the gone nodes' (see [`NODE_FORGET`]).
     pub(super) fn write_members(&self, refresh_keys: bool) -> Result<(), BrokerError> {
+        let gone_nodes = self.gone();
         let mut written = lock(&self.written_members);
         let mut pipe = ::redis::pipe();
         let node = &self.node;
         let life = key_life(Duration::ZERO);
-        let mut gone = Vec::new();
+        let mut left = Vec::new();
         for (name, count) in written.iter_mut() {
             let keys = Keys::of(name);
             match self.hub.find(name) {
@@ -128,23 +131,31 @@ impl Shared {
                         pipe.cmd("EXPIRE").arg(&keys.epoch).arg(life_here).ignore();
                         pipe.cmd("EXPIRE").arg(&keys.hist).arg(life_here).ignore();
                     }
-                    if now != *count {
+                    // Rewritten on refresh too: the hash lives only as long as
+                    // someone writes it, and Redis may have lost it.
+                    if now != *count || refresh_keys {
                         pipe.cmd("HSET")
                             .arg(&keys.members)
                             .arg(node)
                             .arg(now)
                             .ignore();
                         pipe.cmd("EXPIRE").arg(&keys.members).arg(life).ignore();
+                        if !gone_nodes.is_empty() {
+                            pipe.cmd("HDEL")
+                                .arg(&keys.members)
+                                .arg(&*gone_nodes)
+                                .ignore();
+                        }
                         *count = now;
                     }
                 }
                 None => {
                     pipe.cmd("HDEL").arg(&keys.members).arg(node).ignore();
-                    gone.push(name.clone());
+                    left.push(name.clone());
                 }
             }
         }
-        for name in gone {
+        for name in left {
             written.remove(&name);
         }
         drop(written);

@@ -3,8 +3,9 @@
 //! node's share, changed by Lua scripts that also publish `member_added` when a
 //! user's first connection comes and `member_removed` when its last goes, so
 //! each is said once for the cluster, in order with the channel's messages. The
-//! keeper takes out the connections of gone nodes (nodes that died without
-//! leaving). It must not deliver to local connections (the listener does).
+//! keeper keeps the keys of presence channels with members here alive and takes
+//! out the connections of gone nodes (nodes that died without leaving). It must
+//! not deliver to local connections (the listener does).
 
 use std::collections::HashMap;
 
@@ -17,7 +18,10 @@ pub(super) const JOIN_LUA: &str = include_str!("users_join.lua");
 pub(super) const LEAVE_LUA: &str = include_str!("users_leave.lua");
 pub(super) const SWEEP_LUA: &str = include_str!("users_sweep.lua");
 
-/// Local presence members by channel: the channels the keeper sweeps.
+/// Local presence members by channel: the channels the keeper sweeps. A
+/// channel whose last member here left stays, at 0, until the keeper's next
+/// sweep: each join keeps the channel's keys alive, and what keeps them alive
+/// must take gone nodes out of them (see `keys::NODE_FORGET`).
 pub(super) type Local = HashMap<Box<str>, u32>;
 
 impl Shared {
@@ -70,12 +74,8 @@ impl Shared {
     /// Takes `member`'s connection out.
     pub(super) fn users_leave(&self, channel: &str, member: PresenceMember<'_>) {
         {
-            let mut local = lock(&self.presence_channels);
-            if let Some(n) = local.get_mut(channel) {
-                *n -= 1;
-                if *n == 0 {
-                    local.remove(channel);
-                }
+            if let Some(n) = lock(&self.presence_channels).get_mut(channel) {
+                *n = n.saturating_sub(1);
             }
         }
         let keys = Keys::of(channel);
@@ -113,16 +113,39 @@ impl Shared {
     }
 
     /// Takes gone nodes' connections out of the presence channels this node
-    /// has members in.
-    pub(super) fn sweep_users(&self) -> Result<(), BrokerError> {
-        let gone = self.gone();
-        if gone.is_empty() {
-            return Ok(());
+    /// has (or just had) members in; with `refresh`, keeps the keys of those
+    /// with members here alive.
+    pub(super) fn sweep_users(&self, refresh: bool) -> Result<(), BrokerError> {
+        let local: Vec<(Box<str>, u32)> = lock(&self.presence_channels)
+            .iter()
+            .map(|(name, n)| (name.clone(), *n))
+            .collect();
+        if refresh {
+            let life = key_life(std::time::Duration::ZERO);
+            let mut pipe = ::redis::pipe();
+            for (channel, _) in local.iter().filter(|(_, n)| *n > 0) {
+                let keys = Keys::of(channel);
+                for key in [&keys.users, &keys.user_conns, &keys.node_conns] {
+                    pipe.cmd("EXPIRE").arg(key).arg(life).ignore();
+                }
+            }
+            if pipe.cmd_iter().next().is_some() {
+                self.with_connection(|con| pipe.query::<()>(con))?;
+            }
         }
-        let channels: Vec<Box<str>> = lock(&self.presence_channels).keys().cloned().collect();
-        let head = presence_head(false, None);
-        for channel in &channels {
-            self.sweep_channel_users(channel, &head, &gone)?;
+        let gone = self.gone();
+        if !gone.is_empty() {
+            let head = presence_head(false, None);
+            for (channel, _) in &local {
+                self.sweep_channel_users(channel, &head, &gone)?;
+            }
+        }
+        let mut kept = lock(&self.presence_channels);
+        for (channel, _) in local.iter().filter(|(_, n)| *n == 0) {
+            // Unless a member came back meanwhile.
+            if kept.get(channel) == Some(&0) {
+                kept.remove(channel);
+            }
         }
         Ok(())
     }
