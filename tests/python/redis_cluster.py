@@ -27,7 +27,8 @@ class ClusterNode:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
              "--cluster-enabled", "yes", "--cluster-port", str(self.bus),
              "--cluster-config-file", str(self.dir / "nodes.conf"),
-             "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
+             "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+             "--save", "", "--appendonly", "no",
              "--dir", str(self.dir)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -80,13 +81,17 @@ class RedisCluster:
             raise
 
     def wait_ok(self, timeout: float = 30.0) -> None:
-        """Every running node says cluster_state:ok and knows every slot's master."""
+        """Every running node says cluster_state:ok, and every replica is linked to its
+        master (a replica that never synced could not take over)."""
         deadline = time.monotonic() + timeout
         while True:
             states = []
             for node in self.running():
                 try:
                     states.append("cluster_state:ok" in node.cli("CLUSTER", "INFO"))
+                    replication = node.cli("INFO", "replication")
+                    if "role:slave" in replication:
+                        states.append("master_link_status:up" in replication)
                 except subprocess.SubprocessError:
                     states.append(False)
             if all(states):

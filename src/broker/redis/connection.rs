@@ -1,17 +1,16 @@
 //! Commands to Redis and the circuit breaker around them: a pool of connections
 //! with timeouts, what counts as a failure on the wire (a `READONLY` answer too:
-//! the master was demoted), failing fast while Redis is down, and the heartbeat
-//! (this node's key) that is also the probe finding Redis back. Where a new
-//! connection goes (one Redis, or the master Sentinel names) is `sentinel`'s.
-//! Besides that key it must not know what the commands mean (channels, presence,
-//! subscriptions).
+//! the master was demoted), failing fast while Redis is down, and when the
+//! heartbeat (written by `presence`) runs: it is also the probe finding Redis
+//! back. Where a new connection goes (one Redis, or the master Sentinel names) is
+//! `sentinel`'s; on a cluster, the redis crate's cluster client. It must not know
+//! what the commands mean (channels, presence, liveness, subscriptions).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ::redis::{Connection, ConnectionLike, ErrorKind, RedisError, ServerErrorKind};
 
-use super::keys::{NODE_TTL_SECS, node_key};
 use super::{BrokerError, Shared, lock};
 
 /// How long a Redis connect or command may take before it counts as a failure.
@@ -32,6 +31,24 @@ impl Failure {
             Failure::Wire(e) | Failure::Answer(e) => e,
         }
     }
+}
+
+/// Runs `pipe` on `con`: in one round trip where the connection pipelines, and
+/// command by command on a cluster connection (whose commands may each go to
+/// another master), answering as the pipeline would: every command's reply, an
+/// ignored one's too, which callers here only ever read as `()`.
+pub(super) fn query_pipeline<T: ::redis::FromRedisValue>(
+    pipe: &::redis::Pipeline,
+    con: &mut dyn ConnectionLike,
+) -> ::redis::RedisResult<T> {
+    if con.supports_pipelining() {
+        return pipe.query(con);
+    }
+    let mut replies = Vec::new();
+    for cmd in pipe.cmd_iter() {
+        replies.push(cmd.query::<::redis::Value>(con)?);
+    }
+    Ok(::redis::from_redis_value(::redis::Value::Array(replies))?)
 }
 
 pub(super) fn unavailable(e: impl std::fmt::Display) -> BrokerError {
@@ -172,23 +189,15 @@ impl Shared {
         Ok(con)
     }
 
-    /// This node is alive (its members count). It is also the probe that finds
+    /// This node is alive ([`Shared::beat`]). It is also the probe that finds
     /// Redis back after a failure, so it always tries, on a fresh connection then.
     pub(super) fn heartbeat(&self) -> Result<(), BrokerError> {
-        let key = node_key(&self.node);
-        let set = |con: &mut dyn ConnectionLike| {
-            ::redis::cmd("SET")
-                .arg(&key)
-                .arg(1)
-                .arg("EX")
-                .arg(NODE_TTL_SECS)
-                .query::<()>(con)
-        };
+        let beat = |con: &mut dyn ConnectionLike| self.beat(con);
         if self.commands_ok.load(Ordering::Relaxed) {
-            return self.with_connection(set);
+            return self.with_connection(beat);
         }
         lock(&self.pool).clear();
-        self.run_on(None, &set).map_err(Failure::into_error)
+        self.run_on(None, &beat).map_err(Failure::into_error)
     }
 }
 

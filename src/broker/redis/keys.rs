@@ -1,14 +1,30 @@
-//! The Redis keys: a channel's four keys (in one Redis Cluster slot), a node's
-//! heartbeat key, and how long each lives. It must not talk to Redis.
+//! The Redis keys: a channel's keys (all in its Redis Cluster slot, `{NAME}`),
+//! the nodes' heartbeats, the occupiers' lists, and how long each lives. It
+//! must not talk to Redis.
 
 use std::time::Duration;
 
 use super::CHANNEL_RETENTION;
 
-/// A node whose heartbeat key is older than this is gone: its members do not count.
-pub(super) const NODE_TTL_SECS: u64 = 30;
-/// A node's heartbeat key is this prefix and the node's name.
-pub(super) const NODE_PREFIX: &str = "throng:node:";
+/// The nodes' heartbeats: a sorted set, node -> its last beat (unix ms on the
+/// clock of the Redis holding it). Outside every channel's slot, so no channel
+/// script reads it: a node reads it when it beats and hands the scripts the
+/// gone nodes.
+pub(super) const NODES: &str = "throng:nodes";
+/// A node whose last beat is older than this is gone: what it holds no longer
+/// counts, and is taken out by whoever comes across it.
+pub(super) const NODE_TTL: Duration = Duration::from_secs(30);
+/// A gone node is forgotten (taken out of [`NODES`]) this long after its last
+/// beat. By then nothing of it is left: whatever keeps a channel's key alive
+/// takes gone nodes out of it (a presence join at its node's next sweep), and
+/// a key nothing keeps alive expires within [`NODE_TTL`] and [`key_life`] (5
+/// minutes) of the node's death. Nodes left in [`OCCUPIERS`] (which never
+/// expires) are swept when absent from [`NODES`].
+pub(super) const NODE_FORGET: Duration = Duration::from_secs(600);
+const _: () = assert!(
+    NODE_FORGET.as_secs() > NODE_TTL.as_secs() + CHANNEL_RETENTION.as_secs(),
+    "a node must stay listed gone while its shares may still be in Redis"
+);
 
 /// The Redis keys of one channel.
 pub(super) struct Keys {
@@ -49,10 +65,6 @@ pub(super) fn occupied_by(node: &str) -> String {
     format!("throng:occupied-by:{node}")
 }
 
-pub(super) fn node_key(node: &str) -> String {
-    format!("{NODE_PREFIX}{node}")
-}
-
 /// How long a channel's keys outlive its last publish (or the last time a node
 /// with subscribers refreshed them): the retention, or the history's ttl if longer.
 pub(super) fn key_life(ttl: Duration) -> u64 {
@@ -68,6 +80,6 @@ mod tests {
         let k = Keys::of("chat:room");
         assert_eq!(k.seq, "throng:{chat:room}:seq");
         assert_eq!(k.hist, "throng:{chat:room}:hist");
-        assert_eq!(node_key("n1"), "throng:node:n1");
+        assert_eq!(k.occupants, "throng:{chat:room}:occupants");
     }
 }

@@ -10,7 +10,10 @@
 //! Keys of channel `NAME` (the braces keep them in one Redis Cluster slot):
 //! `throng:{NAME}:seq`, `throng:{NAME}:epoch`, `throng:{NAME}:hist` (a stream, one
 //! entry per kept message, id `SEQ-1`) and `throng:{NAME}:members` (a hash, node ->
-//! its subscribers). A publish is one Lua script (`publish.lua`): next seq, keep,
+//! its subscribers); the rest are in `keys`. Every Lua script touches only keys it
+//! declares, all in one slot (its channel's; the nodes' set for `heartbeat.lua`),
+//! so it runs on a Redis Cluster: the scripts are told which nodes are gone (see
+//! `presence`). A publish is one Lua script (`publish.lua`): next seq, keep,
 //! PUBLISH on `throng:ch:NAME`, all atomic. Every node listens on its own thread
 //! ([`Listener`](listener::Listener)): `SUBSCRIBE`d to the channels it has
 //! subscribers of, or `PSUBSCRIBE`d to `throng:ch:*` (see [`Subscribe`]); it
@@ -34,13 +37,14 @@
 //! - `sentinel`: where connections go (the Redis, or the master Sentinel names),
 //!   and the thread following Sentinel's failovers;
 //! - `snapshot`: a channel's seq, epoch and history in one instant, and replays;
-//! - `presence`: member counts, join/leave events, the keeper thread;
+//! - `presence`: member counts, join/leave events, the keeper thread, which
+//!   nodes are gone (`heartbeat.lua`);
 //! - `users`: Pusher presence channels' users (`users_*.lua`);
 //! - `occupancy`: watched channels' occupants across the cluster (`occupy.lua`,
 //!   `vacate.lua`), for Pusher's webhooks;
 //! - `listener`: the pubsub thread and the subscriptions it holds;
-//! - `publish.lua`, `snapshot.lua`, `members.lua`: the scripts Redis runs, by
-//!   EVALSHA of their text (the `redis` crate loads one on Redis' first NOSCRIPT).
+//! - `*.lua`: the scripts Redis runs, by EVALSHA of their text (the `redis` crate
+//!   loads one on Redis' first NOSCRIPT); each one's header says its KEYS and ARGV.
 //!
 //! This module must not touch sockets of clients, connections or their wire
 //! formats.
@@ -151,6 +155,8 @@ struct Shared {
     /// Epoch changes announced to local subscribers.
     new_epochs: AtomicU64,
     unwaited: Script,
+    /// The nodes gone at this node's last heartbeat (see `presence`).
+    gone: Mutex<Arc<[String]>>,
 }
 
 /// Channels kept in Redis, shared by every node on it.
@@ -215,6 +221,7 @@ impl Shared {
             cluster,
             seeds,
             shards: shards::ShardState::new(),
+            gone: Mutex::new(Arc::from([])),
         }
     }
 
@@ -410,7 +417,6 @@ impl Broker for RedisBroker {
                 .arg(MAGIC)
                 .arg(&durable)
                 .arg(if waits { "w" } else { "" })
-                .arg(self.shared.publish_command())
                 .invoke(con)?;
             if waits {
                 self.shared.wait_replicas(con, &keys.epoch, &answer.2)?;

@@ -5,13 +5,15 @@
 //! the one that tells the watch, so the cluster says each once. The keeper does
 //! this once a second, off the event loops; a channel that fills and empties
 //! within that second on one node says nothing (nobody outside saw it). A node
-//! that dies without leaving is swept by the first keeper to notice. It must not
+//! that dies without leaving is swept by the first keeper to find it gone: on
+//! the list of gone nodes, or no longer in the nodes' set at all. It must not
 //! deliver to local connections.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::keys::{Keys, NODE_PREFIX, OCCUPIERS, node_key, occupied_by};
+use super::connection::query_pipeline;
+use super::keys::{Keys, NODES, OCCUPIERS, occupied_by};
 use super::{BrokerError, ChannelWatch, Shared, lock};
 
 pub(super) const OCCUPY_LUA: &str = include_str!("occupy.lua");
@@ -52,26 +54,25 @@ impl Shared {
         }
         let mine = occupied_by(&self.node);
         if !came.is_empty() {
-            self.with_connection(|con| {
-                ::redis::pipe()
-                    .cmd("SADD")
-                    .arg(OCCUPIERS)
-                    .arg(&self.node)
-                    .ignore()
-                    .cmd("SADD")
-                    .arg(&mine)
-                    .arg(came.iter().map(|c| &**c).collect::<Vec<&str>>())
-                    .ignore()
-                    .query::<()>(con)
-            })?;
+            let mut pipe = ::redis::pipe();
+            pipe.cmd("SADD")
+                .arg(OCCUPIERS)
+                .arg(&self.node)
+                .ignore()
+                .cmd("SADD")
+                .arg(&mine)
+                .arg(came.iter().map(|c| &**c).collect::<Vec<&str>>())
+                .ignore();
+            self.with_connection(|con| query_pipeline::<()>(&pipe, con))?;
         }
+        let gone = self.gone();
         for name in came {
             let keys = Keys::of(&name);
             let answer: i64 = self.with_connection(|con| {
                 self.occupy
                     .key(&keys.occupants)
                     .arg(&self.node)
-                    .arg(NODE_PREFIX)
+                    .arg(&*gone)
                     .invoke(con)
             })?;
             if answer == 2 {
@@ -110,20 +111,30 @@ impl Shared {
     }
 
     /// Sweeps for nodes that died holding watched channels: the keeper that
-    /// takes a gone node off the occupiers list vacates its channels.
+    /// takes a gone node off the occupiers list vacates its channels. A node
+    /// not in the nodes' set is gone too, forgotten (it beat before it first
+    /// wrote itself an occupier), maybe while no node watched: the occupiers
+    /// list never expires, so it would hold the node for ever.
     pub(super) fn sweep_occupiers(&self) -> Result<(), BrokerError> {
         let Some(watch) = self.watch.get() else {
             return Ok(());
         };
         let nodes: Vec<String> =
             self.with_connection(|con| ::redis::cmd("SMEMBERS").arg(OCCUPIERS).query(con))?;
-        for node in nodes {
-            if node == self.node {
-                continue;
+        let others: Vec<String> = nodes.into_iter().filter(|n| *n != self.node).collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        let beats: Vec<Option<String>> = self.with_connection(|con| {
+            let mut pipe = ::redis::pipe();
+            for node in &others {
+                pipe.cmd("ZSCORE").arg(NODES).arg(node);
             }
-            let alive: bool =
-                self.with_connection(|con| ::redis::cmd("EXISTS").arg(node_key(&node)).query(con))?;
-            if alive {
+            query_pipeline(&pipe, con)
+        })?;
+        let gone = self.gone();
+        for (node, beat) in others.into_iter().zip(beats) {
+            if beat.is_some() && !gone.contains(&node) {
                 continue;
             }
             let claimed: i64 = self

@@ -6,8 +6,8 @@
 -- ARGV[6] the pubsub channel   ARGV[7] the magic that marks a node's own messages
 -- ARGV[8] the id of the durable Redis, if any (see origin.lua)
 -- ARGV[9] 'w' when the node WAITs for replicas after this, '' otherwise
--- ARGV[10] PUBLISH, or SPUBLISH on a Redis Cluster (ARGV[6] is then a shard
--- channel in the slot of the keys)
+-- ARGV[6] is a shard channel (it has a '{', the keys' slot) on a Redis Cluster,
+-- where it is SPUBLISHed; PUBLISHed otherwise.
 -- Returns {seq, epoch, the epoch key's new value}. A channel without an epoch,
 -- or whose history may have gone back (origin.lua), starts over: seq and
 -- history go.
@@ -26,5 +26,5 @@ if size > 0 then
   redis.call('XADD', KEYS[3], 'MAXLEN', size, seq .. '-1', 'm', ARGV[1], 't', ARGV[2])
   redis.call('EXPIRE', KEYS[3], life)
 end
-redis.call(ARGV[10], ARGV[6], ARGV[7] .. 'D' .. seq .. ' ' .. epoch .. '\n' .. ARGV[1])
+redis.call(string.find(ARGV[6], '{', 1, true) and 'SPUBLISH' or 'PUBLISH', ARGV[6], ARGV[7] .. 'D' .. seq .. ' ' .. epoch .. '\n' .. ARGV[1])
 return {seq, epoch, stamp}

@@ -105,7 +105,6 @@ impl Supervisor {
                     continue;
                 }
             };
-            retry = RETRY_FIRST;
             let shards = &self.shared.shards;
             let generation = shards.generation.fetch_add(1, Ordering::AcqRel) + 1;
             let masters = topology.masters();
@@ -149,13 +148,48 @@ impl Supervisor {
                 masters = masters.len(),
                 "redis cluster: listening to every master"
             );
+            let began = Instant::now();
             self.watch(&topology, &trouble);
             // Stop this generation; what each thread handed out goes to the next.
             shards.generation.fetch_add(1, Ordering::AcqRel);
             self.shared.listening.store(false, Ordering::Relaxed);
-            let _ = self.shared.wake_listener();
+            self.wake_shards(&topology);
             delivered = join_all(threads);
+            // A master that is down but not yet replaced is still in the topology:
+            // back off instead of reconnecting to it in a loop.
+            if began.elapsed() < CHECK_EVERY {
+                std::thread::sleep(retry);
+                retry = (retry * 2).min(RETRY_MAX);
+            } else {
+                retry = RETRY_FIRST;
+            }
         }
+    }
+
+    /// Wakes every shard thread (each then sees its generation is over): a plain
+    /// `PUBLISH` on the wake channel, on a direct connection to the first master
+    /// that answers (the cluster passes it to every node). Not through the
+    /// command pool, which fails fast exactly when this is needed (a master
+    /// down).
+    fn wake_shards(&self, topology: &Topology) {
+        let wake = format!("{WAKE_PREFIX}{}", self.shared.node);
+        for master in topology.masters() {
+            let published = Client::open(self.seeds.url(&master))
+                .and_then(|c| c.get_connection_with_timeout(REDIS_TIMEOUT))
+                .and_then(|mut con| {
+                    con.set_read_timeout(Some(REDIS_TIMEOUT))?;
+                    ::redis::cmd("PUBLISH")
+                        .arg(&wake)
+                        .arg("")
+                        .query::<i64>(&mut con)
+                });
+            if published.is_ok() {
+                return;
+            }
+        }
+        tracing::warn!(
+            "redis cluster: no master took the wake; shard threads stop on their read timeout"
+        );
     }
 
     /// Returns when the topology changed or a shard thread is in trouble.

@@ -3,13 +3,15 @@
 //! node's share, changed by Lua scripts that also publish `member_added` when a
 //! user's first connection comes and `member_removed` when its last goes, so
 //! each is said once for the cluster, in order with the channel's messages. The
-//! keeper takes out the connections of nodes that died without leaving. It must
+//! keeper keeps the keys of presence channels with members here alive and takes
+//! out the connections of gone nodes (nodes that died without leaving). It must
 //! not deliver to local connections (the listener does).
 
 use std::collections::HashMap;
 
-use super::keys::{Keys, NODE_PREFIX, key_life};
-use super::wire::{PUBSUB_PREFIX, encode_presence, presence_head};
+use super::connection::query_pipeline;
+use super::keys::{Keys, key_life};
+use super::wire::{encode_presence, presence_head};
 use super::{BrokerError, Shared, lock};
 use crate::broker::{Members, PresenceMember, member_added_data, member_removed_data};
 
@@ -17,7 +19,10 @@ pub(super) const JOIN_LUA: &str = include_str!("users_join.lua");
 pub(super) const LEAVE_LUA: &str = include_str!("users_leave.lua");
 pub(super) const SWEEP_LUA: &str = include_str!("users_sweep.lua");
 
-/// Local presence members by channel: the channels the keeper sweeps.
+/// Local presence members by channel: the channels the keeper sweeps. A
+/// channel whose last member here left stays, at 0, until the keeper's next
+/// sweep: each join keeps the channel's keys alive, and what keeps them alive
+/// must take gone nodes out of them (see `keys::NODE_FORGET`).
 pub(super) type Local = HashMap<Box<str>, u32>;
 
 impl Shared {
@@ -44,7 +49,7 @@ impl Shared {
                 .arg(member.user_info)
                 .arg(member.limit)
                 .arg(key_life(std::time::Duration::ZERO))
-                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                .arg(self.pubsub_channel(channel))
                 .arg(&added)
                 .invoke(con)
         })?;
@@ -70,12 +75,8 @@ impl Shared {
     /// Takes `member`'s connection out.
     pub(super) fn users_leave(&self, channel: &str, member: PresenceMember<'_>) {
         {
-            let mut local = lock(&self.presence_channels);
-            if let Some(n) = local.get_mut(channel) {
-                *n -= 1;
-                if *n == 0 {
-                    local.remove(channel);
-                }
+            if let Some(n) = lock(&self.presence_channels).get_mut(channel) {
+                *n = n.saturating_sub(1);
             }
         }
         let keys = Keys::of(channel);
@@ -87,7 +88,7 @@ impl Shared {
                 .key(&keys.node_conns)
                 .arg(&self.node)
                 .arg(member.user_id)
-                .arg(format!("{PUBSUB_PREFIX}{channel}"))
+                .arg(self.pubsub_channel(channel))
                 .arg(&removed)
                 .invoke::<i64>(con)
         });
@@ -95,8 +96,8 @@ impl Shared {
             watch.member_removed(channel, member.user_id);
         }
         if let Err(e) = result {
-            // The keeper's sweep takes it out once this node's heartbeat is gone;
-            // until then the user stays listed.
+            // Another node's keeper takes it out once this node is gone; until
+            // then the user stays listed.
             tracing::warn!(channel, error = %e, "presence leave not written to redis");
         }
     }
@@ -112,35 +113,72 @@ impl Shared {
             .collect())
     }
 
-    /// Takes dead nodes' connections out of the presence channels this node
-    /// has members in.
-    pub(super) fn sweep_users(&self) -> Result<(), BrokerError> {
-        let channels: Vec<Box<str>> = lock(&self.presence_channels).keys().cloned().collect();
-        let head = presence_head(false, None);
-        for channel in channels {
-            let keys = Keys::of(&channel);
-            let removed: Vec<String> = self.with_connection(|con| {
-                self.users_sweep
-                    .key(&keys.users)
-                    .key(&keys.user_conns)
-                    .key(&keys.node_conns)
-                    .arg(NODE_PREFIX)
-                    .arg(format!("{PUBSUB_PREFIX}{channel}"))
-                    .arg(&head)
-                    .invoke(con)
-            })?;
-            if let Some(watch) = self.watch.get() {
-                for user in &removed {
-                    watch.member_removed(&channel, user);
+    /// Takes gone nodes' connections out of the presence channels this node
+    /// has (or just had) members in; with `refresh`, keeps the keys of those
+    /// with members here alive.
+    pub(super) fn sweep_users(&self, refresh: bool) -> Result<(), BrokerError> {
+        let local: Vec<(Box<str>, u32)> = lock(&self.presence_channels)
+            .iter()
+            .map(|(name, n)| (name.clone(), *n))
+            .collect();
+        if refresh {
+            let life = key_life(std::time::Duration::ZERO);
+            let mut pipe = ::redis::pipe();
+            for (channel, _) in local.iter().filter(|(_, n)| *n > 0) {
+                let keys = Keys::of(channel);
+                for key in [&keys.users, &keys.user_conns, &keys.node_conns] {
+                    pipe.cmd("EXPIRE").arg(key).arg(life).ignore();
                 }
             }
-            if !removed.is_empty() {
-                tracing::info!(
-                    channel = &*channel,
-                    removed = removed.len(),
-                    "presence users of a gone node removed"
-                );
+            if pipe.cmd_iter().next().is_some() {
+                self.with_connection(|con| query_pipeline::<()>(&pipe, con))?;
             }
+        }
+        let gone = self.gone();
+        if !gone.is_empty() {
+            let head = presence_head(false, None);
+            for (channel, _) in &local {
+                self.sweep_channel_users(channel, &head, &gone)?;
+            }
+        }
+        let mut kept = lock(&self.presence_channels);
+        for (channel, _) in local.iter().filter(|(_, n)| *n == 0) {
+            // Unless a member came back meanwhile.
+            if kept.get(channel) == Some(&0) {
+                kept.remove(channel);
+            }
+        }
+        Ok(())
+    }
+
+    fn sweep_channel_users(
+        &self,
+        channel: &str,
+        head: &[u8],
+        gone: &[String],
+    ) -> Result<(), BrokerError> {
+        let keys = Keys::of(channel);
+        let removed: Vec<String> = self.with_connection(|con| {
+            self.users_sweep
+                .key(&keys.users)
+                .key(&keys.user_conns)
+                .key(&keys.node_conns)
+                .arg(self.pubsub_channel(channel))
+                .arg(head)
+                .arg(gone)
+                .invoke(con)
+        })?;
+        if let Some(watch) = self.watch.get() {
+            for user in &removed {
+                watch.member_removed(channel, user);
+            }
+        }
+        if !removed.is_empty() {
+            tracing::info!(
+                channel,
+                removed = removed.len(),
+                "presence users of a gone node removed"
+            );
         }
         Ok(())
     }
