@@ -4,7 +4,8 @@ Redis that may lack acknowledged publishes must never hand their seqs out again.
 Each channel's epoch key carries the replication id of the Redis that wrote it
 (src/broker/redis/origin.lua); another Redis starts a new epoch, and subscribers
 that were live are told of it as a gap. `--redis-wait-replicas N` WAITs for
-replicas before answering, and records whether they answered in time."""
+replicas before answering, and records whether they answered in time. The proof
+under load: a Sentinel failover to a replica held back on purpose."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import time
 
 from conftest import tcp_connectable
 from procs import stop_process
-from rawws import channel_info, metric, publish_ok
+from rawws import channel_info, metric, publish, publish_ok
+from redis_topology import SentinelSet, wait_until
 from test_redis import Redis, wait_for, wait_healthy
 from test_sse import EventReader
 from wsutil import recv_json, run, ws_connect
@@ -188,3 +190,72 @@ def test_a_promoted_replica_that_lacks_nothing_keeps_the_epoch_only_after_wait(s
             replica.dir.cleanup()
             master.dir.cleanup()
 
+
+
+def test_a_sentinel_failover_to_a_lagging_replica_loses_nothing_silently_and_reuses_no_seq(start_server):
+    # The replica replicates through a proxy that holds its bytes back, so the
+    # publishes acknowledged while it is held are lost by the promotion, every time.
+    # From the subscribers' side: every acknowledged message arrives or falls in
+    # a gap they are told of, and no (epoch, seq) comes with two payloads.
+    with SentinelSet() as sentinels:
+        a = start_server("--broker", sentinels.url)
+        b = start_server("--broker", sentinels.url)
+        for node in (a, b):
+            wait_healthy(node.port)
+        master, replica = sentinels.master_port(), sentinels.replica_port()
+
+        async def main():
+            subs = [await ws_connect(n.url("/ws/lag?format=json")) for n in (a, b)]
+            try:
+                wait_for(lambda: channel_info(a.port, "lag")["subscribers"] == 2, what="2 subscribers")
+                acked = {}
+                for i in range(5):
+                    acked[f"m{i}"] = publish_ok((a, b)[i % 2].port, "lag", f"m{i}")
+                wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "in sync")
+                sentinels.hold_replication()
+                for i in range(5, 10):
+                    acked[f"m{i}"] = publish_ok((a, b)[i % 2].port, "lag", f"m{i}")
+                wait_until(lambda: sentinels.proxy.held_bytes() > 0, 10, "publishes held back")
+                old_epoch = channel_info(a.port, "lag")["epoch"]
+                got = [[await recv_json(ws, timeout=10) for _ in range(10)] for ws in subs]
+                assert sentinels.kill_master() == master
+                assert sentinels.wait_switched(master) == replica
+                # The promoted replica lacks what was held: seqs 6-10 are gone there.
+                assert sentinels.redis_command(replica, "GET", "throng:{lag}:seq") == "5"
+                deadline = time.monotonic() + 30
+                for i in range(10, 15):
+                    while True:
+                        resp = publish((a, b)[i % 2].port, "lag", f"m{i}")
+                        if resp.status == 200:
+                            acked[f"m{i}"] = resp.json()["seq"]
+                            break
+                        assert resp.status == 503 and time.monotonic() < deadline, resp
+                        time.sleep(0.05)
+                # A new epoch: the seqs start again instead of reusing 6-10.
+                assert [acked[f"m{i}"] for i in range(10, 15)] == [1, 2, 3, 4, 5], acked
+                for node in (a, b):
+                    wait_healthy(node.port)
+                new_epoch = channel_info(a.port, "lag")["epoch"]
+                assert new_epoch != old_epoch
+                for ws, stream in zip(subs, got):
+                    stream += [await recv_json(ws, timeout=10) for _ in range(6)]
+                    gap = stream[10]
+                    assert (gap["event"], gap["reason"], gap["epoch"]) == ("gap", "new epoch", new_epoch), gap
+                    data = [m["data"] for m in stream if "data" in m]
+                    assert data == [f"m{i}" for i in range(15)], stream
+                    seqs = [m["seq"] for m in stream if "seq" in m]
+                    assert seqs == list(range(1, 11)) + list(range(1, 6)), seqs
+                # A client resuming where it left off in the old epoch is told too.
+                back = await ws_connect(b.url(f"/ws/lag?format=json&since=10&epoch={old_epoch}"))
+                try:
+                    first = await recv_json(back)
+                    assert (first["event"], first["epoch"]) == ("epoch", new_epoch), first
+                    told = await recv_json(back)
+                    assert (told["event"], told["reason"]) == ("gap", "new epoch"), told
+                finally:
+                    await back.close()
+            finally:
+                for ws in subs:
+                    await ws.close()
+
+        run(main(), timeout=90)
