@@ -145,19 +145,37 @@ def test_wait_for_replicas_is_recorded_in_the_stamp(start_server):
         # The replica has it too, as the WAIT said.
         wait_for(lambda: replica.cli("GET", "throng:{w}:seq") == "1", what="replicated")
         stop_process(replica.proc)
-        began = time.monotonic()
-        assert publish_ok(node.port, "w", "alone") == 2
-        took = time.monotonic() - began
-        # Answered anyway (after WAIT's bound), and the stamp no longer claims a
-        # replica has it: a promoted replica would start a new epoch.
-        assert stamp(master, "w")[2] == "", stamp(master, "w")
-        assert took < 5, took
-        assert metric(node.port, "throng_redis_short_waits_total") == 1
+        wait_for(lambda: "connected_slaves:0" in master.cli("INFO", "replication"), what="replica gone")
+        # No replica linked: nothing is written, and the publisher is told to retry
+        # (a 503 for a message nobody can have).
+        resp = publish(node.port, "w", "alone")
+        assert resp.status == 503 and "NOREPLICAS" in resp.json()["error"], resp
+        assert master.cli("GET", "throng:{w}:seq") == "1"
+        assert metric(node.port, "throng_redis_short_waits_total") == 0
     finally:
         replica.stop()
         master.stop()
         replica.dir.cleanup()
         master.dir.cleanup()
+
+
+def test_a_short_wait_is_answered_and_leaves_the_stamp_untrusted(start_server):
+    # A replica linked but held back: WAIT comes back after its 500 ms with none,
+    # the publish is answered (it is published), and its stamp no longer claims a
+    # replica has it, so a promotion would start a new epoch.
+    with SentinelSet() as sentinels:
+        node = start_server("--broker", sentinels.url, "--redis-wait-replicas", "1")
+        wait_healthy(node.port)
+        master = sentinels.master_port()
+        assert publish_ok(node.port, "s", "first") == 1
+        assert sentinels.redis_command(master, "GET", "throng:{s}:epoch").endswith(":w")
+        sentinels.hold_replication()
+        began = time.monotonic()
+        assert publish_ok(node.port, "s", "held") == 2
+        assert time.monotonic() - began >= 0.4
+        assert sentinels.redis_command(master, "GET", "throng:{s}:epoch").endswith(":")
+        assert metric(node.port, "throng_redis_short_waits_total") == 1
+        sentinels.release_replication()
 
 
 def test_a_promoted_replica_that_lacks_nothing_keeps_the_epoch_only_after_wait(start_server):

@@ -121,8 +121,7 @@ def wait_writing_to(node, sentinels: SentinelSet, port: int) -> None:
     wait_until(landed, FOLLOW_TIMEOUT, f"node {node.port} publishing on {port}")
 
 
-@pytest.mark.parametrize("wait_replicas", ["0", "1"])
-@pytest.mark.parametrize("how", ["failover", "kill"])
+@pytest.mark.parametrize(("how", "wait_replicas"), [("failover", "0"), ("kill", "0"), ("failover", "1")])
 def test_both_nodes_follow_the_master_sentinel_switches_to(nodes, sentinels, how, wait_replicas):
     a, b = nodes
     before, after = 5, 6
@@ -280,3 +279,24 @@ def test_a_held_back_replica_is_promoted_when_the_master_dies_and_misses_what_wa
     assert sentinels.wait_switched(master) == replica
     assert sentinels.redis_command(replica, "GET", "before") == "1"
     assert sentinels.redis_command(replica, "EXISTS", "held") == 0
+
+
+@pytest.mark.parametrize("wait_replicas", ["1"])
+def test_with_wait_a_master_left_without_replicas_takes_no_publishes(nodes, sentinels, wait_replicas):
+    # The master died and its replica took over alone: --redis-wait-replicas 1
+    # cannot be kept, so publishes are refused (nothing written) rather than
+    # answered with a promise no replica backs.
+    a, b = nodes
+    assert publish_ok(a.port, "alone", "backed") == 1
+    old = sentinels.master_port()
+    sentinels.kill_master()
+    new = sentinels.wait_switched(old)
+    for node in (a, b):
+        wait_healthy(node.port, timeout=FOLLOW_TIMEOUT)
+
+    def refused():
+        resp = publish(a.port, "alone", "unbacked", timeout=PUBLISH_TIMEOUT)
+        return resp.status == 503 and "NOREPLICAS" in resp.json()["error"]
+
+    wait_until(refused, FOLLOW_TIMEOUT, "publishes refused for want of a replica")
+    assert sentinels.redis_command(new, "GET", "throng:{alone}:seq") == "1"

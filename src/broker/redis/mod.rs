@@ -417,6 +417,7 @@ impl Broker for RedisBroker {
                 .arg(MAGIC)
                 .arg(&durable)
                 .arg(if waits { "w" } else { "" })
+                .arg(self.shared.wait_replicas)
                 .invoke(con)?;
             if waits {
                 self.shared.wait_replicas(con, &keys.epoch, &answer.2)?;

@@ -5,14 +5,24 @@
 -- Redis replicates asynchronously: a promoted replica (or a restarted Redis) may
 -- lack the last acknowledged publishes, and must not hand out their seqs again.
 
--- This Redis' replication ids (INFO once per script run).
-local throng_ids
+-- This Redis' INFO replication (asked once per script run).
+local throng_info
+local function throng_replication_info()
+  if not throng_info then throng_info = redis.call('INFO', 'replication') end
+  return throng_info
+end
+
+-- This Redis' replication ids.
 local function throng_replication()
-  if not throng_ids then
-    local info = redis.call('INFO', 'replication')
-    throng_ids = {string.match(info, 'master_replid:(%w+)'), string.match(info, 'master_replid2:(%w+)') or ''}
-  end
-  return throng_ids[1], throng_ids[2]
+  local info = throng_replication_info()
+  return string.match(info, 'master_replid:(%w+)'), string.match(info, 'master_replid2:(%w+)') or ''
+end
+
+-- Replicas linked to this Redis now (state=online).
+local function throng_online_replicas()
+  local n = 0
+  for _ in string.gmatch(throng_replication_info(), 'slave%d+:[^\r\n]*state=online') do n = n + 1 end
+  return n
 end
 
 -- Whether the channel's epoch (stored: its epoch key) still holds.

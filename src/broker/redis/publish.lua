@@ -6,11 +6,18 @@
 -- ARGV[6] the pubsub channel   ARGV[7] the magic that marks a node's own messages
 -- ARGV[8] the id of the durable Redis, if any (see origin.lua)
 -- ARGV[9] 'w' when the node WAITs for replicas after this, '' otherwise
+-- ARGV[10] how many replicas it WAITs for: with fewer linked now, nothing is
+-- written (a NOREPLICAS error), as Redis' min-replicas-to-write would. This
+-- is what keeps an old master that lost its replica to a promotion (Sentinel
+-- names the new one before every node hears of it) from taking publishes.
 -- ARGV[6] is a shard channel (it has a '{', the keys' slot) on a Redis Cluster,
 -- where it is SPUBLISHed; PUBLISHed otherwise.
 -- Returns {seq, epoch, the epoch key's new value}. A channel without an epoch,
 -- or whose history may have gone back (origin.lua), starts over: seq and
 -- history go.
+if ARGV[9] == 'w' and throng_online_replicas() < tonumber(ARGV[10]) then
+  return redis.error_reply('NOREPLICAS fewer replicas linked than --redis-wait-replicas: not published')
+end
 local epoch = throng_kept_epoch(redis.call('GET', KEYS[2]), ARGV[8])
 if not epoch then
   epoch = ARGV[5]
