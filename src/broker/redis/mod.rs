@@ -5,7 +5,15 @@
 //! (`redis-sentinel://…`): every new connection then goes to the master Sentinel
 //! names now, and a failover (`+switch-master`, or a `READONLY` answer from a
 //! demoted master) empties the pool and moves the listener to the new master,
-//! which fills in from history as after any reconnect.
+//! which fills in from history as after any reconnect. Or it is a Redis Cluster
+//! (`redis-cluster://…`): commands go through the redis crate's cluster client,
+//! messages are `SPUBLISH`ed on the shard channel `throng:ch:{NAME}` (in the
+//! channel's slot) and heard by one thread per master (`shards`).
+//!
+//! Failover honesty (`origin`): a channel's epoch key is stamped with the
+//! replication id of the Redis that wrote it; another Redis starts a new epoch
+//! unless it provably has every acknowledged write, and the listener tells live
+//! subscribers of an epoch change as a gap.
 //!
 //! Keys of channel `NAME` (the braces keep them in one Redis Cluster slot):
 //! `throng:{NAME}:seq`, `throng:{NAME}:epoch`, `throng:{NAME}:hist` (a stream, one
@@ -43,6 +51,12 @@
 //! - `occupancy`: watched channels' occupants across the cluster (`occupy.lua`,
 //!   `vacate.lua`), for Pusher's webhooks;
 //! - `listener`: the pubsub thread and the subscriptions it holds;
+//! - `cluster`: a key's slot, the seeds of a cluster URL, which master serves
+//!   each slot (`CLUSTER SLOTS`);
+//! - `shards`: the pubsub side on a cluster: a supervisor following the topology
+//!   and one `SSUBSCRIBE`d thread per master;
+//! - `origin`: the epoch stamp (`origin.lua`, prepended to the publish and
+//!   snapshot scripts), durability, `WAIT` (`--redis-wait-replicas`);
 //! - `*.lua`: the scripts Redis runs, by EVALSHA of their text (the `redis` crate
 //!   loads one on Redis' first NOSCRIPT); each one's header says its KEYS and ARGV.
 //!
