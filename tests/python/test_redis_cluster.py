@@ -195,3 +195,17 @@ def migrate_slot(cluster: RedisCluster, source, target, slot: str) -> None:
                         "5000", "KEYS", *keys], capture_output=True, timeout=10, check=True)
     for node in cluster.masters():
         node.cli("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--broker", "redis-cluster://127.0.0.1:1", "--redis-subscribe", "pattern"], b"sharded pattern"),
+    (["--broker", "redis-cluster://127.0.0.1"], b"a cluster node must be host:port"),
+    (["--broker", "redis-cluster://"], b"a cluster node must be host:port"),
+])
+def test_what_a_cluster_cannot_do_is_refused_at_start(flags, says):
+    from conftest import free_port, throng_bin
+
+    out = subprocess.run([str(throng_bin()), "serve", "--listen", f"127.0.0.1:{free_port()}", *flags],
+                         capture_output=True, timeout=10)
+    assert out.returncode != 0
+    assert says in out.stderr, out.stderr
