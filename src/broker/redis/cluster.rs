@@ -176,6 +176,24 @@ mod tests {
     }
 
     #[test]
+    fn channel_names_spread_evenly_over_three_masters() {
+        // `redis-cli --cluster create`'s split of the slots over 3 masters.
+        let master = |slot: u16| match slot {
+            0..=5460 => 0,
+            5461..=10922 => 1,
+            _ => 2,
+        };
+        let mut counts = [0u32; 3];
+        for i in 0..30_000 {
+            let key = format!("throng:{{room:{i}}}:seq");
+            counts[master(slot_of(key.as_bytes()))] += 1;
+        }
+        for n in counts {
+            assert!((9_500..=10_500).contains(&n), "{counts:?}");
+        }
+    }
+
+    #[test]
     fn cluster_urls_name_their_seeds() {
         let plain = Seeds::parse("redis-cluster://127.0.0.1:7000,127.0.0.1:7001").unwrap();
         assert_eq!(
