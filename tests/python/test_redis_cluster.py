@@ -17,8 +17,9 @@ import pytest
 
 from rawws import channel_info, http_request, publish
 from redis_cluster import RedisCluster
-from test_pusher import APP, clients, sdk, user  # noqa: F401 (clients is a fixture)
-from test_pusher_webhooks import named, receiver  # noqa: F401 (receiver is a fixture)
+from test_pusher import APP, clients  # noqa: F401 (clients is a fixture)
+from test_pusher_webhooks import receiver  # noqa: F401 (receiver is a fixture)
+from test_redis_slots import presence_and_occupancy_across
 from test_redis import wait_for, wait_healthy
 from wsutil import recv_json, run, ws_connect
 
@@ -103,23 +104,7 @@ def test_pusher_presence_and_webhooks_span_nodes_on_a_cluster(start_server, redi
     a, b = start_server(*flags), start_server(*flags)
     for node in (a, b):
         wait_healthy(node.port, timeout=20)
-    ann = clients(a.port, user=user("ann"))
-    ann.connected()
-    assert ann.subscribe("presence-room")["members"] == {"ann": {"name": "Ann"}}
-    receiver.event(named("channel_occupied", channel="presence-room"))
-    ben = clients(b.port, user=user("ben"))
-    ben.connected()
-    assert set(ben.subscribe("presence-room")["members"]) == {"ann", "ben"}
-    assert ann.expect(lambda r: r["type"] == "member_added")["id"] == "ben"
-    assert sorted(u["id"] for u in sdk(b.port).users_info("presence-room")["users"]) == ["ann", "ben"]
-    time.sleep(2.5)
-    ann.close()
-    assert ben.expect(lambda r: r["type"] == "member_removed")["id"] == "ann"
-    time.sleep(2.5)
-    ben.close()
-    receiver.event(named("channel_vacated", channel="presence-room"))
-    names = [e["name"] for e in receiver.drain() if e["channel"] == "presence-room"]
-    assert names.count("channel_occupied") == 1 and names.count("channel_vacated") == 1, names
+    presence_and_occupancy_across(a, b, receiver, clients)
 
 
 async def collect(ws, into: list, stop: asyncio.Event):
