@@ -46,9 +46,13 @@ tests/python/redis_cluster.py's RedisCluster: --cluster-node-timeout 1000) and t
               and after publishing max(HISTORY,1) 64-byte messages to each of
               CHANNELS channels through the node's API (pipelined): bytes per
               channel, keys per channel, and MEMORY USAGE of one channel's keys.
-  sentinel    TODO hook: runs only once tests/python/redis_topology.py
-              (SentinelSet, issue 29's Sentinel work) is on this branch; until then
-              the result says skipped.
+  sentinel    --failover-rounds times, what failover does through Sentinel
+              (--broker redis-sentinel://): a fresh master, its replica and one
+              Sentinel (tests/python/redis_topology.py's SentinelSet,
+              down-after-milliseconds 400), the same subscribers and publisher;
+              the master gets SIGKILL. Also when Sentinel named the new master.
+              With --redis-wait-replicas 0 the promotion starts a new epoch: each
+              subscriber expects a {"event":"gap"}.
 
 This box has 2 cores for everything: the cluster's 3 masters, both nodes and the
 load generators share them, so the cluster cannot be faster here than one Redis;
@@ -86,6 +90,7 @@ sys.path.insert(0, str(REPO / "tests/python"))
 import provenance  # noqa: E402  (bench/provenance.py)
 import rawws  # noqa: E402  (tests/python/rawws.py: the WebSocket handshake)
 from redis_cluster import RedisCluster  # noqa: E402  (tests/python/redis_cluster.py)
+from redis_topology import RespError, SentinelSet  # noqa: E402  (tests/python/redis_topology.py)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PARTS = ["throughput", "wait", "failover", "memory", "sentinel"]
@@ -1118,19 +1123,112 @@ def part_memory(throng: Path, work: Path, args, log) -> dict:
     return out
 
 
-# ---------------------------------------------------------------- Sentinel (TODO hook)
+# ---------------------------------------------------------------- Sentinel
+
+
+def watch_sentinel(sets, old_port: int, stop: threading.Event, out: dict) -> None:
+    """Polls Sentinel every 20 ms; notes when it names a master other than old_port."""
+    while not stop.is_set():
+        try:
+            if sets.master_port() != old_port:
+                out["switched_at"] = time.monotonic()
+                return
+        except (OSError, RuntimeError, ConnectionError, ValueError, TypeError, RespError):
+            pass
+        time.sleep(0.02)
+
+
+def sentinel_round(k: int, throng: Path, work: Path, args, log) -> dict:
+    """failover_round through Sentinel: a master, its replica and one Sentinel
+    (tests/python/redis_topology.py's SentinelSet); the master gets SIGKILL."""
+    row: dict = {"round": k}
+    sets = None
+    nodes: list[Node] = []
+    subs: list[Subscriber] = []
+    pub = None
+    channel = f"se-{k}"
+    try:
+        sets = SentinelSet()
+        row["sentinel_url"] = sets.url
+        old = sets.master_port()
+        replica_port = sets.replica_port()
+        row["master_port"], row["replica_port"] = old, replica_port
+        p = free_port_pair()
+        nodes = [Node(throng, work, p + i, sets.url, args.node_threads,
+                      "--redis-wait-replicas", str(args.failover_wait_replicas)) for i in range(2)]
+        row["node_command"] = nodes[0].cmd
+        for node in nodes:
+            for _ in range(args.failover_subscribers):
+                subs.append(Subscriber(node.port, channel))
+        for s in subs:
+            s.start()
+        warm = Http(nodes[0].port)
+        deadline = time.monotonic() + 15
+        while not all(any(m.get("data", "").startswith("warm") for _, m in s.got) for s in subs):
+            if time.monotonic() > deadline:
+                raise RuntimeError("subscribers not all hearing the channel after 15 s")
+            warm.publish(channel, b"warm")
+            time.sleep(0.1)
+        warm.close()
+        time.sleep(0.2)
+        pub = SchedulePublisher([n.port for n in nodes], channel, args.failover_interval / 1000)
+        pub.start()
+        time.sleep(1.0)
+        promoted: dict = {}
+        switched: dict = {}
+        watch_stop = threading.Event()
+        watchers = [threading.Thread(target=watch_promotion, args=(replica_port, watch_stop, promoted), daemon=True),
+                    threading.Thread(target=watch_sentinel, args=(sets, old, watch_stop, switched), daemon=True)]
+        for w in watchers:
+            w.start()
+        victim = sets.redis[old]
+        row["killed_pid"] = victim.proc.pid
+        t_kill = time.monotonic()
+        sets.kill_master()  # SIGKILL, then waits for the process
+        log(f"sentinel {k}: killed master 127.0.0.1:{old} (channel {channel})")
+        deadline = t_kill + args.failover_max
+        back_all = None
+        while time.monotonic() < deadline:
+            if back_all is None and all(any(t > t_kill and str(m.get("data", "")).startswith("fo ")
+                                            and pub.records.get(int(m["data"].split()[1]), {}).get("sent", 0) > t_kill
+                                            for t, m in s.got) for s in subs):
+                back_all = time.monotonic()
+            if back_all is not None and time.monotonic() > back_all + args.failover_after:
+                break
+            time.sleep(0.05)
+        pub.stop()
+        watch_stop.set()
+        time.sleep(1.5)  # the last deliveries
+        row.update(failover_figures(pub, subs, t_kill, promoted.get("promoted_at"), nodes))
+        at = switched.get("switched_at")
+        row["sentinel_switched_after_ms"] = round((at - t_kill) * 1e3, 1) if at else None
+        row["new_epochs"] = [n.metric("throng_redis_new_epochs_total") for n in nodes]
+        row["gap_events"] = sum(len(sp["gaps"]) for sp in row["subscribers"])
+        log(f"  {json.dumps({k2: row[k2] for k2 in ('first_after_kill_ms', 'publishes_503', 'lost_untold', 'lost_told_by_gap', 'promoted_after_ms', 'sentinel_switched_after_ms', 'gap_events')})}")
+    except (RuntimeError, subprocess.SubprocessError, AssertionError, OSError, RespError) as e:
+        row["error"] = f"{type(e).__name__}: {e}"
+        log(f"  error: {row['error']}")
+    finally:
+        if pub is not None and not pub.stop_event.is_set():
+            pub.stop()
+        for s in subs:
+            s.stop()
+        for n in nodes:
+            n.stop()
+        row["node_log_tail"] = [n.log_tail(1200) for n in nodes]
+        if sets:
+            sets.close()
+    return row
 
 
 def part_sentinel(throng: Path, work: Path, args, log) -> dict:
-    """TODO(issue 29, Sentinel): once tests/python/redis_topology.py (SentinelSet) and
-    `--broker redis-sentinel://` are on this branch (git merge main), measure here
-    what `failover` measures for a cluster: a master with a replica and three
-    Sentinels, SIGKILL the master, the time to the first delivery afterwards per
-    subscriber, the 503s meanwhile, lost-untold; and `wait` through Sentinel."""
-    if not (REPO / "tests/python/redis_topology.py").exists():
-        return {"skipped": "TODO: tests/python/redis_topology.py (SentinelSet) and --broker redis-sentinel:// "
-                           "are not on this branch yet; merge main once they land and fill in part_sentinel"}
-    return {"skipped": "TODO: redis_topology.py is here now; part_sentinel is still to be written"}
+    """What `failover` measures, through Sentinel (`--broker redis-sentinel://`):
+    --failover-rounds rounds, each a fresh master + replica + one Sentinel
+    (down-after-milliseconds 400) from tests/python/redis_topology.py; SIGKILL of
+    the master; per subscriber the time to its first message published after the
+    kill, the 503s meanwhile, lost told/untold, when the replica said role:master
+    and when Sentinel named it."""
+    return {"rounds": [sentinel_round(k + 1, throng, work, args, log) for k in range(args.failover_rounds)]}
 
 
 # ---------------------------------------------------------------- report
@@ -1280,8 +1378,31 @@ def table(results: dict) -> str:
                          f"{fmt(p['bytes_per_channel'], 0)} | {p['keys_per_channel']} | "
                          f"{fmt(p['sample_channel_memory_usage'])} B |")
         lines.append("")
-    if results.get("sentinel"):
-        lines += ["## Sentinel", "", f"- {results['sentinel'].get('skipped') or 'see the JSON'}", ""]
+    se = results.get("sentinel")
+    if se:
+        lines += ["## Sentinel: SIGKILL of the master (a replica, one Sentinel, down-after 400 ms)", "",
+                  f"A message every {args['failover_interval']} ms through both nodes in turn; "
+                  f"{args['failover_subscribers']} subscribers per node; --redis-wait-replicas "
+                  f"{args['failover_wait_replicas']}; times from the SIGKILL.", "",
+                  "| round | replica says master | Sentinel names it | first delivery after the kill, per "
+                  "subscriber, of a message published after it (ms) | first 200 after the kill | "
+                  "publishes from the kill: 503 / other failures / all | slowest answer | "
+                  "acked lost: told by gap / untold | gap events | duplicates |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for r in se.get("rounds", []):
+            if r.get("error"):
+                lines.append(f"| {r['round']} | error: {r['error']} | | | | | | | | |")
+                continue
+            firsts = ", ".join(fmt(x, 0) for x in r["first_published_after_kill_ms"])
+            lines.append(f"| {r['round']} | {fmt(r.get('promoted_after_ms'), 0)} ms | "
+                         f"{fmt(r.get('sentinel_switched_after_ms'), 0)} ms | {firsts} | "
+                         f"{fmt(r.get('first_ok_publish_after_kill_ms'), 0)} ms | {r['publishes_503']} / "
+                         f"{r['publishes_failed_other']} / {r['publishes_from_kill']} | "
+                         f"{fmt(r.get('slowest_answer_ms'), 0)} ms | {r['lost_told_by_gap']} / "
+                         f"**{r['lost_untold']}** | {r['gap_events']} | {r['duplicates']} |")
+        if se.get("skipped"):
+            lines.append(f"- {se['skipped']}")
+        lines.append("")
     if busy:
         lines += ["**The machine was not quiet**: other processes used " + "; ".join(busy)
                   + " cores. The CPU and latency figures are less reliable; a record wants a quiet machine.", ""]
