@@ -368,6 +368,10 @@ class SentinelSet:
             self.sentinel.start()
             command(sport, "SENTINEL", "DEBUG", "info-period", INFO_PERIOD_MS)
             wait_until(lambda: self._replica_known(rport), START_TIMEOUT, "Sentinel knows the replica")
+            # The master counts the replica (as --redis-wait-replicas does) once
+            # the first sync is done on its side too.
+            wait_until(lambda: any("state=online" in v for k, v in info(master.port, password=password).items()
+                                   if k.startswith("slave")), START_TIMEOUT, "the replica online at the master")
         except BaseException:
             self.close()
             raise

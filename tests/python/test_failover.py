@@ -42,6 +42,10 @@ class Replica(Redis):
             time.sleep(0.05)
         wait_for(lambda: "master_link_status:up" in self.cli("INFO", "replication"),
                  timeout=10, what="replica linked")
+        # The master counts it (--redis-wait-replicas needs it online there) only
+        # once the first sync is done on its side too.
+        wait_for(lambda: "state=online" in self.master.cli("INFO", "replication"),
+                 timeout=10, what="replica online at the master")
 
 
 def stamp(redis: Redis, channel: str) -> list[str]:
