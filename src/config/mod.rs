@@ -325,10 +325,11 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_REDIS_SUBSCRIBE", value_name = "HOW", default_value = defaults::REDIS_SUBSCRIBE, value_parser = parse_redis_subscribe)]
     pub redis_subscribe: crate::broker::Subscribe,
 
-    /// With a Redis broker: before answering a publish, wait (Redis WAIT, at most
-    /// 500 ms) until this many replicas have it, so that a failover keeps it and
-    /// its channel's epoch; 0 answers at once (a failover then starts a new epoch
-    /// on each channel, and subscribers are told of the gap)
+    /// With a Redis broker: hold each message in Redis, unseen, until this many
+    /// replicas have it (Redis WAIT, at most 500 ms, else 503 and it stays held),
+    /// so that a failover keeps it and its channel's epoch; 0 publishes at once (a
+    /// failover then starts a new epoch on each channel, and subscribers are told
+    /// of the gap)
     #[arg(long, env = "THRONG_REDIS_WAIT_REPLICAS", value_name = "N", default_value = defaults::REDIS_WAIT_REPLICAS)]
     pub redis_wait_replicas: u32,
 

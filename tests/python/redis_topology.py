@@ -325,12 +325,14 @@ def _server_args(port: int, password: str | None) -> list[str]:
 
 
 class SentinelSet:
-    """A master, a replica replicating through a `LagProxy`, and one Sentinel
-    (quorum 1) watching them under `MASTER_NAME`. Ready when Sentinel knows the
-    replica (a failover could pick it). With `password` both Redis servers require
-    it (Sentinel is told it; Sentinel itself has none)."""
+    """A master, `replicas` replicas replicating through one `LagProxy`, and one
+    Sentinel (quorum 1) watching them under `MASTER_NAME`. Ready when Sentinel
+    knows every replica (a failover could pick it) and the master counts each one
+    online. With `password` every Redis requires it (Sentinel is told it; Sentinel
+    itself has none). After a failover Sentinel points the other replicas at the
+    promoted one directly, not through the proxy."""
 
-    def __init__(self, name: str = MASTER_NAME, password: str | None = None):
+    def __init__(self, name: str = MASTER_NAME, password: str | None = None, replicas: int = 1):
         assert shutil.which("redis-server"), "redis-server is not installed (scripts/test.sh installs it)"
         self.name = name
         self.password = password
@@ -345,15 +347,18 @@ class SentinelSet:
             master.start()
             self.redis[master.port] = master
             self.proxy = LagProxy(master.port)
-            rport = free_port()
-            replica = _Process("replica", root, _server_args(rport, password) + [
-                "--replicaof", "127.0.0.1", str(self.proxy.port),
-                "--replica-announce-ip", "127.0.0.1", "--repl-timeout", "3600",
-            ], rport)
-            replica.start()
-            self.redis[rport] = replica
-            wait_until(lambda: info(rport, password=password).get("master_link_status") == "up", START_TIMEOUT,
-                       "replica in sync through the proxy")
+            rports = []
+            for i in range(replicas):
+                rport = free_port()
+                replica = _Process("replica" if i == 0 else f"replica{i + 1}", root, _server_args(rport, password) + [
+                    "--replicaof", "127.0.0.1", str(self.proxy.port),
+                    "--replica-announce-ip", "127.0.0.1", "--repl-timeout", "3600",
+                ], rport)
+                replica.start()
+                self.redis[rport] = replica
+                rports.append(rport)
+                wait_until(lambda: info(rport, password=password).get("master_link_status") == "up", START_TIMEOUT,
+                           "replica in sync through the proxy")
             sport = free_port()
             conf = root / "sentinel.conf"
             conf.write_text(
@@ -367,11 +372,13 @@ class SentinelSet:
             self.sentinel = _Process("sentinel", root, [str(conf), "--sentinel"], sport)
             self.sentinel.start()
             command(sport, "SENTINEL", "DEBUG", "info-period", INFO_PERIOD_MS)
-            wait_until(lambda: self._replica_known(rport), START_TIMEOUT, "Sentinel knows the replica")
-            # The master counts the replica (as --redis-wait-replicas does) once
+            for rport in rports:
+                wait_until(lambda: self._replica_known(rport), START_TIMEOUT, "Sentinel knows the replica")
+            # The master counts a replica (as --redis-wait-replicas does) once
             # the first sync is done on its side too.
-            wait_until(lambda: any("state=online" in v for k, v in info(master.port, password=password).items()
-                                   if k.startswith("slave")), START_TIMEOUT, "the replica online at the master")
+            wait_until(lambda: sum("state=online" in v for k, v in info(master.port, password=password).items()
+                                   if k.startswith("slave")) == replicas, START_TIMEOUT,
+                       "the replicas online at the master")
         except BaseException:
             self.close()
             raise

@@ -14,11 +14,11 @@ import time
 
 from conftest import tcp_connectable
 from procs import stop_process
-from rawws import channel_info, metric, publish, publish_ok
+from rawws import channel_info, http_request, metric, publish, publish_ok, settled, wait_subscribers
 from redis_topology import SentinelSet, wait_until
 from test_redis import Redis, wait_for, wait_healthy
 from test_sse import EventReader
-from wsutil import recv_json, run, ws_connect
+from wsutil import expect_silence, recv_json, run, ws_connect
 
 
 class Replica(Redis):
@@ -163,23 +163,44 @@ def test_wait_for_replicas_is_recorded_in_the_stamp(start_server):
         master.dir.cleanup()
 
 
-def test_a_short_wait_is_answered_and_leaves_the_stamp_untrusted(start_server):
-    # A replica linked but held back: WAIT comes back after its 500 ms with none,
-    # the publish is answered (it is published), and its stamp no longer claims a
-    # replica has it, so a promotion would start a new epoch.
+def test_a_short_wait_holds_the_message_until_replicas_have_it(start_server):
+    # A replica linked but held back: WAIT comes back after its 500 ms with none.
+    # The message is held in Redis: the publisher is told it was not published,
+    # and no subscriber, history or seq shows it. Once the replica has caught up,
+    # the next publish's WAIT covers it too, and both go out in seq order.
     with SentinelSet() as sentinels:
         node = start_server("--broker", sentinels.url, "--redis-wait-replicas", "1")
         wait_healthy(node.port)
-        master = sentinels.master_port()
-        assert publish_ok(node.port, "s", "first") == 1
-        assert sentinels.redis_command(master, "GET", "throng:{s}:epoch").endswith(":w")
-        sentinels.hold_replication()
-        began = time.monotonic()
-        assert publish_ok(node.port, "s", "held") == 2
-        assert time.monotonic() - began >= 0.4
-        assert sentinels.redis_command(master, "GET", "throng:{s}:epoch").endswith(":")
-        assert metric(node.port, "throng_redis_short_waits_total") == 1
-        sentinels.release_replication()
+        master, replica = sentinels.master_port(), sentinels.replica_port()
+
+        async def main():
+            ws = await ws_connect(node.url("/ws/s?format=json"))
+            try:
+                wait_subscribers(node.port, "s", 1)
+                assert publish_ok(node.port, "s", "first") == 1
+                assert (await recv_json(ws))["data"] == "first"
+                sentinels.hold_replication()
+                began = time.monotonic()
+                resp = publish(node.port, "s", "held")
+                assert time.monotonic() - began >= 0.4
+                error = resp.json()["error"]
+                assert resp.status == 503 and "NOTPUBLISHED" in error and "seq 2" in error, resp
+                assert metric(node.port, "throng_redis_short_waits_total") == 1
+                await expect_silence(ws, 1.0)
+                info = channel_info(node.port, "s")
+                assert (info["last_seq"], info["history_len"]) == (1, 1), info
+                sentinels.release_replication()
+                wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "caught up")
+                assert publish_ok(node.port, "s", "next") == 3
+                got = [await recv_json(ws) for _ in range(2)]
+                assert [(m["seq"], m["data"]) for m in got] == [(2, "held"), (3, "next")], got
+                info = channel_info(node.port, "s")
+                assert (info["last_seq"], info["history_len"]) == (3, 3), info
+                assert sentinels.redis_command(master, "EXISTS", "throng:{s}:held") == 0
+            finally:
+                await ws.close()
+
+        run(main(), timeout=60)
 
 
 def test_a_promoted_replica_that_lacks_nothing_keeps_the_epoch_only_after_wait(start_server):
@@ -281,3 +302,77 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_nothing_silently_and_reu
                     await ws.close()
 
         run(main(), timeout=90)
+
+
+def test_with_wait_for_replicas_a_failover_to_lagging_replicas_shows_nothing_they_lost(start_server):
+    # The window WAIT alone left open: the master dies holding publishes its
+    # replicas lack. With --redis-wait-replicas those were never shown (held
+    # until WAIT, answered 503), so the promoted replica rightly goes on from
+    # the last seq anyone saw, in the same epoch, without a gap. Two replicas,
+    # both held back, so the promoted one has the other to WAIT for.
+    with SentinelSet(replicas=2) as sentinels:
+        a = start_server("--broker", sentinels.url, "--redis-wait-replicas", "1")
+        b = start_server("--broker", sentinels.url, "--redis-wait-replicas", "1")
+        for node in (a, b):
+            wait_healthy(node.port)
+        master = sentinels.master_port()
+
+        async def main():
+            subs = [await ws_connect(n.url("/ws/lag?format=json")) for n in (a, b)]
+            try:
+                wait_for(lambda: channel_info(a.port, "lag")["subscribers"] == 2, what="2 subscribers")
+                acked = {}
+                for i in range(5):
+                    acked[f"m{i}"] = publish_ok((a, b)[i % 2].port, "lag", f"m{i}")
+                epoch = channel_info(a.port, "lag")["epoch"]
+                sentinels.hold_replication()
+                for i in range(5, 8):
+                    resp = publish((a, b)[i % 2].port, "lag", f"held{i}")
+                    assert resp.status == 503 and "NOTPUBLISHED" in resp.json()["error"], resp
+                assert sentinels.redis_command(master, "GET", "throng:{lag}:seq") == "8"
+                got = [[await recv_json(ws, timeout=10) for _ in range(5)] for ws in subs]
+                for ws in subs:
+                    await expect_silence(ws, 0.5)
+                assert sentinels.kill_master() == master
+                new = sentinels.wait_switched(master)
+                assert sentinels.redis_command(new, "GET", "throng:{lag}:seq") == "5"
+                # Until Sentinel has the other replica follow the new master, its
+                # publishes are refused (NOREPLICAS) or held: each try carries its
+                # own payload, so what a refused try left held is told apart.
+                refused = []
+                deadline = time.monotonic() + 60
+                for i in range(8, 13):
+                    attempt = 0
+                    while True:
+                        data = f"m{i}.{attempt}"
+                        resp = publish((a, b)[i % 2].port, "lag", data)
+                        if resp.status == 200:
+                            acked[data] = resp.json()["seq"]
+                            break
+                        assert resp.status == 503 and time.monotonic() < deadline, resp
+                        refused.append(data)
+                        attempt += 1
+                        time.sleep(0.1)
+                for node in (a, b):
+                    wait_healthy(node.port)
+                # Asked of a node whose listener may be a moment from resubscribed.
+                resp = settled(lambda: http_request(a.port, "GET", "/api/channels/lag"), lambda r: r.status == 200)
+                assert resp.status == 200 and resp.json()["epoch"] == epoch, resp
+                last = max(acked.values())
+                for ws, stream in zip(subs, got):
+                    while not stream or stream[-1].get("seq", 0) < last:
+                        stream.append(await recv_json(ws, timeout=10))
+                    assert not [m for m in stream if "event" in m and m["event"] == "gap"], stream
+                    seqs = [m["seq"] for m in stream]
+                    assert seqs == list(range(1, last + 1)), stream
+                    data = [m["data"] for m in stream]
+                    # Nothing the dead master held was shown; every acknowledged
+                    # publish was, at the seq its publisher was told.
+                    assert not [d for d in data if d.startswith("held")], stream
+                    assert {d: s for d, s in zip(data, seqs) if d in acked} == acked, (stream, acked)
+                    assert set(data) - set(acked) <= set(refused), (stream, acked, refused)
+            finally:
+                for ws in subs:
+                    await ws.close()
+
+        run(main(), timeout=120)

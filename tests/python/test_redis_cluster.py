@@ -34,9 +34,15 @@ def redis_cluster():
 
 
 @pytest.fixture
-def nodes(start_server, redis_cluster):
-    a = start_server("--broker", redis_cluster.url)
-    b = start_server("--broker", redis_cluster.url)
+def wait_replicas():
+    """--redis-wait-replicas of the nodes (a test may parametrize it)."""
+    return "0"
+
+
+@pytest.fixture
+def nodes(start_server, redis_cluster, wait_replicas):
+    a = start_server("--broker", redis_cluster.url, "--redis-wait-replicas", wait_replicas)
+    b = start_server("--broker", redis_cluster.url, "--redis-wait-replicas", wait_replicas)
     for node in (a, b):
         wait_healthy(node.port, timeout=20)
     return a, b
@@ -53,7 +59,10 @@ def publish_retrying(port: int, channel: str, data: str, deadline: float) -> int
         time.sleep(0.05)
 
 
-def test_channels_on_every_master_reach_every_subscriber_once_in_order(nodes, redis_cluster):
+@pytest.mark.parametrize("wait_replicas", ["0", "1"])
+def test_channels_on_every_master_reach_every_subscriber_once_in_order(nodes, redis_cluster, wait_replicas):
+    # With --redis-wait-replicas 1 each message is held on its master until that
+    # master's replica has it (WAIT), then released: the same order, nothing left held.
     a, b = nodes
     masters = {redis_cluster.master_of(f"throng:{{{c}}}:seq").port for c in CHANNELS}
     assert len(masters) == 3, "the test channels should land on every master"
@@ -80,6 +89,11 @@ def test_channels_on_every_master_reach_every_subscriber_once_in_order(nodes, re
                 for ws in subs[c]:
                     got = [await recv_json(ws, timeout=10) for _ in range(5)]
                     assert [(m["seq"], m["data"]) for m in got] == [(i + 1, f"{c}-{i}") for i in range(5)], got
+            released = set()
+            for m in redis_cluster.masters():
+                assert m.cli("KEYS", "throng:*:held") == "", "nothing left held"
+                released |= set(m.cli("KEYS", "throng:*:released").split())
+            assert released == ({f"throng:{{{c}}}:released" for c in CHANNELS} if wait_replicas == "1" else set())
             # Another program's SPUBLISH on the shard channel: delivered, no seq.
             c = CHANNELS[0]
             redis_cluster.master_of(c).cli("SPUBLISH", f"throng:ch:{{{c}}}", "from-outside")

@@ -31,6 +31,10 @@ pub(super) struct Keys {
     pub(super) seq: String,
     pub(super) epoch: String,
     pub(super) hist: String,
+    /// With `--redis-wait-replicas`: the messages held until replicas have them
+    /// (seq -> message), and the last seq published (see `release.lua`).
+    pub(super) held: String,
+    pub(super) released: String,
     pub(super) members: String,
     /// A Pusher presence channel's users (user -> user_info), their connections
     /// (user -> count) and each node's share (node "\n" user -> count).
@@ -47,6 +51,8 @@ impl Keys {
             seq: format!("throng:{{{channel}}}:seq"),
             epoch: format!("throng:{{{channel}}}:epoch"),
             hist: format!("throng:{{{channel}}}:hist"),
+            held: format!("throng:{{{channel}}}:held"),
+            released: format!("throng:{{{channel}}}:released"),
             members: format!("throng:{{{channel}}}:members"),
             users: format!("throng:{{{channel}}}:users"),
             user_conns: format!("throng:{{{channel}}}:userconns"),

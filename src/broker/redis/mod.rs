@@ -168,7 +168,7 @@ struct Shared {
     short_waits: AtomicU64,
     /// Epoch changes announced to local subscribers.
     new_epochs: AtomicU64,
-    unwaited: Script,
+    release: Script,
     /// The nodes gone at this node's last heartbeat (see `presence`).
     gone: Mutex<Arc<[String]>>,
 }
@@ -231,7 +231,7 @@ impl Shared {
             wait_replicas: scheme.wait_replicas,
             short_waits: AtomicU64::new(0),
             new_epochs: AtomicU64::new(0),
-            unwaited: Script::new(origin::UNWAITED_LUA),
+            release: Script::new(origin::RELEASE_LUA),
             cluster,
             seeds,
             shards: shards::ShardState::new(),
@@ -422,6 +422,8 @@ impl Broker for RedisBroker {
                 .key(&keys.seq)
                 .key(&keys.epoch)
                 .key(&keys.hist)
+                .key(&keys.held)
+                .key(&keys.released)
                 .arg(&encoded)
                 .arg(history::now_secs())
                 .arg(size)
@@ -434,7 +436,15 @@ impl Broker for RedisBroker {
                 .arg(self.shared.wait_replicas)
                 .invoke(con)?;
             if waits {
-                self.shared.wait_replicas(con, &keys.epoch, &answer.2)?;
+                let held = origin::Held {
+                    channel,
+                    keys: &keys,
+                    seq: answer.0,
+                    epoch: &answer.1,
+                    history_size: size,
+                    life: key_life(limits.ttl),
+                };
+                self.shared.wait_and_release(con, &held)?;
             }
             Ok(answer)
         })?;

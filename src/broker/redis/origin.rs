@@ -1,8 +1,8 @@
 //! Failover honesty: the epoch stamp (`origin.lua`) that lets a Redis tell
 //! whether a channel's history is still the one its seqs were handed out from,
 //! what a node tells the scripts about its Redis (durable or not), and WAIT
-//! for replicas after a publish (`--redis-wait-replicas`). It must not deliver
-//! nor hold subscriptions.
+//! for replicas before a publish is released (`--redis-wait-replicas`). It
+//! must not hold subscriptions.
 //!
 //! Redis replicates asynchronously: a replica promoted by Sentinel or Redis
 //! Cluster, or a Redis restarted from a disk image older than its last answer,
@@ -13,6 +13,12 @@
 //! unless that Redis provably has every acknowledged write: a promoted replica
 //! of the writer when the writer WAITed for replicas, or a restart of a Redis
 //! that appends every write to disk before answering.
+//!
+//! With `--redis-wait-replicas N` a message is held in Redis, unseen, until
+//! `WAIT` says N replicas have it, and only then published and kept in history
+//! (`release.lua`): so a master that dies before its replicas have a message
+//! takes nothing anyone saw with it, and the promoted replica hands that seq
+//! out again without a lie.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -29,12 +35,12 @@ macro_rules! with_origin {
 }
 pub(super) use with_origin;
 
-/// Takes the 'w' off a stamp whose WAIT came back short.
-pub(super) const UNWAITED_LUA: &str = include_str!("unwaited.lua");
+/// Publishes held messages once replicas have them.
+pub(super) const RELEASE_LUA: &str = include_str!("release.lua");
 
 /// How long a publish waits for its replicas (`WAIT`) before it is answered
-/// anyway, its stamp then saying it was not replicated. Below the connection's
-/// read timeout, so a short WAIT is an answer, not a failure.
+/// as not published (held: see `release.lua`). Below the connection's read
+/// timeout, so a short WAIT is an answer, not a failure.
 pub(super) const WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 
 impl Shared {
@@ -70,14 +76,16 @@ impl Shared {
         lock(&self.durable).clone().unwrap_or_default()
     }
 
-    /// After a publish with `--redis-wait-replicas N`: `WAIT` on the same
-    /// connection. When fewer than N replicas have it in time, the channel's
-    /// stamp is told (a failover then starts a new epoch rather than trust it).
-    pub(super) fn wait_replicas(
+    /// After a publish with `--redis-wait-replicas N`, on the same connection:
+    /// `WAIT` until N replicas have it, then publish it (and what was held
+    /// before it). A short WAIT leaves it held, and the publisher is told it
+    /// was not published; a later publish whose WAIT succeeds releases it (its
+    /// write came first), so a retry delivers the message twice unless it
+    /// carries the same idempotency key.
+    pub(super) fn wait_and_release(
         &self,
         con: &mut dyn ConnectionLike,
-        channel_epoch_key: &str,
-        stamp: &str,
+        held: &Held<'_>,
     ) -> ::redis::RedisResult<()> {
         let replicas: u64 = ::redis::cmd("WAIT")
             .arg(self.wait_replicas)
@@ -85,13 +93,52 @@ impl Shared {
             .query(con)?;
         if replicas < u64::from(self.wait_replicas) {
             self.short_waits.fetch_add(1, Ordering::Relaxed);
-            self.unwaited
-                .key(channel_epoch_key)
-                .arg(stamp)
-                .invoke::<i64>(con)?;
+            return Err(not_published(format!(
+                "{replicas} of the {} replicas asked for (--redis-wait-replicas) had seq {} \
+                 within {} ms; it is held, and published once they confirm a later publish \
+                 on this channel",
+                self.wait_replicas,
+                held.seq,
+                WAIT_TIMEOUT.as_millis()
+            )));
+        }
+        let published: i64 = self
+            .release
+            .key(&held.keys.epoch)
+            .key(&held.keys.hist)
+            .key(&held.keys.held)
+            .key(&held.keys.released)
+            .arg(held.seq)
+            .arg(held.epoch)
+            .arg(held.history_size)
+            .arg(held.life)
+            .arg(self.pubsub_channel(held.channel))
+            .arg(super::MAGIC)
+            .invoke(con)?;
+        if published < 0 {
+            return Err(not_published(format!(
+                "the channel started a new epoch (a failover) before seq {} was released",
+                held.seq
+            )));
         }
         Ok(())
     }
+}
+
+/// A message held by `publish.lua` until replicas have it.
+pub(super) struct Held<'a> {
+    pub(super) channel: &'a str,
+    pub(super) keys: &'a super::Keys,
+    pub(super) seq: u64,
+    pub(super) epoch: &'a str,
+    pub(super) history_size: usize,
+    pub(super) life: u64,
+}
+
+/// An answer to the publisher that its message was not published (yet); not a
+/// connection failure.
+fn not_published(detail: String) -> ::redis::RedisError {
+    ::redis::make_extension_error("NOTPUBLISHED".into(), Some(detail))
 }
 
 /// `master_replid` of an `INFO replication` answer.

@@ -131,6 +131,12 @@ impl Shared {
                         pipe.cmd("EXPIRE").arg(&keys.seq).arg(life_here).ignore();
                         pipe.cmd("EXPIRE").arg(&keys.epoch).arg(life_here).ignore();
                         pipe.cmd("EXPIRE").arg(&keys.hist).arg(life_here).ignore();
+                        if self.wait_replicas > 0 {
+                            pipe.cmd("EXPIRE")
+                                .arg(&keys.released)
+                                .arg(life_here)
+                                .ignore();
+                        }
                     }
                     // Rewritten on refresh too: the hash lives only as long as
                     // someone writes it, and Redis may have lost it.

@@ -1,11 +1,14 @@
 -- throng: publish one message on a channel. Next seq, keep, publish, all in
 -- one script so that every node sees one order.
 -- KEYS[1] the channel's seq (a counter)   KEYS[2] its epoch   KEYS[3] its history (a stream)
+-- KEYS[4] its held messages (a hash)   KEYS[5] its released seq (see release.lua)
 -- ARGV[1] the encoded message   ARGV[2] now (unix seconds)   ARGV[3] history size (0: keep none)
 -- ARGV[4] key life (seconds)   ARGV[5] a fresh epoch (used if the channel has none)
 -- ARGV[6] the pubsub channel   ARGV[7] the magic that marks a node's own messages
 -- ARGV[8] the id of the durable Redis, if any (see origin.lua)
--- ARGV[9] 'w' when the node WAITs for replicas after this, '' otherwise
+-- ARGV[9] 'w' when the node WAITs for replicas after this, '' otherwise. Then
+-- the message is held, not kept nor published: release.lua does that once
+-- WAIT says the replicas have it.
 -- ARGV[10] how many replicas it WAITs for: with fewer linked now, nothing is
 -- written (a NOREPLICAS error), as Redis' min-replicas-to-write would. This
 -- is what keeps an old master that lost its replica to a promotion (Sentinel
@@ -15,19 +18,31 @@
 -- Returns {seq, epoch, the epoch key's new value}. A channel without an epoch,
 -- or whose history may have gone back (origin.lua), starts over: seq and
 -- history go.
-if ARGV[9] == 'w' and throng_online_replicas() < tonumber(ARGV[10]) then
+local held = ARGV[9] == 'w'
+if held and throng_online_replicas() < tonumber(ARGV[10]) then
   return redis.error_reply('NOREPLICAS fewer replicas linked than --redis-wait-replicas: not published')
 end
 local epoch = throng_kept_epoch(redis.call('GET', KEYS[2]), ARGV[8])
 if not epoch then
   epoch = ARGV[5]
-  redis.call('DEL', KEYS[1], KEYS[3])
+  redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
 end
 local seq = redis.call('INCR', KEYS[1])
 local life = tonumber(ARGV[4])
 local stamp = epoch .. ':' .. throng_replid() .. ':' .. ARGV[9]
 redis.call('SET', KEYS[2], stamp, 'EX', life)
 redis.call('EXPIRE', KEYS[1], life)
+if held then
+  -- Everything before the channel's first held message was published.
+  redis.call('SET', KEYS[5], seq - 1, 'NX', 'EX', life)
+  redis.call('EXPIRE', KEYS[5], life)
+  redis.call('HSET', KEYS[4], seq, ARGV[2] .. ' ' .. ARGV[1])
+  redis.call('EXPIRE', KEYS[4], life)
+  return {seq, epoch, stamp}
+end
+-- Nodes that held messages here no longer do (their flag changed): what they
+-- held was answered as not published, and the seq counts for itself again.
+redis.call('DEL', KEYS[4], KEYS[5])
 local size = tonumber(ARGV[3])
 if size > 0 then
   redis.call('XADD', KEYS[3], 'MAXLEN', size, seq .. '-1', 'm', ARGV[1], 't', ARGV[2])

@@ -121,6 +121,8 @@ impl Shared {
                 .key(&keys.seq)
                 .key(&keys.epoch)
                 .key(&keys.hist)
+                .key(&keys.held)
+                .key(&keys.released)
                 .arg(format!("{:016x}", new_epoch()))
                 .arg(key_life(Duration::ZERO))
                 .arg(if create { "1" } else { "0" })
