@@ -265,6 +265,10 @@ class Redis:
             if master is not None:
                 wait_until(lambda: info(self.port, "replication").get("master_link_status") == "up", 15,
                            f"replica {name} linked")
+                # --redis-wait-replicas counts a replica only once its master has
+                # it online (the first sync done on that side too).
+                wait_until(lambda: any("state=online" in str(v) for k, v in info(master.port, "replication").items()
+                                       if k.startswith("slave")), 15, f"replica {name} online at its master")
         except BaseException:
             self.stop()
             raise
@@ -624,6 +628,8 @@ def load_phase(label: str, throng: Path, work: Path, nodes: list[Node], redis_na
                    "--publish-rate", f"{per_bench_rate:g}", "--publishers", str(args.publishers),
                    "--size", "64", "--threads", "1", "--rate", "0", "--duration", f"{load_secs:g}s",
                    "--grace", "2s", "--interval", "0", "--connect-timeout", "10s", "--json"]
+            if args.idempotency_keys:
+                cmd.append("--idempotency-keys")
             benches.append(Bench(cmd, work / f"bench-{label}-{j + 1}.log"))
         for b in benches:
             if not b.opened.wait(30):
@@ -1253,7 +1259,8 @@ def table(results: dict) -> str:
              f"- nodes: 2 × `throng serve --threads {args['node_threads']}`; load: 2 × `throng bench push` "
              f"({args['channels_per_node']} channels each, {args['subscribers_per_channel']} WebSocket subscribers "
              f"per channel over both nodes, {args['publishers']} publisher threads each, 64 B payloads, through "
-             f"its own node); window {args['duration']} s after {args['warmup']} s; probe {args['probe_rate']:g}/s",
+             f"its own node{', each publish with an Idempotency-Key of its own' if args.get('idempotency_keys') else ''}); "
+             f"window {args['duration']} s after {args['warmup']} s; probe {args['probe_rate']:g}/s",
              "- the 2 cores are shared by every Redis process, both nodes and the load generators: "
              "a cluster's 3 masters are not 3 machines here",
              ""]
@@ -1435,6 +1442,8 @@ def main() -> int:
     ap.add_argument("--failover-after", type=float, default=2, help="s of publishing once all heard again")
     ap.add_argument("--failover-max", type=float, default=40,
                     help="s after the kill at most (a shard connection silent for 20 s is taken for dead: see the docs)")
+    ap.add_argument("--idempotency-keys", action="store_true",
+                    help="the load's publishes each carry an Idempotency-Key (what remembering keys costs)")
     ap.add_argument("--failover-wait-replicas", type=int, default=0, help="the nodes' --redis-wait-replicas")
     ap.add_argument("--memory-points", default="0:10000,10:10000,100:1000",
                     help="HISTORY:CHANNELS,... (max(HISTORY,1) messages published to each channel)")

@@ -459,6 +459,11 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_name = "FROM", default_value = "server")]
     pub seq_from: SeqFrom,
 
+    /// push: every publish carries its own idempotency key (`Idempotency-Key`, or
+    /// the Pusher event's "idempotency_key"), to measure what remembering keys costs
+    #[arg(long)]
+    pub idempotency_keys: bool,
+
     /// push: this fraction of subscribers drops its connection every
     /// --reconnect-interval and resumes from the last message it got (ws: since=,
     /// sse: Last-Event-ID, poll: since=); loss and duplicates are checked across

@@ -49,6 +49,8 @@ pub struct PublishPlan {
     pub threads: usize,
     pub size: usize,
     pub seq_from: SeqFrom,
+    /// Each publish carries a key of its own (`--idempotency-keys`).
+    pub idempotency_keys: bool,
 }
 
 impl PublishPlan {
@@ -74,15 +76,21 @@ impl PublishPlan {
 }
 
 /// One Pusher publish: the signed path (with its query) and the JSON body of
-/// event `bench` on `channel` carrying `data`, signed at `timestamp` (Unix s).
+/// event `bench` on `channel` carrying `data` (and `key` as its idempotency key),
+/// signed at `timestamp` (Unix s).
 pub(super) fn pusher_request(
     app: &App,
     path: &str,
     channel: &str,
     data: &str,
+    key: Option<&str>,
     timestamp: u64,
 ) -> (String, Vec<u8>) {
-    let body = serde_json::json!({ "name": "bench", "channel": channel, "data": data }).to_string();
+    let mut event = serde_json::json!({ "name": "bench", "channel": channel, "data": data });
+    if let Some(key) = key {
+        event["idempotency_key"] = key.into();
+    }
+    let body = event.to_string();
     let query = signed_query(app, "POST", path, body.as_bytes(), timestamp);
     (format!("{path}?{query}"), body.into_bytes())
 }
@@ -196,6 +204,7 @@ fn publish_loop(
     // One kept-alive connection per publisher thread (reconnecting if the server
     // closes it), so high rates do not pile up TIME_WAIT sockets.
     let mut session = PublishSession::new(plan);
+    let start_nanos = unix_nanos();
     // Payload numbering: a channel's messages must leave in order, so thread `id`
     // owns the channels `c % threads == id` (walking every message index, taking
     // its own); with the server's seqs, threads simply take turns.
@@ -228,15 +237,27 @@ fn publish_loop(
             body.resize(plan.size, b'x');
         }
         let name = format!("{}{}", plan.channel_prefix, channel);
+        // Unique per run, thread and message.
+        let key = plan
+            .idempotency_keys
+            .then(|| format!("bench-{}-{id}-{i}", start_nanos));
         let (path, body) = match &plan.pusher {
             Some(app) => {
                 // The payload is ASCII digits, spaces and 'x': it is its own text.
                 let data = String::from_utf8_lossy(&body);
-                pusher_request(app, &plan.path, &name, &data, now / 1_000_000_000)
+                let key = key.as_deref();
+                pusher_request(app, &plan.path, &name, &data, key, now / 1_000_000_000)
             }
             None => (plan.path.replace("{channel}", &name), body),
         };
-        let outcome = session.request(&path, &headers, &body);
+        let outcome = match (&key, &plan.pusher) {
+            (Some(key), None) => {
+                let mut keyed = headers.clone();
+                keyed.push(("Idempotency-Key", key.as_str()));
+                session.request(&path, &keyed, &body)
+            }
+            _ => session.request(&path, &headers, &body),
+        };
         match outcome {
             Ok(r) if plan.seq_from == SeqFrom::Payload && (200..300).contains(&r.status) => {
                 summary.record(channel, count);
@@ -294,8 +315,14 @@ mod tests {
             (url.prefix.as_str(), path.as_str()),
             ("", "/pre/apps/7/events")
         );
-        let (target, body) =
-            pusher_request(&app, "/apps/7/events", "bench-3", "17 2 xx", 1_800_000_000);
+        let (target, body) = pusher_request(
+            &app,
+            "/apps/7/events",
+            "bench-3",
+            "17 2 xx",
+            None,
+            1_800_000_000,
+        );
         let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             event,
@@ -311,6 +338,9 @@ mod tests {
             body: &body,
         };
         assert_eq!(check_request(&app, &req, 1_800_000_000), Ok(()));
+        let (_, body) = pusher_request(&app, "/apps/7/events", "c", "d", Some("k-1"), 1);
+        let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(event["idempotency_key"], "k-1");
     }
 
     #[test]

@@ -584,6 +584,7 @@ impl BenchArgs {
                 .unwrap_or_else(|| ((self.publish_rate / 200.0).ceil() as usize).clamp(1, 32)),
             size: self.size(),
             seq_from: self.seq_from(),
+            idempotency_keys: self.idempotency_keys,
         })
     }
 }

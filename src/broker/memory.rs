@@ -7,6 +7,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::idempotency::{Published, Remembered};
 use super::{
     Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, Member, Members, Outgoing,
     PresenceMember, Replay, Resume, Subscribed, new_epoch,
@@ -32,6 +33,8 @@ struct Log {
     local: Option<Arc<Channel>>,
     /// A Pusher presence channel's users, while it has any.
     presence: Option<HashMap<Box<str>, User>>,
+    /// The idempotency keys of recent publishes, once one came with a key.
+    keys: Option<Box<Remembered>>,
 }
 
 /// A presence channel's user: its `user_info` and how many connections it has
@@ -98,6 +101,7 @@ impl MemoryBroker {
             epoch: new_epoch(),
             local: None,
             presence: None,
+            keys: None,
         }));
         shard.insert(name.into(), Arc::clone(&log));
         log
@@ -185,10 +189,12 @@ impl MemoryBroker {
                 let mut guard = lock(log);
                 let ttl = guard.limits.ttl;
                 guard.history.expire(secs, ttl);
-                // A log someone holds right now (a publish under way) is in use.
+                // A log someone holds right now (a publish under way) is in use;
+                // one that remembers idempotency keys keeps its seqs for them.
                 let idle = Arc::strong_count(log) == 1
                     && guard.local.is_none()
-                    && now.duration_since(guard.last_used) >= retention;
+                    && now.duration_since(guard.last_used) >= retention
+                    && guard.keys.as_mut().is_none_or(|keys| keys.is_empty(now));
                 drop(guard);
                 removed += usize::from(idle);
                 !idle
@@ -196,14 +202,10 @@ impl MemoryBroker {
         }
         removed
     }
-}
 
-impl Broker for MemoryBroker {
-    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
-        let log = self.log(channel);
-        // The log stays locked while the hub hands the message out, so every
-        // subscriber sees one channel's messages in `seq` order.
-        let mut log = lock(&log);
+    /// Publishes `message` on the channel whose log is `log` (locked by the caller
+    /// for the whole publish).
+    fn publish_in(&self, log: &mut Log, message: Outgoing<'_>) -> Result<u64, BrokerError> {
         log.last_used = Instant::now();
         let seq = log.seq + 1;
         if let Some(local) = &log.local {
@@ -232,6 +234,43 @@ impl Broker for MemoryBroker {
             );
         }
         Ok(seq)
+    }
+}
+
+impl Broker for MemoryBroker {
+    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
+        let log = self.log(channel);
+        // The log stays locked while the hub hands the message out, so every
+        // subscriber sees one channel's messages in `seq` order.
+        let mut log = lock(&log);
+        self.publish_in(&mut log, message)
+    }
+
+    fn publish_once(
+        &self,
+        channel: &str,
+        message: Outgoing<'_>,
+        key: &str,
+    ) -> Result<Published, BrokerError> {
+        let log = self.log(channel);
+        // Locked from the lookup to the record: two retries racing publish once.
+        let mut log = lock(&log);
+        let now = Instant::now();
+        if let Some(seq) = log.keys.as_mut().and_then(|keys| keys.seq_of(key, now)) {
+            log.last_used = now;
+            return Ok(Published {
+                seq,
+                replayed: true,
+            });
+        }
+        let seq = self.publish_in(&mut log, message)?;
+        log.keys
+            .get_or_insert_with(Default::default)
+            .remember(key, seq, now);
+        Ok(Published {
+            seq,
+            replayed: false,
+        })
     }
 
     fn subscribe(

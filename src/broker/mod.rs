@@ -19,6 +19,7 @@ pub use crate::history::Stored;
 use crate::hub::{Channel, ConnRef, DeliverError, SocketId};
 use crate::protocol::DataKind;
 
+pub mod idempotency;
 mod memory;
 mod redis;
 
@@ -246,6 +247,16 @@ pub trait ChannelWatch: Send + Sync + std::fmt::Debug {
 pub trait Broker: Send + Sync + std::fmt::Debug {
     /// Publishes to every subscriber of `channel`; returns the `seq` it chose.
     fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError>;
+
+    /// Publishes as [`Broker::publish`] does, unless a publish on `channel` with
+    /// the same idempotency `key` came within [`idempotency::REMEMBERED_FOR`]:
+    /// then nothing is published again and the first publish's seq comes back.
+    fn publish_once(
+        &self,
+        channel: &str,
+        message: Outgoing<'_>,
+        key: &str,
+    ) -> Result<idempotency::Published, BrokerError>;
 
     /// Adds a local subscriber on `member.conn.loop_index`; announces it to the
     /// channel's listeners (itself excluded) when `member.announce` names it. A

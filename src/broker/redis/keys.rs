@@ -60,6 +60,12 @@ impl Keys {
             occupants: format!("throng:{{{channel}}}:occupants"),
         }
     }
+
+    /// Where a publish's idempotency key is remembered: its channel's slot.
+    pub(super) fn idempotency(&self, key: &str) -> String {
+        let channel_tag = self.seq.trim_end_matches(":seq");
+        format!("{channel_tag}:idem:{key}")
+    }
 }
 
 /// The nodes that hold watched channels (each node's list is [`occupied_by`]):

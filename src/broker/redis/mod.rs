@@ -70,6 +70,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use ::redis::Script;
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 
+use super::idempotency::{self, Published};
 use super::{
     Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, FailoverCounts, Member,
     Members, Outgoing, Replay, Resume, Stored, Subscribed, new_epoch,
@@ -408,47 +409,82 @@ fn redact(url: &str) -> String {
     }
 }
 
-impl Broker for RedisBroker {
-    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
+impl RedisBroker {
+    /// One publish script run (and with `--redis-wait-replicas`, its WAIT and
+    /// release); with an idempotency key, a key seen before answers for itself.
+    fn publish_keyed(
+        &self,
+        channel: &str,
+        message: Outgoing<'_>,
+        key: Option<&str>,
+    ) -> Result<Published, BrokerError> {
         let keys = Keys::of(channel);
         let limits = self.shared.limits(channel);
         let size = if limits.enabled() { limits.size } else { 0 };
         let encoded = encode_message(&message);
         let waits = self.shared.wait_replicas > 0;
         let durable = self.shared.durable_arg();
-        let (seq, _epoch, _stamp): (u64, String, String) = self.shared.with_connection(|con| {
-            let answer: (u64, String, String) = self
-                .publish
-                .key(&keys.seq)
-                .key(&keys.epoch)
-                .key(&keys.hist)
-                .key(&keys.held)
-                .key(&keys.released)
-                .arg(&encoded)
-                .arg(history::now_secs())
-                .arg(size)
-                .arg(key_life(limits.ttl))
-                .arg(format!("{:016x}", new_epoch()))
-                .arg(self.shared.pubsub_channel(channel))
-                .arg(MAGIC)
-                .arg(&durable)
-                .arg(if waits { "w" } else { "" })
-                .arg(self.shared.wait_replicas)
-                .invoke(con)?;
-            if waits {
-                let held = origin::Held {
-                    channel,
-                    keys: &keys,
-                    seq: answer.0,
-                    epoch: &answer.1,
-                    history_size: size,
-                    life: key_life(limits.ttl),
-                };
-                self.shared.wait_and_release(con, &held)?;
-            }
-            Ok(answer)
-        })?;
-        Ok(seq)
+        let life = key_life(limits.ttl);
+        let (seq, _epoch, _stamp, how): (u64, String, String, u8) =
+            self.shared.with_connection(|con| {
+                let answer: (u64, String, String, u8) = self
+                    .publish
+                    .key(&keys.seq)
+                    .key(&keys.epoch)
+                    .key(&keys.hist)
+                    .key(&keys.held)
+                    .key(&keys.released)
+                    .key(keys.idempotency(key.unwrap_or_default()))
+                    .arg(&encoded)
+                    .arg(history::now_secs())
+                    .arg(size)
+                    .arg(life)
+                    .arg(format!("{:016x}", new_epoch()))
+                    .arg(self.shared.pubsub_channel(channel))
+                    .arg(MAGIC)
+                    .arg(&durable)
+                    .arg(if waits { "w" } else { "" })
+                    .arg(self.shared.wait_replicas)
+                    .arg(key.unwrap_or_default())
+                    .arg(idempotency::REMEMBERED_FOR.as_secs())
+                    .invoke(con)?;
+                if waits && answer.3 != REPLAYED {
+                    let held = origin::Held {
+                        channel,
+                        keys: &keys,
+                        seq: answer.0,
+                        epoch: &answer.1,
+                        history_size: size,
+                        life,
+                    };
+                    self.shared.wait_and_release(con, &held)?;
+                }
+                Ok(answer)
+            })?;
+        Ok(Published {
+            seq,
+            replayed: how != NEW,
+        })
+    }
+}
+
+/// `publish.lua`'s how: a new publish, a key seen before whose message was
+/// published; (2) one whose message is still held.
+const NEW: u8 = 0;
+const REPLAYED: u8 = 1;
+
+impl Broker for RedisBroker {
+    fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
+        Ok(self.publish_keyed(channel, message, None)?.seq)
+    }
+
+    fn publish_once(
+        &self,
+        channel: &str,
+        message: Outgoing<'_>,
+        key: &str,
+    ) -> Result<Published, BrokerError> {
+        self.publish_keyed(channel, message, Some(key))
     }
 
     fn subscribe(

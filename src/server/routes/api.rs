@@ -3,8 +3,9 @@
 //! open transports or touch connections: it reads the request and the shared
 //! state, and writes one whole answer.
 
-use super::{Outcome, RouteContext, ok, ok_json, request_body};
+use super::{Outcome, RouteContext, ok, ok_json, ok_with, request_body};
 use crate::broker::Outgoing;
+use crate::broker::idempotency::{self, Published};
 use crate::metrics;
 use crate::protocol::DataKind;
 use crate::protocol::http::{self, Request};
@@ -99,6 +100,17 @@ pub(super) fn publish(
     } else {
         DataKind::Binary
     };
+    let idempotency_key = match req
+        .header("idempotency-key")
+        .map(|key| idempotency::validate_key(key.trim_ascii()))
+    {
+        None => None,
+        Some(Ok(key)) => Some(key),
+        Some(Err(e)) => {
+            http::write_error(out, 400, &format!("Idempotency-Key: {e}"), &[]);
+            return Outcome::Responded;
+        }
+    };
     let event = query_param(req, "event");
     if let Some(Err(e)) = event.map(validate_event_name) {
         http::write_error(out, 400, &e.to_string(), &[]);
@@ -111,9 +123,22 @@ pub(super) fn publish(
         event,
         skip: None,
     };
-    match ctx.shared.broker.publish(channel, message) {
-        Ok(seq) => {
-            counts.published += 1;
+    let published = match idempotency_key {
+        Some(key) => ctx.shared.broker.publish_once(channel, message, key),
+        None => ctx
+            .shared
+            .broker
+            .publish(channel, message)
+            .map(|seq| Published {
+                seq,
+                replayed: false,
+            }),
+    };
+    match published {
+        Ok(Published { seq, replayed }) => {
+            if !replayed {
+                counts.published += 1;
+            }
             // `{"seq":N}` without a JSON value: this answer is on every publish's path.
             const OPEN: &[u8] = b"{\"seq\":";
             let mut number = itoa::Buffer::new();
@@ -124,7 +149,20 @@ pub(super) fn publish(
             body[..OPEN.len()].copy_from_slice(OPEN);
             body[OPEN.len()..len - 1].copy_from_slice(digits);
             body[len - 1] = b'}';
-            ok(req, ctx, out, "application/json", &body[..len], length)
+            let replayed: &[(&str, &str)] = if replayed {
+                &[("Idempotent-Replayed", "true")]
+            } else {
+                &[]
+            };
+            ok_with(
+                req,
+                ctx,
+                out,
+                "application/json",
+                replayed,
+                &body[..len],
+                length,
+            )
         }
         Err(e) => {
             http::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);

@@ -175,8 +175,21 @@ pub(super) fn ok(
     body: &[u8],
     body_len: usize,
 ) -> Outcome {
+    ok_with(req, ctx, out, content_type, &[], body, body_len)
+}
+
+/// [`ok`] with more headers.
+pub(super) fn ok_with(
+    req: &Request<'_>,
+    ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
+    content_type: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    body_len: usize,
+) -> Outcome {
     let keep_alive = ctx.keep_alive(req);
-    http::write_response_conn(out, 200, content_type, &[], body, keep_alive);
+    http::write_response_conn(out, 200, content_type, headers, body, keep_alive);
     if keep_alive {
         Outcome::KeepAlive {
             consumed: ctx.head_len + body_len,

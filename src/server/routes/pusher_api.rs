@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 
 use super::{Outcome, RouteContext, ok_json, only_get, request_body};
-use crate::broker::Outgoing;
+use crate::broker::{Outgoing, idempotency};
 use crate::hub::SocketId;
 use crate::protocol::DataKind;
 use crate::protocol::http::{self, Request};
@@ -169,6 +169,9 @@ struct Event<'a> {
     channels: Vec<&'a str>,
     /// The connection left out (`socket_id`: the publisher's own).
     skip: Option<SocketId>,
+    /// `idempotency_key` (as Sockudo takes it): a retry with the same key
+    /// publishes nothing again, on each of the event's channels.
+    idempotency_key: Option<&'a str>,
 }
 
 /// Reads and checks one event object.
@@ -223,11 +226,20 @@ fn read_event<'a>(value: &'a Value, max_data: usize) -> Result<Event<'a>, Refusa
                 })?,
         ),
     };
+    let idempotency_key = match object.get("idempotency_key") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(key)) => Some(
+            idempotency::validate_key(key.as_bytes())
+                .map_err(|e| bad(&format!("idempotency_key: {e}")))?,
+        ),
+        Some(_) => return Err(bad("idempotency_key is a string")),
+    };
     Ok(Event {
         name,
         data,
         channels,
         skip,
+        idempotency_key,
     })
 }
 
@@ -247,11 +259,17 @@ fn publish(
             event: Some(event.name),
             skip: event.skip,
         };
-        ctx.shared
-            .broker
-            .publish(&channel, message)
-            .map_err(|e| (503, e.to_string()))?;
-        counts.published += 1;
+        let broker = &ctx.shared.broker;
+        let replayed = match event.idempotency_key {
+            Some(key) => broker
+                .publish_once(&channel, message, key)
+                .map(|p| p.replayed),
+            None => broker.publish(&channel, message).map(|_| false),
+        }
+        .map_err(|e| (503, e.to_string()))?;
+        if !replayed {
+            counts.published += 1;
+        }
     }
     Ok(())
 }

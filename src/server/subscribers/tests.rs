@@ -459,6 +459,14 @@ impl Broker for LaterBroker {
     fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
         self.0.publish(channel, message)
     }
+    fn publish_once(
+        &self,
+        channel: &str,
+        message: Outgoing<'_>,
+        key: &str,
+    ) -> Result<crate::broker::idempotency::Published, BrokerError> {
+        self.0.publish_once(channel, message, key)
+    }
     fn subscribe(
         &self,
         channel: &str,
