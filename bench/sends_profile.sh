@@ -20,11 +20,18 @@
 # so that no tool slows the others' window:
 #   cpu     nothing attached: the server's utime+stime (/proc/PID/stat, read by the
 #           client) over the window / deliveries (echo: messages) in the window;
+#   syscount `perf stat` on the syscall tracepoints (raw_syscalls:sys_enter, and
+#           syscalls:sys_enter_NAME for the names in $SYSCOUNT_NAMES) of every thread
+#           of the server for the window less 1 s (perf's set-up), inside it:
+#           syscalls ÷ (the client's deliveries/s x those seconds), at almost full speed
+#           (a tracepoint count does not stop the thread as ptrace does; needs perf);
 #   strace  `strace -c -f -p PID` attached for the window: calls per syscall name, and
 #           per delivery = calls / deliveries the client counted in the window
 #           (strace slows the server: the window holds fewer deliveries; the ratio
-#           is what counts). Work that io_uring does inside io_uring_enter (throng's
-#           receives) is not seen as separate syscalls;
+#           is what counts; a server that falls behind may also batch more per
+#           call than at full speed: compare with syscount). Work that io_uring
+#           does inside io_uring_enter (throng's receives) is not seen as
+#           separate syscalls, here or in syscount;
 #   perf    `perf record -g -p PID` for the window, then `perf report --stdio
 #           --no-children`: the top --perf-top symbols by self %. If perf cannot
 #           record here (and kernel.perf_event_paranoid=-1 does not help), the
@@ -32,7 +39,7 @@
 # Raw JSON (with the strace tables and perf reports as they came) goes to
 # bench/results/sends-profile-<date>.json, a summary to sends-profile-<date>.md.
 # Usage: bench/sends_profile.sh [--servers throng,uws] [--scenarios fanout,echo]
-#                               [--phases cpu,strace,perf] [--window 10]
+#                               [--phases cpu,syscount,strace,perf] [--window 10]
 #                               [--subs 10000] [--publish-rate 10] [--size 64]
 #                               [--echo-conns 100,1000] [--perf-top 15]
 #                               [--results-dir DIR]
@@ -45,7 +52,9 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 SERVERS=throng
 SCENARIOS=fanout,echo
-PHASES=cpu,strace,perf
+PHASES=cpu,syscount,strace,perf
+# the syscalls the syscount phase counts one by one (besides the total)
+SYSCOUNT_NAMES=sendto,sendmsg,writev,write,recvfrom,recvmsg,read,readv,epoll_wait,epoll_pwait,io_uring_enter,futex
 RESULTS_DIR=$BENCH_DIR/results
 WINDOW=10            # seconds: the measured window, and how long a tool is attached
 SUBS=10000
@@ -66,7 +75,7 @@ parse_options "--servers=SERVERS --scenarios=SCENARIOS --phases=PHASES --window=
   --results-dir=RESULTS_DIR" "$@"
 check_names server "$SERVERS" throng uws
 check_names scenario "$SCENARIOS" fanout echo
-check_names phase "$PHASES" cpu strace perf
+check_names phase "$PHASES" cpu syscount strace perf
 for v in WINDOW SUBS PUBLISH_RATE SIZE PERF_TOP; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || usage_error "${v,,} must be a positive whole number"
 done
@@ -74,6 +83,7 @@ done
 for n in ${ECHO_CONNS//,/ }; do [[ $n =~ ^[1-9][0-9]*$ ]] || usage_error "--echo-conns: '$n' is not a count"; done
 wantsc() { case ",$SCENARIOS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 wantph() { case ",$PHASES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+if wantph syscount && [ "$WINDOW" -lt 3 ]; then usage_error "--window is at least 3 s with the syscount phase"; fi
 need jq
 need curl
 need timeout
@@ -111,7 +121,7 @@ perf_can_record() { perf record -q -o "$WORK/perf-probe.data" -- true >/dev/null
 PERF_OK=false
 PERF_STATUS="not asked (--phases)"
 PERF_EVENT=
-if wantph perf; then
+if wantph perf || wantph syscount; then
   if ! command -v perf >/dev/null 2>&1; then
     PERF_STATUS="perf not installed"
   elif perf_can_record; then
@@ -132,7 +142,7 @@ if wantph perf; then
   if [ "$PERF_OK" = true ]; then PERF_EVENT=$(perf evlist -i "$WORK/perf-probe.data" 2>/dev/null | head -1); fi
   rm -f "$WORK/perf-probe.data"
   log "perf: $PERF_STATUS${PERF_EVENT:+; event $PERF_EVENT}"
-  [ "$PERF_OK" = true ] || SKIPPED+=("perf phase: $PERF_STATUS")
+  [ "$PERF_OK" = true ] || SKIPPED+=("perf and syscount phases: $PERF_STATUS")
 fi
 
 # ---------------------------------------------------------------- servers
@@ -177,6 +187,12 @@ attach() {
   local dir=$2
   case "$1" in
     cpu) sleep "$WINDOW" ;;
+    syscount)
+      local ev=(-e raw_syscalls:sys_enter) n
+      for n in ${SYSCOUNT_NAMES//,/ }; do ev+=(-e "syscalls:sys_enter_$n"); done
+      # perf takes ~0.5 s to set the counters up before it starts `sleep`, and
+      # counts while it runs: WINDOW - 1 s, inside the client's window.
+      perf stat -x, "${ev[@]}" -o "$dir/syscount.csv" -p "$SERVER_PID" -- sleep "$(( WINDOW - 1 ))" >"$dir/syscount.err" 2>&1 || true ;;
     strace)
       timeout -s INT -k 5 "$WINDOW" strace -c -f -S calls -o "$dir/strace.txt" -p "$SERVER_PID" 2>"$dir/strace.err" || true ;;
     perf)
@@ -196,6 +212,17 @@ strace_json() {
     split("\n") | map(select(length > 0) | split(" ")) as $rows |
     { syscalls: [ $rows[] | select(.[0] == "S") | {syscall: .[1], calls: (.[2]|tonumber), errors: (.[3]|tonumber), seconds: (.[4]|tonumber)} ],
       total: ([ $rows[] | select(.[0] == "T") | {calls: (.[1]|tonumber), errors: (.[2]|tonumber), seconds: (.[3]|tonumber)} ] | .[0]) }'
+}
+
+# syscount_json FILE: perf stat -x, output as {total, syscalls: [{syscall, calls}]}
+# (calls null where perf could not count); null if the file has no counts.
+syscount_json() {
+  [ -s "$1" ] || { echo null; return; }
+  grep -E '^[^#]*,(raw_syscalls|syscalls):' "$1" | jq -R -s '
+    split("\n") | map(select(length > 0) | split(",") | {event: .[2], calls: (.[0] | tonumber? // null)}) as $r |
+    if ($r | length) == 0 then null else
+    { total: ([ $r[] | select(.event == "raw_syscalls:sys_enter") | .calls ] | .[0]),
+      syscalls: [ $r[] | select(.event | startswith("syscalls:sys_enter_")) | {syscall: (.event | ltrimstr("syscalls:sys_enter_")), calls} ] } end'
 }
 
 # perf_json DIR: the top $PERF_TOP symbols by self % from DIR/perf.data, with the
@@ -221,7 +248,7 @@ run_phase() {
   local name=$1 sc=$2 ph=$3 tag=$4
   local dir=$WORK/$name-$tag-$ph out=$WORK/$name-$tag-$ph.json marker delay
   mkdir -p "$dir"
-  if [ "$ph" = perf ] && [ "$PERF_OK" != true ]; then echo "{\"error\":\"perf cannot record: $PERF_STATUS\"}" >"$out"; return; fi
+  if { [ "$ph" = perf ] || [ "$ph" = syscount ]; } && [ "$PERF_OK" != true ]; then echo "{\"error\":\"perf cannot record: $PERF_STATUS\"}" >"$out"; return; fi
   KIND=$sc
   wait_quiet
   if ! start_server "$name" "$tag-$ph"; then echo '{"error":"server did not start"}' >"$out"; return; fi
@@ -254,16 +281,18 @@ run_phase() {
   local tool=null
   case "$ph" in
     strace) tool=$(strace_json "$dir/strace.txt") ;;
+    syscount) tool=$(syscount_json "$dir/syscount.csv") ;;
     perf) tool=$(perf_json "$dir") ;;
   esac
-  jq -n --slurpfile c "$dir/client.json" --argjson tool "$tool" --arg phase "$ph" --argjson attached "$attached" \
+  jq -n --slurpfile c "$dir/client.json" --argjson tool "$tool" --arg phase "$ph" --argjson attached "$attached" --argjson window "$WINDOW" \
     --arg t0 "${t0:-}" --arg t1 "${t1:-}" --arg cerr "$(tail -3 "$dir/client.err" | cut -c1-300)" \
     --arg traw "$(if [ "$ph" = strace ]; then cat "$dir/strace.txt" 2>/dev/null || true; fi)" \
-    --arg terr "$(cat "$dir/strace.err" "$dir/perf.err" "$dir/perf-report.err" 2>/dev/null | head -5 | cut -c1-300)" \
+    --arg terr "$(cat "$dir/strace.err" "$dir/syscount.err" "$dir/perf.err" "$dir/perf-report.err" 2>/dev/null | head -5 | cut -c1-300)" \
     '{phase:$phase, attached:$attached,
       tool_seconds: (if $t0 != "" then (($t1|tonumber) - ($t0|tonumber)) else null end),
+      count_seconds: (if $phase == "syscount" and $attached then $window - 1 else null end),
       client:$c[0], client_stderr_tail:$cerr}
-     + (if $phase == "strace" then {strace:$tool, strace_raw:$traw} elif $phase == "perf" then {perf:$tool} else {} end)
+     + (if $phase == "strace" then {strace:$tool, strace_raw:$traw} elif $phase == "syscount" then {syscount:$tool} elif $phase == "perf" then {perf:$tool} else {} end)
      + (if $terr != "" then {tool_stderr:$terr} else {} end)' >"$out"
 }
 
@@ -272,11 +301,13 @@ run_phase() {
 summarize() {
   local name=$1 tag=$2 sc=$3
   local f
-  for f in cpu strace perf; do [ -f "$WORK/$name-$tag-$f.json" ] || echo '{"error":"not run"}' >"$WORK/$name-$tag-$f.json"; done
+  for f in cpu syscount strace perf; do [ -f "$WORK/$name-$tag-$f.json" ] || echo '{"error":"not run"}' >"$WORK/$name-$tag-$f.json"; done
   jq -n --arg sc "$sc" --arg tag "$tag" \
-    --slurpfile cpu "$WORK/$name-$tag-cpu.json" --slurpfile st "$WORK/$name-$tag-strace.json" --slurpfile pf "$WORK/$name-$tag-perf.json" '
+    --slurpfile cpu "$WORK/$name-$tag-cpu.json" --slurpfile st "$WORK/$name-$tag-strace.json" --slurpfile pf "$WORK/$name-$tag-perf.json" --slurpfile sy "$WORK/$name-$tag-syscount.json" '
     def units(c): if $sc == "fanout" then c.deliveries_in_window else c.messages end;
     ($st[0]) as $s | (if $s.client then units($s.client) else null end) as $u |
+    def rate(c): if $sc == "fanout" then c.deliveries_per_sec else c.msgs_per_sec end;
+    ($sy[0]) as $k | (if $k.client and $k.count_seconds then rate($k.client) * $k.count_seconds else null end) as $ku |
     {scenario:$sc, tag:$tag,
      cpu_us_per_delivery: (if $cpu[0].client then (if $sc == "fanout" then $cpu[0].client.server_cpu_us_per_delivery else $cpu[0].client.server_cpu_us_per_msg end) else null end),
      cpu_window_deliveries: (if $cpu[0].client then units($cpu[0].client) else null end),
@@ -285,8 +316,12 @@ summarize() {
      syscalls_per_delivery: (if $s.strace and $u and $u > 0 then
         {total: ($s.strace.total.calls / $u),
          by_syscall: [ $s.strace.syscalls[] | {syscall, calls, errors, per_delivery: (.calls / $u)} ]} else null end),
+     syscount_window_deliveries: $ku,
+     syscount_per_delivery: (if $k.syscount and $ku and $ku > 0 then
+        {total: (if $k.syscount.total then $k.syscount.total / $ku else null end),
+         by_syscall: [ $k.syscount.syscalls[] | {syscall, calls, per_delivery: (if .calls then .calls / $ku else null end)} ]} else null end),
      perf_top: (if $pf[0].perf then $pf[0].perf.top else null end),
-     phases: {cpu:$cpu[0], strace:$st[0], perf:$pf[0]}}' >"$WORK/$name-$tag.json"
+     phases: {cpu:$cpu[0], syscount:$k, strace:$st[0], perf:$pf[0]}}' >"$WORK/$name-$tag.json"
 }
 
 select_servers
@@ -313,7 +348,7 @@ LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
 jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofile_hard)" --arg la0 "$LOADAVG_START" --arg la1 "$LOADAVG_END" \
   --argjson subs "$SUBS" --argjson pr "$PUBLISH_RATE" --argjson size "$SIZE" --argjson window "$WINDOW" \
   --arg echo_conns "$ECHO_CONNS" --argjson echo_size "$ECHO_SIZE" --argjson warmup "$WARMUP" --argjson ewarmup "$ECHO_WARMUP" \
-  --arg grace "$GRACE" --arg src "$SOURCE_IPS" --arg phases "$PHASES" --arg scen "$SCENARIOS" --argjson top "$PERF_TOP" \
+  --arg grace "$GRACE" --arg src "$SOURCE_IPS" --arg phases "$PHASES" --arg scen "$SCENARIOS" --argjson top "$PERF_TOP" --arg scn "$SYSCOUNT_NAMES" \
   --arg strace_v "$STRACE_VERSION" --arg perf_v "$PERF_VERSION" --arg perf_status "$PERF_STATUS" --arg perf_event "$PERF_EVENT" \
   --argjson run_seconds "$RUN_SECONDS" --argjson quiet "$QUIET_WAITED" --argjson skipped "$(skipped_json)" \
   '{provenance:$provenance, machine:($machine + {loadavg_start:$la0, loadavg_end:$la1}),
@@ -322,6 +357,8 @@ jq -n --argjson provenance "$PROVENANCE" --argjson machine "$(machine_json nofil
             echo:{conns:($echo_conns | split(",") | map(tonumber)), size:$echo_size, warmup_seconds:$ewarmup, in_flight_per_conn:1},
             source_ips:$src, perf_top:$top,
             strace_command:"strace -c -f -S calls -p PID (SIGINT after the window)",
+            syscount_command:"perf stat -x, -e raw_syscalls:sys_enter -e syscalls:sys_enter_NAME... -p PID -- sleep WINDOW",
+            syscount_names:($scn | split(",")),
             perf_command:"perf record -g -p PID -- sleep WINDOW; perf report --stdio --no-children -g none --sort dso,symbol"},
     tools:{strace:$strace_v, perf:$perf_v, perf_status:$perf_status, perf_event:$perf_event},
     skipped:$skipped, run_seconds:$run_seconds, quiet_wait_seconds:$quiet, servers:[]}' >"$WORK/all.json"
@@ -347,19 +384,27 @@ render() {
   echo "- date: $DATE; run took ${RUN_SECONDS}s; $STRACE_VERSION; $PERF_VERSION; perf: $PERF_STATUS${PERF_EVENT:+ (event $PERF_EVENT)}"
   echo "- fanout: $SUBS subscribers of one channel, $PUBLISH_RATE msg/s, $SIZE B (client fanload); echo: ${ECHO_CONNS} connections,"
   echo "  $ECHO_SIZE B, one in flight each (client wsload); sources $SOURCE_IPS -> 127.0.0.1; a ${WINDOW} s window per phase,"
-  echo "  each phase (cpu: nothing attached; strace -c -f; perf record -g) on a fresh server process"
+  echo "  each phase (cpu: nothing attached; syscount: perf stat on the syscall tracepoints; strace -c -f; perf record -g)"
+  echo "  on a fresh server process"
   print_skipped
   echo
   jq -r "$JQ_DEFS"'
     def unit: if .scenario == "fanout" then "delivery" else "message" end;
+    (.params.syscount_names) as $names |
     def key: ["sendmsg","sendto","writev","write","send","epoll_wait","epoll_pwait","epoll_ctl","io_uring_enter","recvfrom","recvmsg","read","readv","accept4","futex","close"];
     "## Per delivery (fanout) / per echoed message (echo)", "",
-    "| server | scenario | CPU µs per unit (nothing attached) | syscalls per unit (strace window) | units in strace window (client) | published × subscribers in it | units in CPU window |",
-    "|---|---|---:|---:|---:|---:|---:|",
+    "| server | scenario | CPU µs per unit (nothing attached) | syscalls per unit (perf stat tracepoints) | syscalls per unit (strace) | units in syscount window | units in strace window (client) | published × subscribers in it | units in CPU window |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     (.servers[] | .name as $n | .scenarios[] |
-      "| \($n) | \(.tag) | \(.cpu_us_per_delivery | f2) | \(.syscalls_per_delivery.total | sig3) | \(.strace_window_deliveries // "n/a") | \(.strace_nominal_deliveries // "–") | \(.cpu_window_deliveries // "n/a") |"),
+      "| \($n) | \(.tag) | \(.cpu_us_per_delivery | f2) | \(.syscount_per_delivery.total | sig3) | \(.syscalls_per_delivery.total | sig3) | \(.syscount_window_deliveries | f0) | \(.strace_window_deliveries // "n/a") | \(.strace_nominal_deliveries // "–") | \(.cpu_window_deliveries // "n/a") |"),
     "",
-    "## Syscalls per unit, by name (calls in the strace window ÷ units the client counted in it)", "",
+    "## Syscalls per unit at almost full speed (perf stat on the syscall tracepoints for window − 1 s ÷ the client units per second × those seconds)", "",
+    "| server | scenario | all | " + ($names | join(" | ")) + " |",
+    "|---|---|---:|" + ($names | map("---:") | join("|")) + "|",
+    (.servers[] | .name as $n | .scenarios[] | select(.syscount_per_delivery != null) | .syscount_per_delivery as $p |
+      "| \($n) | \(.tag) | \($p.total | sig3) | " + ([ $names[] as $x | ($p.by_syscall[] | select(.syscall == $x) | .per_delivery) // null | sig3 ] | join(" | ")) + " |"),
+    "",
+    "## Syscalls per unit under strace, by name (calls in the strace window ÷ units the client counted in it)", "",
     (.servers[] | .name as $n | .scenarios[] | select(.syscalls_per_delivery != null) |
       "### \($n), \(.tag)", "",
       "| syscall | calls | errors | per \(unit) |", "|---|---:|---:|---:|",
@@ -373,6 +418,8 @@ render() {
       (.perf_top[] | "| \(.pct) | \(.dso) | `\(.symbol | if length > 110 then .[0:107] + "..." else . end)` |"),
       "")
   ' "$OUT_JSON"
+  echo "Syscount: perf stat -e raw_syscalls:sys_enter (all) and syscalls:sys_enter_NAME on every thread of the server, counting for"
+  echo "the window less 1 s (inside it), ÷ the client's deliveries/s (echo: messages/s) in the window × those seconds."
   echo "CPU = the server's utime+stime (/proc/PID/stat, read by the client) over the window ÷ deliveries (echo: messages) the client"
   echo "counted in it, with nothing attached. Syscalls: strace -c -f on every thread of the server for the window ÷ the deliveries the"
   echo "client counted in that window (strace slows the server, so that window holds fewer; the ratio is what it shows). io_uring work"
