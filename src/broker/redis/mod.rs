@@ -425,6 +425,9 @@ impl RedisBroker {
         let waits = self.shared.wait_replicas > 0;
         let durable = self.shared.durable_arg();
         let life = key_life(limits.ttl);
+        // Without a key the script never touches its key slot: any key of the
+        // channel's slot fills it, without a name made per publish.
+        let idempotency_key = key.map(|k| keys.idempotency(k));
         let (seq, _epoch, _stamp, how): (u64, String, String, u8) =
             self.shared.with_connection(|con| {
                 let answer: (u64, String, String, u8) = self
@@ -434,7 +437,7 @@ impl RedisBroker {
                     .key(&keys.hist)
                     .key(&keys.held)
                     .key(&keys.released)
-                    .key(keys.idempotency(key.unwrap_or_default()))
+                    .key(idempotency_key.as_deref().unwrap_or(&keys.seq))
                     .arg(&encoded)
                     .arg(history::now_secs())
                     .arg(size)
@@ -468,8 +471,9 @@ impl RedisBroker {
     }
 }
 
-/// `publish.lua`'s how: a new publish, a key seen before whose message was
-/// published; (2) one whose message is still held.
+/// `publish.lua`'s how: a new publish, or a key seen before whose message was
+/// published; 2 (neither constant) is a key seen before whose message is still
+/// held, released like a new one.
 const NEW: u8 = 0;
 const REPLAYED: u8 = 1;
 

@@ -2,7 +2,7 @@
 -- one script so that every node sees one order.
 -- KEYS[1] the channel's seq (a counter)   KEYS[2] its epoch   KEYS[3] its history (a stream)
 -- KEYS[4] its held messages (a hash)   KEYS[5] its released seq (see release.lua)
--- KEYS[6] the publish's idempotency key (see ARGV[11])
+-- KEYS[6] the publish's idempotency key (see ARGV[11]; without one, any key of the slot)
 -- ARGV[1] the encoded message   ARGV[2] now (unix seconds)   ARGV[3] history size (0: keep none)
 -- ARGV[4] key life (seconds)   ARGV[5] a fresh epoch (used if the channel has none)
 -- ARGV[6] the pubsub channel   ARGV[7] the magic that marks a node's own messages
