@@ -556,6 +556,11 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
         "server_idle_cpu_cores": server_idle,
         "bench_idle_cpu_cores": rate(samples, "bench_cpu_secs", idle_from, idle_to),
         "mem_available_min_kib": min(s["mem_available_kib"] for s in samples),
+        # How long each broadcast's publish waited for its answer (a publish that
+        # got none within the bench's 5 s is a publish error).
+        "publish_answer_max_ms": result["push"].get("publish_answer_max_ms"),
+        "publish_answers_over_1s": result["push"].get("publish_answers_over_1s"),
+        "publish_errors": result["push"].get("publish_errors"),
     }
 
     def fmt(v, unit="", digits=0):
@@ -597,6 +602,9 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
          " server / bench",
          f"{fmt(summary['server_idle_cpu_cores'], ' cores', 2)} / {fmt(summary['bench_idle_cpu_cores'], ' cores', 2)}"),
         ("lowest MemAvailable", fmt(summary["mem_available_min_kib"] / 1024 / 1024, " GiB", 1)),
+        ("a broadcast's publish: slowest answer; answered after over 1 s; not answered in 5 s",
+         f"{fmt(summary['publish_answer_max_ms'], ' ms')}; {fmt(summary['publish_answers_over_1s'])}; "
+         f"{fmt(summary['publish_errors'])}"),
     ]
     return summary, rows
 

@@ -250,6 +250,7 @@ fn publish_loop(
             }
             None => (plan.path.replace("{channel}", &name), body),
         };
+        let asked = Instant::now();
         let outcome = match (&key, &plan.pusher) {
             (Some(key), None) => {
                 let mut keyed = headers.clone();
@@ -258,6 +259,9 @@ fn publish_loop(
             }
             _ => session.request(&path, &headers, &body),
         };
+        if matches!(&outcome, Ok(r) if (200..300).contains(&r.status)) {
+            summary.answered_after(asked.elapsed());
+        }
         match outcome {
             Ok(r) if plan.seq_from == SeqFrom::Payload && (200..300).contains(&r.status) => {
                 summary.record(channel, count);

@@ -19,6 +19,10 @@ pub struct PublishSummary {
     pub errors_by_reason: BTreeMap<String, u64>,
     /// Per channel: (first seq, last seq, count) of this run's publishes.
     pub channels: Vec<Option<(u64, u64, u64)>>,
+    /// How long the server took to answer each accepted publish: a count per whole
+    /// millisecond (rounded up), so a long run at a high rate stays small.
+    #[serde(default)]
+    pub answered_ms: BTreeMap<u64, u64>,
 }
 
 impl PublishSummary {
@@ -34,8 +38,31 @@ impl PublishSummary {
         });
     }
 
+    /// Notes that a publish was answered after `took`.
+    pub fn answered_after(&mut self, took: std::time::Duration) {
+        let ms = took.as_micros().div_ceil(1000) as u64;
+        *self.answered_ms.entry(ms).or_default() += 1;
+    }
+
+    /// The answer time (ms) that `fraction` of the answered publishes took at most.
+    fn answer_quantile_ms(&self, fraction: f64) -> u64 {
+        let total: u64 = self.answered_ms.values().sum();
+        let wanted = ((total as f64) * fraction).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (&ms, &n) in &self.answered_ms {
+            seen += n;
+            if seen >= wanted {
+                return ms;
+            }
+        }
+        0
+    }
+
     pub fn merge(&mut self, o: &PublishSummary) {
         self.published += o.published;
+        for (ms, n) in &o.answered_ms {
+            *self.answered_ms.entry(*ms).or_default() += n;
+        }
         self.errors += o.errors;
         for (k, v) in &o.errors_by_reason {
             *self.errors_by_reason.entry(k.clone()).or_default() += v;
@@ -61,6 +88,17 @@ pub struct PushReport {
     pub published: u64,
     pub publish_errors: u64,
     pub publish_errors_by_reason: BTreeMap<String, u64>,
+    /// How long accepted publishes waited for their answer (whole ms, rounded up);
+    /// a publish that got none is among the errors.
+    #[serde(default)]
+    pub publish_answer_p50_ms: u64,
+    #[serde(default)]
+    pub publish_answer_p99_ms: u64,
+    #[serde(default)]
+    pub publish_answer_max_ms: u64,
+    /// Accepted publishes answered after more than a second.
+    #[serde(default)]
+    pub publish_answers_over_1s: u64,
     /// Σ over subscribers open at the end of the messages published to their channel.
     pub expected_deliveries: u64,
     pub delivered: u64,
@@ -97,6 +135,10 @@ impl PushReport {
             published: publish.published,
             publish_errors: publish.errors,
             publish_errors_by_reason: publish.errors_by_reason.clone(),
+            publish_answer_p50_ms: publish.answer_quantile_ms(0.5),
+            publish_answer_p99_ms: publish.answer_quantile_ms(0.99),
+            publish_answer_max_ms: publish.answered_ms.keys().next_back().copied().unwrap_or(0),
+            publish_answers_over_1s: publish.answered_ms.range(1001..).map(|(_, n)| n).sum(),
             expected_deliveries: expected,
             delivered: raw.seq.received,
             lost: raw.seq.gaps + edge,

@@ -249,6 +249,16 @@ impl Report {
                     let _ = writeln!(s, "  let go: {reason}: {n}");
                 }
             }
+            if p.published > 0 {
+                let _ = writeln!(
+                    s,
+                    "publish answers:  p50 {} ms, p99 {} ms, max {} ms; {} took over 1 s",
+                    p.publish_answer_p50_ms,
+                    p.publish_answer_p99_ms,
+                    p.publish_answer_max_ms,
+                    p.publish_answers_over_1s
+                );
+            }
             for (reason, n) in &p.publish_errors_by_reason {
                 let _ = writeln!(s, "  publish failed: {reason}: {n}");
             }

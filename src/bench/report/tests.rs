@@ -127,6 +127,24 @@ fn publish_summary_tracks_ranges_and_merges() {
 }
 
 #[test]
+fn publish_answer_times_give_quantiles_and_the_slow_ones() {
+    use std::time::Duration;
+    let mut p = PublishSummary::default();
+    for ms in 1..=98 {
+        p.answered_after(Duration::from_micros(ms * 1000 - 300));
+    }
+    let mut q = PublishSummary::default();
+    q.answered_after(Duration::from_millis(1500));
+    q.answered_after(Duration::from_micros(1_000_001));
+    p.merge(&q);
+    let report = PushReport::build(&RawResult::default(), &p);
+    assert_eq!(report.publish_answer_p50_ms, 50);
+    assert_eq!(report.publish_answer_p99_ms, 1001);
+    assert_eq!(report.publish_answer_max_ms, 1500);
+    assert_eq!(report.publish_answers_over_1s, 2);
+}
+
+#[test]
 fn merging_results_adds_counters_and_histograms() {
     let mut h1 = new_histogram();
     h1.saturating_record(100);
