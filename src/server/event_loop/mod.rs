@@ -231,6 +231,7 @@ impl EventLoop {
             // Every connection of this loop waited this long: say so, with
             // what the turn had to do.
             tracing::warn!(
+                pid = std::process::id(),
                 event_loop = self.index,
                 took_ms = took.as_millis() as u64,
                 events = events.iter().count(),
