@@ -417,7 +417,8 @@ def main() -> int:
     doc = {"provenance": prov, "settings": vars(args) | {"workers": workers, "procs": procs, "source_ips": source_ips},
            "commands": {"serve": serve_cmd, "bench": bench_cmd}, "machine": machine,
            "t_bench_start": t_bench, "t_all_open": t_loaded[0] or t_bench, "base": base,
-           "samples": sampler.samples, "bench": result}
+           "samples": sampler.samples, "bench": result,
+           "slow_turns": slow_turns(out_dir / f"million-{stamp}-serve.log")}
     summary, rows = summarize(doc)
     doc["summary"] = summary
     (out_dir / f"million-{stamp}.json").write_text(json.dumps(doc, indent=1))
@@ -425,6 +426,23 @@ def main() -> int:
     print_rows(f"million-{stamp}", rows)
     # The bench's own verdict: failed or dropped connections, lost messages, failed publishes.
     return 0 if bench_status == 0 else 1
+
+
+def slow_turns(log: Path) -> dict:
+    """The server's slow event-loop turns (250 ms or longer, each logged with its
+    worker's pid), per worker: how many, and the longest (ms)."""
+    per: dict[str, list[int]] = {}
+    if not log.exists():
+        return per
+    for line in log.read_text(errors="replace").splitlines():
+        if "slow event loop turn" not in line:
+            continue
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "took_ms" in fields:
+            entry = per.setdefault(fields.get("pid", "?"), [0, 0])
+            entry[0] += 1
+            entry[1] = max(entry[1], int(fields["took_ms"]))
+    return per
 
 
 def write_copies(doc: dict, path: Path) -> None:
@@ -562,6 +580,13 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
         "publish_answers_over_1s": result["push"].get("publish_answers_over_1s"),
         "publish_errors": result["push"].get("publish_errors"),
     }
+    turns = doc.get("slow_turns")
+    if turns is not None:
+        longest = sorted(m for _, m in turns.values())
+        summary["slow_turns"] = sum(n for n, _ in turns.values())
+        summary["slow_turn_workers"] = len(turns)
+        summary["slow_turn_longest_ms"] = longest[-1] if longest else 0
+        summary["slow_turn_longest_median_worker_ms"] = longest[len(longest) // 2] if longest else 0
 
     def fmt(v, unit="", digits=0):
         return "-" if v is None else f"{v:,.{digits}f}{unit}"
@@ -602,6 +627,10 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
          " server / bench",
          f"{fmt(summary['server_idle_cpu_cores'], ' cores', 2)} / {fmt(summary['bench_idle_cpu_cores'], ' cores', 2)}"),
         ("lowest MemAvailable", fmt(summary["mem_available_min_kib"] / 1024 / 1024, " GiB", 1)),
+        ("event-loop turns of 250 ms or more: in all; workers with any; the longest; the median worker's longest",
+         "-" if turns is None else
+         f"{summary['slow_turns']:,}; {summary['slow_turn_workers']} of {workers}; "
+         f"{summary['slow_turn_longest_ms']:,} ms; {summary['slow_turn_longest_median_worker_ms']:,} ms"),
         ("a broadcast's publish: slowest answer; answered after over 1 s; not answered in 5 s",
          f"{fmt(summary['publish_answer_max_ms'], ' ms')}; {fmt(summary['publish_answers_over_1s'])}; "
          f"{fmt(summary['publish_errors'])}"),

@@ -49,6 +49,9 @@ const READ_BUF: usize = 128 * 1024;
 const READS_PER_TURN: usize = 32;
 /// A turn at least this long is logged (at most four lines a second per loop).
 const SLOW_TURN: Duration = Duration::from_millis(250);
+/// How long a turn may spend on a fan-out before the loop looks at its other
+/// connections again (accepts, requests, pings, a publisher waiting for its answer).
+const FAN_OUT_TIME: Duration = Duration::from_millis(2);
 
 pub const WAKER: Token = Token(usize::MAX);
 const LISTENER_BASE: usize = usize::MAX / 2;
@@ -93,6 +96,8 @@ pub struct EventLoop {
     subscribers: LocalSubscribers,
     ring: Ring,
     drain: Drain,
+    /// When this turn's fan-out time is up.
+    fan_out_until: Instant,
 }
 
 impl EventLoop {
@@ -131,6 +136,7 @@ impl EventLoop {
             subscribers: LocalSubscribers::new(index).compressing(compression),
             ring: Ring::default(),
             drain: Drain::default(),
+            fan_out_until: Instant::now(),
         })
     }
 
@@ -145,6 +151,7 @@ impl EventLoop {
                 continue;
             };
             let woke = Instant::now();
+            self.fan_out_until = woke + FAN_OUT_TIME;
             self.clock.now = self.clock.wheel.now();
             self.on_completions();
             if polled {
@@ -187,7 +194,7 @@ impl EventLoop {
     /// How long the next wait may block: until the next tick when there is
     /// nothing to do, not at all when there is.
     fn next_wait(&self) -> Duration {
-        if self.unfinished.is_empty() && !self.has_deliveries() {
+        if self.unfinished.is_empty() && !self.has_deliveries() && !self.clock.has_backlog() {
             self.clock
                 .wheel
                 .until_next_tick()
@@ -404,6 +411,7 @@ impl EventLoop {
             self.shared.config.max_queue,
             &mut self.tally.turn,
             &mut self.buf.failed,
+            self.fan_out_until,
         );
         for failed in std::mem::take(&mut self.buf.failed) {
             match failed {

@@ -24,6 +24,13 @@ const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
 /// How often a loop with io_uring weighs which connections are busy enough to
 /// receive through the ring.
 const RECEIVE_SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Timers one turn handles at most; the rest in the next turns. A broadcast
+/// that held a loop's pings back left thousands due at once, and one turn
+/// sending them all kept a publisher waiting for seconds on a crowded box.
+const TIMERS_PER_TURN: usize = 1024;
+/// While a fan-out is part done, fewer: the broadcast keeps most of the turn,
+/// and heartbeats still go out between its slices.
+const TIMERS_PER_FAN_OUT_TURN: usize = 64;
 
 /// The loop's clock, its wheel and the periods it keeps.
 pub(super) struct Clock {
@@ -35,8 +42,10 @@ pub(super) struct Clock {
     pub(super) handshake_ticks: Tick,
     /// Counts opened connections, to spread their first pings.
     pub(super) ping_seq: u32,
-    /// What the wheel gave back this turn (kept for its allocation).
+    /// What the wheel gave back (kept for its allocation), and how much of it
+    /// has been handled: the rest is due and waits for the next turns.
     expired: Vec<(u32, Tick)>,
+    expired_done: usize,
     next_maintain: Tick,
     next_receive_sweep: Tick,
 }
@@ -51,21 +60,29 @@ impl Clock {
             handshake_ticks: ticks(config.handshake_timeout).max(1),
             ping_seq: 0,
             expired: Vec::new(),
+            expired_done: 0,
             next_maintain: ticks(MAINTAIN_EVERY),
             next_receive_sweep: ticks(RECEIVE_SWEEP_EVERY),
         }
+    }
+
+    /// Whether timers that are due wait for a turn.
+    pub(super) fn has_backlog(&self) -> bool {
+        self.expired_done < self.expired.len()
     }
 }
 
 impl EventLoop {
     /// The turn's timekeeping, after its I/O.
     pub(super) fn keep_time(&mut self) {
-        // Pings and timeouts wait while a fan-out is part done, as they did when
-        // a fan-out was one turn: the slices make room for requests and
-        // handshakes, and a ping can wait a second where a broadcast cannot.
-        if !self.subscribers.has_pending() {
-            self.run_timers();
-        }
+        // While a fan-out is part done, only a few timers a turn: a ping can
+        // wait a second where a broadcast cannot, but none waits for all of it.
+        let most = if self.subscribers.has_pending() {
+            TIMERS_PER_FAN_OUT_TURN
+        } else {
+            TIMERS_PER_TURN
+        };
+        self.run_timers(most);
         self.expire_tokens();
         self.resume_accepting();
         let now = self.clock.now;
@@ -79,11 +96,19 @@ impl EventLoop {
         }
     }
 
-    fn run_timers(&mut self) {
+    /// Handles at most `most` of the timers that are due.
+    fn run_timers(&mut self, most: usize) {
         let now = self.clock.now;
         let mut expired = std::mem::take(&mut self.clock.expired);
-        self.clock.wheel.expire(now, &mut expired);
-        for &(key, tick) in &expired {
+        if self.clock.expired_done >= expired.len() {
+            expired.clear();
+            self.clock.expired_done = 0;
+            self.clock.wheel.expire(now, &mut expired);
+        }
+        let from = self.clock.expired_done;
+        let until = expired.len().min(from + most);
+        self.clock.expired_done = until;
+        for &(key, tick) in &expired[from..until] {
             let key = key as usize;
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
@@ -116,7 +141,6 @@ impl EventLoop {
                 self.drop_conn(key);
             }
         }
-        expired.clear();
         self.clock.expired = expired;
     }
 

@@ -4,8 +4,9 @@
 //! Fan-out is the hot path: a run of one channel's deliveries reaches each
 //! subscriber as one gathered write of shared frames, each format encoded once per
 //! message (by the transport, cached in the message), nothing allocated per
-//! subscriber; a fan-out goes out [`FAN_OUT_SLICE`] subscribers at a time, the
-//! loop's other events between slices. Joining and leaving are O(1): a subscriber knows its
+//! subscriber; a fan-out goes out in slices of at most [`FAN_OUT_SLICE`]
+//! subscribers and of the turn's time (the loop's deadline), the loop's other
+//! events between slices. Joining and leaving are O(1): a subscriber knows its
 //! position in its channel's list, and leaving swaps the last one into its place.
 //! This module must not decide what messages mean or how connections close; it
 //! reports the subscribers it could not write to, and the loop deals with them.
@@ -34,6 +35,12 @@ const MAX_FRAMES_PER_WRITE: usize = 64;
 /// loop's other connections (a publisher waiting for its answer, a handshake)
 /// wait for a slice, not for the whole fan-out.
 const FAN_OUT_SLICE: usize = 1024;
+
+/// A slice also ends at the loop's deadline, looked at every this many
+/// subscribers: on a box where a hundred processes share two cores, 1024 sends
+/// took seconds of wall time (a loop preempted between them), and a publisher
+/// waiting on that loop timed out.
+const DEADLINE_CHECK_EVERY: usize = 16;
 
 /// One subscriber's frames of a group: held inline for the usual short runs, so a
 /// lone message reaches its subscribers without an allocation.
@@ -155,6 +162,12 @@ struct Cursor {
     /// Connections that subscribed since it began (perhaps under the key of one
     /// that left): they start at the next message, as they would have before.
     joined: Vec<u32>,
+}
+
+/// What one delivery pass may still spend: subscribers, and time.
+struct Budget {
+    left: usize,
+    deadline: Instant,
 }
 
 /// A subscription made, with what the transport greets it with.
@@ -441,8 +454,10 @@ impl LocalSubscribers {
     }
 
     /// Writes the deliveries waiting in `inbox` to this loop's subscribers, at
-    /// most [`FAN_OUT_SLICE`] subscribers a call (the rest on the next calls,
-    /// before anything newer), and lists in `failed` those that could not take them.
+    /// most [`FAN_OUT_SLICE`] subscribers a call and none once `deadline` has
+    /// passed (the rest on the next calls, before anything newer), and lists in
+    /// `failed` those that could not take them.
+    #[allow(clippy::too_many_arguments)]
     pub fn deliver(
         &mut self,
         inbox: &Inbox,
@@ -451,6 +466,7 @@ impl LocalSubscribers {
         max_queue: usize,
         counts: &mut TurnCounts,
         failed: &mut Vec<Follow>,
+        deadline: Instant,
     ) {
         if !self.has_pending() {
             self.batch.clear();
@@ -459,8 +475,11 @@ impl LocalSubscribers {
             self.taken += 1;
         }
         let batch = std::mem::take(&mut self.batch);
-        let mut budget = FAN_OUT_SLICE;
-        while self.start < batch.len() && budget > 0 {
+        let mut budget = Budget {
+            left: FAN_OUT_SLICE,
+            deadline,
+        };
+        while self.start < batch.len() && budget.left > 0 {
             let start = self.start;
             let ckey = channel_key(&batch[start].channel);
             let end = match &self.cursor {
@@ -522,8 +541,9 @@ impl LocalSubscribers {
     /// Sends a run of deliveries of one channel (ending at `end` in the batch) to
     /// this loop's subscribers: each subscriber gets all of them in one write, by
     /// reference to the shared frames. Spends one of `budget` per subscriber; when
-    /// it runs out first, keeps its place in `self.cursor` and returns `None`.
-    /// Otherwise returns whether any subscriber was written to.
+    /// it runs out first (or its deadline passes), keeps its place in
+    /// `self.cursor` and returns `None`. Otherwise returns whether any subscriber
+    /// was written to.
     #[allow(clippy::too_many_arguments)]
     fn fan_out(
         &mut self,
@@ -535,14 +555,14 @@ impl LocalSubscribers {
         max_queue: usize,
         counts: &mut TurnCounts,
         failed: &mut Vec<Follow>,
-        budget: &mut usize,
+        budget: &mut Budget,
     ) -> Option<bool> {
         let mut cursor = self.cursor.take();
         let Some(list) = self.lists.get(&ckey) else {
             // Everyone here left meanwhile.
             return Some(cursor.is_some_and(|c| c.wrote));
         };
-        if cursor.is_none() && list.conns.len() > *budget {
+        if cursor.is_none() && list.conns.len() > budget.left {
             // Too many for this turn: fan out to the subscribers it has now, over
             // as many turns as it takes (who joins meanwhile starts at the next).
             cursor = Some(Cursor {
@@ -560,7 +580,7 @@ impl LocalSubscribers {
             Some(c) => (&c.keys[..], c.next, &c.joined[..]),
             None => (&list.conns[..], 0, &[][..]),
         };
-        let until = keys.len().min(from + *budget);
+        let mut until = keys.len().min(from + budget.left);
         let mut wrote = false;
         // Each format's frames are gathered (and encoded) only if a subscriber here
         // uses it.
@@ -582,7 +602,11 @@ impl LocalSubscribers {
         let close_all = matches!(group[0].body, Body::CloseAll);
         // Returning subscribers whose filters this group makes needless.
         let mut passed: Vec<(usize, usize)> = Vec::new();
-        for &key in &keys[from..until] {
+        for (done, &key) in keys[from..until].iter().enumerate() {
+            if done > 0 && done % DEADLINE_CHECK_EVERY == 0 && Instant::now() >= budget.deadline {
+                until = from + done;
+                break;
+            }
             if joined.contains(&key) {
                 continue;
             }
@@ -665,7 +689,20 @@ impl LocalSubscribers {
                 failed.push(Follow::Answered(key));
             }
         }
-        *budget -= until - from;
+        budget.left -= until - from;
+        if until < keys.len() {
+            // The deadline cut a fan-out that fit the count: keep its place too.
+            budget.left = 0;
+            if cursor.is_none() {
+                cursor = Some(Cursor {
+                    end,
+                    keys: list.conns.clone(),
+                    next: 0,
+                    wrote: false,
+                    joined: Vec::new(),
+                });
+            }
+        }
         if !passed.is_empty() {
             self.fresh.retain(|f| !passed.contains(&(f.key, f.channel)));
         }

@@ -3,7 +3,7 @@
 
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::*;
 use crate::broker::{Broker, MemoryBroker, Outgoing, Resume};
@@ -118,6 +118,78 @@ fn ws_subscribe(
     joined.replay
 }
 
+/// A deadline no test reaches: slices end by their count only.
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+#[test]
+fn a_fan_out_whose_deadline_passed_writes_a_few_and_keeps_its_place() {
+    let (_poll, hub, broker) = broker(10);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    // Fewer than a slice's count: only the deadline cuts it.
+    let n: usize = 100;
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let (key, client) = connect(&listener, &mut conns);
+        ws_subscribe(&mut subscribers, &broker, &mut conns, key, "timed", None);
+        clients.push((key, client));
+    }
+    broker.publish("timed", text("m1")).unwrap();
+    let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
+    let mut calls = 0;
+    loop {
+        subscribers.deliver(
+            hub.inbox(0),
+            &mut conns,
+            &mut TlsConns::default(),
+            1 << 20,
+            &mut counts,
+            &mut failed,
+            Instant::now(),
+        );
+        calls += 1;
+        if calls == 1 {
+            // Past its deadline from the start: the first look at the clock
+            // (after DEADLINE_CHECK_EVERY subscribers) ends the slice.
+            assert_eq!(counts.delivered, DEADLINE_CHECK_EVERY as u64);
+            assert!(subscribers.has_pending());
+            assert_eq!(counts.latency.count(), 0);
+        }
+        if !subscribers.has_pending() {
+            break;
+        }
+        // A message published meanwhile waits for the cut fan-out to finish.
+        if calls == 2 {
+            broker.publish("timed", text("m2")).unwrap();
+        }
+    }
+    while hub.inbox(0).has_work() || subscribers.has_pending() {
+        subscribers.deliver(
+            hub.inbox(0),
+            &mut conns,
+            &mut TlsConns::default(),
+            1 << 20,
+            &mut counts,
+            &mut failed,
+            Instant::now(),
+        );
+    }
+    assert_eq!(calls, n.div_ceil(DEADLINE_CHECK_EVERY));
+    assert!(failed.is_empty(), "{failed:?}");
+    for (key, client) in &mut clients {
+        assert_got(
+            client,
+            b"\x81\x02m1\x81\x02m2",
+            &format!("subscriber {key}"),
+        );
+    }
+    assert_eq!(counts.delivered, 2 * n as u64);
+    assert_eq!(counts.latency.count(), 2);
+}
+
 #[test]
 fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
     let (_poll, hub, broker) = broker(10);
@@ -141,6 +213,7 @@ fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     // One turn's share written (both messages in one write each), the rest left.
     assert!(subscribers.has_pending());
@@ -187,6 +260,7 @@ fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
             1 << 20,
             &mut counts,
             &mut failed,
+            far(),
         );
     }
     assert!(failed.is_empty(), "{failed:?}");
@@ -244,6 +318,7 @@ fn a_long_poll_gets_one_answer_however_many_messages_wait() {
         1 << 20,
         &mut counts,
         &mut follow,
+        far(),
     );
     assert_eq!(follow, vec![Follow::Answered(key)]);
     let answer = String::from_utf8(received(&mut client)).unwrap();
@@ -289,6 +364,7 @@ fn a_returning_subscriber_gets_no_live_copy_of_what_history_gave_it() {
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     broker.publish("c", text("two")).unwrap();
     subscribers.deliver(
@@ -298,6 +374,7 @@ fn a_returning_subscriber_gets_no_live_copy_of_what_history_gave_it() {
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     assert!(failed.is_empty());
     assert_eq!(received(&mut clients[0]), b"\x81\x03one\x81\x03two");
@@ -332,6 +409,7 @@ fn a_quiet_channels_returning_subscriber_keeps_no_filter_once_the_inbox_is_taken
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     assert!(!subscribers.has_fresh());
     // And what comes next is delivered once.
@@ -343,6 +421,7 @@ fn a_quiet_channels_returning_subscriber_keeps_no_filter_once_the_inbox_is_taken
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     assert!(failed.is_empty());
     assert_eq!(received(&mut client), b"\x81\x05after");
@@ -427,6 +506,7 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
         max_queue,
         &mut counts,
         &mut follow,
+        far(),
     );
     assert_eq!(
         follow,
@@ -441,6 +521,7 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
         max_queue,
         &mut counts,
         &mut follow,
+        far(),
     );
     assert_eq!(
         follow,
@@ -533,6 +614,7 @@ fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     assert!(subscribers.has_fresh(), "kept until a newer message comes");
     // ... and then the live copy of seq 1 arrives, as Redis's listener may
@@ -557,6 +639,7 @@ fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     broker.publish("c", text("two")).unwrap();
     subscribers.deliver(
@@ -566,6 +649,7 @@ fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     assert!(failed.is_empty());
     assert_eq!(
@@ -604,6 +688,7 @@ fn compressed_subscribers_share_one_frame_per_window_and_plain_ones_get_it_plain
         1 << 20,
         &mut counts,
         &mut failed,
+        far(),
     );
     assert!(failed.is_empty());
     let got: Vec<Vec<u8>> = clients.iter_mut().map(received).collect();
