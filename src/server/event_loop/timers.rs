@@ -28,9 +28,6 @@ const RECEIVE_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// that held a loop's pings back left thousands due at once, and one turn
 /// sending them all kept a publisher waiting for seconds on a crowded box.
 const TIMERS_PER_TURN: usize = 1024;
-/// While a fan-out is part done, fewer: the broadcast keeps most of the turn,
-/// and heartbeats still go out between its slices.
-const TIMERS_PER_FAN_OUT_TURN: usize = 64;
 
 /// The loop's clock, its wheel and the periods it keeps.
 pub(super) struct Clock {
@@ -75,14 +72,15 @@ impl Clock {
 impl EventLoop {
     /// The turn's timekeeping, after its I/O.
     pub(super) fn keep_time(&mut self) {
-        // While a fan-out is part done, only a few timers a turn: a ping can
-        // wait a second where a broadcast cannot, but none waits for all of it.
-        let most = if self.subscribers.has_pending() {
-            TIMERS_PER_FAN_OUT_TURN
-        } else {
-            TIMERS_PER_TURN
-        };
-        self.run_timers(most);
+        // Pings and timeouts wait while a fan-out is part done: a ping can wait
+        // a second where a broadcast cannot. At a million connections on two
+        // cores the heartbeats alone take most of the machine, and sending them
+        // between a broadcast's slices made it reach everyone 3x later
+        // (docs/BENCHMARKS.md §29). What the peers send (their pings, requests,
+        // a publish) is still served between slices.
+        if !self.subscribers.has_pending() {
+            self.run_timers(TIMERS_PER_TURN);
+        }
         self.expire_tokens();
         self.resume_accepting();
         let now = self.clock.now;
