@@ -228,6 +228,17 @@ impl Outbound {
         Ok(())
     }
 
+    /// After `chunks` were offered to the socket elsewhere (a batched send,
+    /// while nothing waited here) and it took `written` bytes of them: queues the
+    /// rest by reference, as [`Outbound::send_shared`] would have.
+    pub fn sent_elsewhere(&mut self, chunks: &[&Bytes], written: usize) {
+        debug_assert!(self.is_empty(), "a batched send while bytes wait here");
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        if written < total {
+            self.queue_rest(chunks, written, |c: &&Bytes| Bytes::clone(c));
+        }
+    }
+
     /// Queues what is left of `chunks` after the first `written` bytes.
     fn queue_rest<B: AsRef<[u8]>>(
         &mut self,

@@ -56,7 +56,7 @@ const FAN_OUT_TIME: Duration = Duration::from_millis(2);
 pub const WAKER: Token = Token(usize::MAX);
 const LISTENER_BASE: usize = usize::MAX / 2;
 /// Events taken from epoll in one poll.
-const EVENTS_PER_POLL: usize = 1024;
+const EVENTS_PER_POLL: usize = 256;
 
 /// Buffers the loop reuses for every connection, turn after turn.
 struct Buffers {
@@ -145,6 +145,9 @@ impl EventLoop {
     pub fn run(mut self) -> io::Result<()> {
         hub::enter_loop(self.index);
         self.ring.start(&self.poll, &self.shared.config, self.index);
+        if let Some(sends) = self.ring.send_ring(&self.shared.config, self.index) {
+            self.subscribers.send_through(sends);
+        }
         let mut events = Events::with_capacity(EVENTS_PER_POLL);
         loop {
             let Some(polled) = self.wait(&mut events, self.next_wait())? else {

@@ -13,6 +13,7 @@ use mio::{Events, Interest, Poll, Token};
 use super::{EVENTS_PER_POLL, EventLoop};
 use crate::config::ServeConfig;
 use crate::server::conn::{Conn, Phase};
+use crate::server::send_ring::{self, SendOp, SendRing};
 use crate::server::uring::{Completion, Uring, Via};
 use crate::stats::LoopCounters;
 
@@ -38,6 +39,39 @@ impl Ring {
                 if index == 0 {
                     tracing::info!(error = %e, "io_uring unavailable: receiving through epoll");
                 }
+            }
+        }
+    }
+
+    /// The loop's ring for batched fan-out sends, when `--io-uring` allows one
+    /// and the kernel makes it (`THRONG_SEND_RING=off` declines it, and
+    /// `THRONG_SEND_RING=sendmsg` or a batch size choose how it sends, to
+    /// measure one against another: docs/BENCHMARKS.md §29).
+    pub(super) fn send_ring(&self, config: &ServeConfig, index: usize) -> Option<SendRing> {
+        if !config.io_uring {
+            return None;
+        }
+        let how = std::env::var("THRONG_SEND_RING").unwrap_or_default();
+        if how == "off" {
+            return None;
+        }
+        let op = if how.starts_with("sendmsg") {
+            SendOp::SendMsg
+        } else {
+            SendOp::Send
+        };
+        let batch = how
+            .rsplit(':')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(send_ring::BATCH);
+        match SendRing::new(op, batch) {
+            Ok(ring) => Some(ring),
+            Err(e) => {
+                if index == 0 {
+                    tracing::info!(error = %e, "no send ring: fan-outs send with send(2)");
+                }
+                None
             }
         }
     }

@@ -27,7 +27,7 @@ const RECEIVE_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Timers one turn handles at most; the rest in the next turns. A broadcast
 /// that held a loop's pings back left thousands due at once, and one turn
 /// sending them all kept a publisher waiting for seconds on a crowded box.
-const TIMERS_PER_TURN: usize = 1024;
+const TIMERS_PER_TURN: usize = 256;
 
 /// The loop's clock, its wheel and the periods it keeps.
 pub(super) struct Clock {

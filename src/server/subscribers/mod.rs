@@ -11,8 +11,11 @@
 //! This module must not decide what messages mean or how connections close; it
 //! reports the subscribers it could not write to, and the loop deals with them.
 
+mod batch;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,12 +23,14 @@ use slab::Slab;
 use smallvec::SmallVec;
 
 use super::conn::{Conn, Phase, TlsConns};
+use super::send_ring::SendRing;
 use crate::broker::{Broker, BrokerError, Member, Members, PresenceMember, Replay};
 use crate::hub::Body;
 use crate::hub::{Channel, ConnRef, Delivery, Inbox, SocketId};
 use crate::rules::{self, Namespaces};
 use crate::stats::TurnCounts;
 use crate::transport::{Compression, Format, Subscribe, Subscription};
+use batch::Batch;
 
 /// Deliveries of one channel gathered into one write per subscriber.
 const MAX_FRAMES_PER_WRITE: usize = 64;
@@ -209,6 +214,8 @@ pub struct LocalSubscribers {
     stale_expiries: usize,
     /// How frames are compressed for subscribers that negotiated permessage-deflate.
     compression: Compression,
+    /// Subscribers of a slice written together through the loop's send ring.
+    sends: Batch,
 }
 
 impl LocalSubscribers {
@@ -226,7 +233,19 @@ impl LocalSubscribers {
             expiring: BinaryHeap::new(),
             stale_expiries: 0,
             compression: crate::config::ServeConfig::default().compression,
+            sends: Batch::default(),
         }
+    }
+
+    /// Fans out through `ring`: the subscribers of a slice that take the same
+    /// frames get them with one system call.
+    pub fn send_through(&mut self, ring: SendRing) {
+        self.sends = Batch::with_ring(ring);
+    }
+
+    /// Sends made through the send ring, and the system calls they took.
+    pub fn ring_sends(&self) -> (u64, u64) {
+        self.sends.ring_counts()
     }
 
     /// Compresses for permessage-deflate subscribers as `compression` says.
@@ -639,6 +658,43 @@ impl LocalSubscribers {
                 .iter()
                 .find(|f| f.key == key && f.channel == ckey)
                 .map(|f| f.live_after);
+            if fresh.is_none()
+                && self.sends.has_ring()
+                && !format.one_shot()
+                && conn.phase == Phase::Active
+                && conn.out.is_empty()
+                && tls.get(key).is_none()
+            {
+                // Written with the others that take these frames, below.
+                let fd = conn.socket.as_raw_fd();
+                let slot = gathered_slot(format, window_bits);
+                let gathered = by_format[slot].get_or_insert_with(|| {
+                    Gathered::of(group.iter(), format, window_bits, compression)
+                });
+                let n = gathered.frames.len() as u64;
+                if n == 0 {
+                    continue;
+                }
+                counts.messages_out += n;
+                counts.delivered += n;
+                counts.deflate_plain += gathered.deflate_plain;
+                counts.deflate_wire += gathered.deflate_wire;
+                wrote = true;
+                if slot != self.sends.slot
+                    && let Some(other) = &by_format[self.sends.slot]
+                {
+                    self.sends
+                        .write(&other.frames, conns, max_queue, counts, failed);
+                }
+                self.sends.slot = slot;
+                if self.sends.push(key, fd)
+                    && let Some(gathered) = &by_format[slot]
+                {
+                    self.sends
+                        .write(&gathered.frames, conns, max_queue, counts, failed);
+                }
+                continue;
+            }
             let only_new: Gathered<'_>;
             let gathered = match fresh {
                 // History already gave it these: only what is newer goes out.
@@ -688,6 +744,12 @@ impl LocalSubscribers {
                 conn.phase = Phase::Closing;
                 failed.push(Follow::Answered(key));
             }
+        }
+        if !self.sends.is_empty()
+            && let Some(gathered) = &by_format[self.sends.slot]
+        {
+            self.sends
+                .write(&gathered.frames, conns, max_queue, counts, failed);
         }
         budget.left -= until - from;
         if until < keys.len() {
