@@ -22,6 +22,8 @@ use io_uring::{IoUring, opcode, types};
 
 /// Sends per `io_uring_enter`: the ring's submission queue.
 pub const BATCH: usize = 256;
+/// The largest batch a ring may be made for (to measure against `BATCH`).
+const MAX_BATCH: usize = 1024;
 /// Frames one gathered send carries at most (as `writev` does in `outbound`).
 const MAX_FRAMES: usize = 64;
 
@@ -58,9 +60,9 @@ impl std::fmt::Debug for SendRing {
 }
 
 impl SendRing {
-    /// A ring for batches of at most `batch` sends (1..=[`BATCH`]).
+    /// A ring for batches of at most `batch` sends (1..=1024).
     pub fn new(op: SendOp, batch: usize) -> io::Result<Self> {
-        let batch = batch.clamp(1, BATCH);
+        let batch = batch.clamp(1, MAX_BATCH);
         let ring = IoUring::builder()
             .setup_single_issuer()
             .setup_coop_taskrun()
