@@ -369,9 +369,10 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
     pub workers: usize,
 
-    /// How loops receive: auto (busy connections through io_uring multishot
-    /// receives where the kernel has them, quiet ones through epoll: less CPU per
-    /// received message) or off (epoll and recv for all)
+    /// How loops receive and fan out: auto (busy connections through io_uring
+    /// multishot receives where the kernel has them, quiet ones through epoll;
+    /// a fan-out's sends batched through an io_uring send ring) or off (epoll,
+    /// recv and send for all)
     #[arg(long, env = "THRONG_IO_URING", value_name = "HOW", default_value = defaults::IO_URING, value_parser = parse_io_uring, action = clap::ArgAction::Set)]
     pub io_uring: bool,
 
