@@ -118,3 +118,119 @@ impl Batch {
         self.fds.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    use slab::Slab;
+
+    use super::super::tests::{assert_got, broker, connect, far, text, ws_subscribe};
+    use super::super::{Follow, LocalSubscribers};
+    use crate::broker::Broker;
+    use crate::server::conn::{Conn, TlsConns};
+    use crate::stats::TurnCounts;
+
+    #[test]
+    #[ignore = "needs io_uring: run by tests/python/test_io_uring.py"]
+    fn a_fan_out_through_the_send_ring_reaches_everyone_in_order_and_queues_what_a_full_socket_left()
+     {
+        use crate::server::send_ring::{SendOp, SendRing};
+        for op in [SendOp::Send, SendOp::SendMsg] {
+            let ring = SendRing::new(op, 8).expect("io_uring here");
+            let (_poll, hub, broker) = broker(0);
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut conns: Slab<Conn> = Slab::new();
+            let mut subscribers = LocalSubscribers::new(0);
+            subscribers.send_through(ring);
+            // 21 subscribers: two full batches of 8 and a last one of 5.
+            let mut clients = Vec::new();
+            for _ in 0..21 {
+                let (key, client) = connect(&listener, &mut conns);
+                ws_subscribe(&mut subscribers, &broker, &mut conns, key, "r", None);
+                clients.push((key, client));
+            }
+            let deliver = |subscribers: &mut LocalSubscribers,
+                           conns: &mut Slab<Conn>,
+                           counts: &mut TurnCounts,
+                           failed: &mut Vec<Follow>| {
+                while subscribers.has_pending() || hub.inbox(0).has_work() {
+                    subscribers.deliver(
+                        hub.inbox(0),
+                        conns,
+                        &mut TlsConns::default(),
+                        usize::MAX,
+                        counts,
+                        failed,
+                        far(),
+                    );
+                }
+            };
+            let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
+            broker.publish("r", text("m1")).unwrap();
+            deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
+            // Two messages at once go out gathered (SENDMSG).
+            broker.publish("r", text("m2")).unwrap();
+            broker.publish("r", text("m3")).unwrap();
+            deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
+            assert!(failed.is_empty(), "{failed:?}");
+            for (key, client) in &mut clients {
+                assert_got(
+                    client,
+                    b"\x81\x02m1\x81\x02m2\x81\x02m3",
+                    &format!("subscriber {key}"),
+                );
+            }
+            let (sends, enters) = subscribers.ring_sends();
+            assert_eq!(
+                sends, 42,
+                "{op:?}: every subscriber, twice, through the ring"
+            );
+            assert_eq!(enters, 6, "{op:?}: one system call per batch");
+            assert_eq!(counts.delivered, 63);
+
+            // A subscriber that reads nothing: its socket fills, the ring's send
+            // takes part or none of a message, the rest waits in its queue (where
+            // the next messages go too, ahead of any ring) and reaches it in order
+            // once it reads.
+            let big = "x".repeat(60_000);
+            let stuck_key = clients[0].0;
+            let mut sent = 0;
+            while conns[stuck_key].out.is_empty() && sent < 1000 {
+                broker.publish("r", text(&big)).unwrap();
+                deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
+                sent += 1;
+                for (_, other) in clients.iter_mut().skip(1) {
+                    let mut frame = vec![0u8; 4 + big.len()];
+                    other.read_exact(&mut frame).unwrap();
+                }
+            }
+            let stuck = &mut clients[0].1;
+            assert!(!conns[stuck_key].out.is_empty(), "the unread socket filled");
+            broker.publish("r", text("last")).unwrap();
+            deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
+            let mut got = Vec::new();
+            let want = sent * (4 + big.len()) + 6;
+            stuck
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
+            let mut buf = vec![0u8; 1 << 16];
+            while got.len() < want {
+                let _ = conns[stuck_key]
+                    .flush(None, &mut counts.bytes_sent)
+                    .unwrap();
+                match stuck.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(got.len(), want);
+            assert!(got.ends_with(b"\x81\x04last"));
+            assert!(failed.is_empty(), "{failed:?}");
+        }
+    }
+}

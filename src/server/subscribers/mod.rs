@@ -175,6 +175,19 @@ struct Budget {
     deadline: Instant,
 }
 
+impl Cursor {
+    /// A fan-out of the group ending at `end` to `keys`, from the first.
+    fn over(end: usize, keys: &[u32]) -> Self {
+        Cursor {
+            end,
+            keys: keys.to_vec(),
+            next: 0,
+            wrote: false,
+            joined: Vec::new(),
+        }
+    }
+}
+
 /// A subscription made, with what the transport greets it with.
 #[derive(Debug)]
 pub struct Joined {
@@ -584,13 +597,7 @@ impl LocalSubscribers {
         if cursor.is_none() && list.conns.len() > budget.left {
             // Too many for this turn: fan out to the subscribers it has now, over
             // as many turns as it takes (who joins meanwhile starts at the next).
-            cursor = Some(Cursor {
-                end,
-                keys: list.conns.clone(),
-                next: 0,
-                wrote: false,
-                joined: Vec::new(),
-            });
+            cursor = Some(Cursor::over(end, &list.conns));
         }
         // A snapshot's keys may have left the channel since, or be someone else's
         // by now: each is looked up by its subscription of this channel.
@@ -756,13 +763,7 @@ impl LocalSubscribers {
             // The deadline cut a fan-out that fit the count: keep its place too.
             budget.left = 0;
             if cursor.is_none() {
-                cursor = Some(Cursor {
-                    end,
-                    keys: list.conns.clone(),
-                    next: 0,
-                    wrote: false,
-                    joined: Vec::new(),
-                });
+                cursor = Some(Cursor::over(end, &list.conns));
             }
         }
         if !passed.is_empty() {

@@ -24,7 +24,7 @@ fn websocket(sub: Subscription) -> Mode {
     )
 }
 
-fn text(payload: &str) -> Outgoing<'_> {
+pub(super) fn text(payload: &str) -> Outgoing<'_> {
     Outgoing {
         payload: payload.as_bytes(),
         kind: DataKind::Text,
@@ -51,7 +51,7 @@ fn received(client: &mut TcpStream) -> Vec<u8> {
 }
 
 /// A one-loop hub and a memory broker keeping `history_size` messages.
-fn broker(history_size: usize) -> (mio::Poll, Arc<Hub>, MemoryBroker) {
+pub(super) fn broker(history_size: usize) -> (mio::Poll, Arc<Hub>, MemoryBroker) {
     let poll = mio::Poll::new().unwrap();
     let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
     let hub = Arc::new(Hub::new(vec![waker]));
@@ -64,7 +64,7 @@ fn broker(history_size: usize) -> (mio::Poll, Arc<Hub>, MemoryBroker) {
 }
 
 /// A real loopback connection: the server end in `conns`, the client end returned.
-fn connect(listener: &TcpListener, conns: &mut Slab<Conn>) -> (usize, TcpStream) {
+pub(super) fn connect(listener: &TcpListener, conns: &mut Slab<Conn>) -> (usize, TcpStream) {
     let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (server, _) = listener.accept().unwrap();
     server.set_nonblocking(true).unwrap();
@@ -77,7 +77,7 @@ fn connect(listener: &TcpListener, conns: &mut Slab<Conn>) -> (usize, TcpStream)
 
 /// Reads exactly `want.len()` bytes (waiting up to a second for them), then
 /// checks nothing more is there.
-fn assert_got(client: &mut TcpStream, want: &[u8], who: &str) {
+pub(super) fn assert_got(client: &mut TcpStream, want: &[u8], who: &str) {
     client
         .set_read_timeout(Some(Duration::from_secs(1)))
         .unwrap();
@@ -95,7 +95,7 @@ fn assert_got(client: &mut TcpStream, want: &[u8], who: &str) {
     client.set_nonblocking(false).unwrap();
 }
 
-fn ws_subscribe(
+pub(super) fn ws_subscribe(
     subscribers: &mut LocalSubscribers,
     broker: &dyn Broker,
     conns: &mut Slab<Conn>,
@@ -119,7 +119,7 @@ fn ws_subscribe(
 }
 
 /// A deadline no test reaches: slices end by their count only.
-fn far() -> Instant {
+pub(super) fn far() -> Instant {
     Instant::now() + Duration::from_secs(3600)
 }
 
@@ -716,104 +716,4 @@ fn compressed_subscribers_share_one_frame_per_window_and_plain_ones_get_it_plain
     let wire = (got[0].len() + got[1].len() + got[2].len() - 3 * short_frame.len()) as u64;
     assert_eq!(counts.deflate_wire, wire);
     assert_eq!(counts.deflate_plain, 3 * (4 + long.len() as u64));
-}
-
-#[test]
-#[ignore = "needs io_uring: run by tests/python/test_io_uring.py"]
-fn a_fan_out_through_the_send_ring_reaches_everyone_in_order_and_queues_what_a_full_socket_left() {
-    use crate::server::send_ring::{SendOp, SendRing};
-    for op in [SendOp::Send, SendOp::SendMsg] {
-        let ring = SendRing::new(op, 8).expect("io_uring here");
-        let (_poll, hub, broker) = broker(0);
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut conns: Slab<Conn> = Slab::new();
-        let mut subscribers = LocalSubscribers::new(0);
-        subscribers.send_through(ring);
-        // 21 subscribers: two full batches of 8 and a last one of 5.
-        let mut clients = Vec::new();
-        for _ in 0..21 {
-            let (key, client) = connect(&listener, &mut conns);
-            ws_subscribe(&mut subscribers, &broker, &mut conns, key, "r", None);
-            clients.push((key, client));
-        }
-        let deliver = |subscribers: &mut LocalSubscribers,
-                       conns: &mut Slab<Conn>,
-                       counts: &mut TurnCounts,
-                       failed: &mut Vec<Follow>| {
-            while subscribers.has_pending() || hub.inbox(0).has_work() {
-                subscribers.deliver(
-                    hub.inbox(0),
-                    conns,
-                    &mut TlsConns::default(),
-                    usize::MAX,
-                    counts,
-                    failed,
-                    far(),
-                );
-            }
-        };
-        let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
-        broker.publish("r", text("m1")).unwrap();
-        deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
-        // Two messages at once go out gathered (SENDMSG).
-        broker.publish("r", text("m2")).unwrap();
-        broker.publish("r", text("m3")).unwrap();
-        deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
-        assert!(failed.is_empty(), "{failed:?}");
-        for (key, client) in &mut clients {
-            assert_got(
-                client,
-                b"\x81\x02m1\x81\x02m2\x81\x02m3",
-                &format!("subscriber {key}"),
-            );
-        }
-        let (sends, enters) = subscribers.ring_sends();
-        assert_eq!(
-            sends, 42,
-            "{op:?}: every subscriber, twice, through the ring"
-        );
-        assert_eq!(enters, 6, "{op:?}: one system call per batch");
-        assert_eq!(counts.delivered, 63);
-
-        // A subscriber that reads nothing: its socket fills, the ring's send
-        // takes part or none of a message, the rest waits in its queue (where
-        // the next messages go too, ahead of any ring) and reaches it in order
-        // once it reads.
-        let big = "x".repeat(60_000);
-        let stuck_key = clients[0].0;
-        let mut sent = 0;
-        while conns[stuck_key].out.is_empty() && sent < 1000 {
-            broker.publish("r", text(&big)).unwrap();
-            deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
-            sent += 1;
-            for (_, other) in clients.iter_mut().skip(1) {
-                let mut frame = vec![0u8; 4 + big.len()];
-                other.read_exact(&mut frame).unwrap();
-            }
-        }
-        let stuck = &mut clients[0].1;
-        assert!(!conns[stuck_key].out.is_empty(), "the unread socket filled");
-        broker.publish("r", text("last")).unwrap();
-        deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
-        let mut got = Vec::new();
-        let want = sent * (4 + big.len()) + 6;
-        stuck
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .unwrap();
-        let mut buf = vec![0u8; 1 << 16];
-        while got.len() < want {
-            let _ = conns[stuck_key]
-                .flush(None, &mut counts.bytes_sent)
-                .unwrap();
-            match stuck.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => panic!("{e}"),
-            }
-        }
-        assert_eq!(got.len(), want);
-        assert!(got.ends_with(b"\x81\x04last"));
-        assert!(failed.is_empty(), "{failed:?}");
-    }
 }
