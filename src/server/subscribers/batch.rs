@@ -127,10 +127,10 @@ mod tests {
 
     use slab::Slab;
 
-    use super::super::tests::{assert_got, broker, connect, far, text, ws_subscribe};
+    use super::super::tests::{assert_got, broker, connect, deliver_all, far, text, ws_subscribe};
     use super::super::{Follow, LocalSubscribers};
     use crate::broker::Broker;
-    use crate::server::conn::{Conn, TlsConns};
+    use crate::server::conn::Conn;
     use crate::stats::TurnCounts;
 
     #[test]
@@ -156,17 +156,15 @@ mod tests {
                            conns: &mut Slab<Conn>,
                            counts: &mut TurnCounts,
                            failed: &mut Vec<Follow>| {
-                while subscribers.has_pending() || hub.inbox(0).has_work() {
-                    subscribers.deliver(
-                        hub.inbox(0),
-                        conns,
-                        &mut TlsConns::default(),
-                        usize::MAX,
-                        counts,
-                        failed,
-                        far(),
-                    );
-                }
+                deliver_all(
+                    subscribers,
+                    hub.inbox(0),
+                    conns,
+                    usize::MAX,
+                    counts,
+                    failed,
+                    far,
+                );
             };
             let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
             broker.publish("r", text("m1")).unwrap();

@@ -123,6 +123,30 @@ pub(super) fn far() -> Instant {
     Instant::now() + Duration::from_secs(3600)
 }
 
+/// Delivers until nothing waits in `inbox` and no fan-out is part done, each
+/// call with the deadline `deadline()` gives.
+pub(super) fn deliver_all(
+    subscribers: &mut LocalSubscribers,
+    inbox: &Inbox,
+    conns: &mut Slab<Conn>,
+    max_queue: usize,
+    counts: &mut TurnCounts,
+    failed: &mut Vec<Follow>,
+    deadline: fn() -> Instant,
+) {
+    while subscribers.has_pending() || inbox.has_work() {
+        subscribers.deliver(
+            inbox,
+            conns,
+            &mut TlsConns::default(),
+            max_queue,
+            counts,
+            failed,
+            deadline(),
+        );
+    }
+}
+
 #[test]
 fn a_fan_out_whose_deadline_passed_writes_a_few_and_keeps_its_place() {
     let (_poll, hub, broker) = broker(10);
@@ -166,17 +190,15 @@ fn a_fan_out_whose_deadline_passed_writes_a_few_and_keeps_its_place() {
             broker.publish("timed", text("m2")).unwrap();
         }
     }
-    while hub.inbox(0).has_work() || subscribers.has_pending() {
-        subscribers.deliver(
-            hub.inbox(0),
-            &mut conns,
-            &mut TlsConns::default(),
-            1 << 20,
-            &mut counts,
-            &mut failed,
-            Instant::now(),
-        );
-    }
+    deliver_all(
+        &mut subscribers,
+        hub.inbox(0),
+        &mut conns,
+        1 << 20,
+        &mut counts,
+        &mut failed,
+        Instant::now,
+    );
     assert_eq!(calls, n.div_ceil(DEADLINE_CHECK_EVERY));
     assert!(failed.is_empty(), "{failed:?}");
     for (key, client) in &mut clients {
@@ -252,17 +274,15 @@ fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
     assert_eq!(seqs, vec![1, 2]);
     // Published after they joined: everyone gets it, once the fan-out is done.
     broker.publish("big", text("m3")).unwrap();
-    while subscribers.has_pending() || hub.inbox(0).has_work() {
-        subscribers.deliver(
-            hub.inbox(0),
-            &mut conns,
-            &mut TlsConns::default(),
-            1 << 20,
-            &mut counts,
-            &mut failed,
-            far(),
-        );
-    }
+    deliver_all(
+        &mut subscribers,
+        hub.inbox(0),
+        &mut conns,
+        1 << 20,
+        &mut counts,
+        &mut failed,
+        far,
+    );
     assert!(failed.is_empty(), "{failed:?}");
     for (key, client) in &mut clients {
         assert_got(
