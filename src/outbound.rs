@@ -239,6 +239,41 @@ impl Outbound {
         }
     }
 
+    /// Queues `chunk` without trying the socket (a reply held until the
+    /// loop's turn ends, to be written with others in one system call): the
+    /// caller must offer the queue's front to the socket before it waits again
+    /// (see [`Outbound::sent_front`]). Only while nothing waits.
+    pub fn hold(&mut self, chunk: Bytes) {
+        debug_assert!(self.is_empty(), "a held reply behind queued bytes");
+        let mut queue = OutQueue::default();
+        queue.push(chunk);
+        self.0 = Some(Box::new(queue));
+    }
+
+    /// The first chunk waiting, to be offered to the socket elsewhere.
+    pub fn front(&self) -> Option<&Bytes> {
+        self.0.as_ref()?.chunks.front()
+    }
+
+    /// The front chunk was offered to the socket elsewhere and it took
+    /// `written` bytes of it: drops them. What is left of that chunk is copied
+    /// out, so that a slow reader's queue does not keep the buffer it shared (a
+    /// turn's reply arena) alive.
+    pub fn sent_front(&mut self, written: usize) {
+        let Some(queue) = self.0.as_mut() else {
+            return;
+        };
+        let offered = queue.chunks.front().map_or(0, Bytes::len);
+        queue.consume(written.min(offered));
+        if queue.chunks.is_empty() {
+            self.0 = None;
+        } else if written < offered
+            && let Some(front) = queue.chunks.front_mut()
+        {
+            *front = Bytes::copy_from_slice(front);
+        }
+    }
+
     /// Queues what is left of `chunks` after the first `written` bytes.
     fn queue_rest<B: AsRef<[u8]>>(
         &mut self,

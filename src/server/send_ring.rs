@@ -134,17 +134,55 @@ impl SendRing {
                     .map_err(|_| io::Error::other("send ring: submission queue full"))?;
             }
         }
+        self.complete(fds.len(), results)
+    }
+
+    /// Writes each socket its own bytes (`bufs[i]` to `fds[i]`: held
+    /// replies), at most [`SendRing::batch`] of them, with one system call;
+    /// `results` as for [`SendRing::send_to_all`].
+    pub fn send_each(
+        &mut self,
+        fds: &[RawFd],
+        bufs: &[Bytes],
+        results: &mut Vec<i32>,
+    ) -> io::Result<()> {
+        results.clear();
+        results.resize(fds.len(), 0);
+        if fds.is_empty() {
+            return Ok(());
+        }
+        assert!(fds.len() <= self.batch, "a batch larger than the ring");
+        assert_eq!(fds.len(), bufs.len(), "one buffer per socket");
+        let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        {
+            let mut sq = self.ring.submission();
+            for (i, (&fd, bytes)) in fds.iter().zip(bufs).enumerate() {
+                let len = bytes.len().min(u32::MAX as usize) as u32;
+                let entry = opcode::Send::new(types::Fd(fd), bytes.as_ptr(), len)
+                    .flags(flags)
+                    .build();
+                // SAFETY: the bytes are borrowed for this call, which takes
+                // every completion before it returns.
+                unsafe { sq.push(&entry.user_data(i as u64)) }
+                    .map_err(|_| io::Error::other("send ring: submission queue full"))?;
+            }
+        }
+        self.complete(fds.len(), results)
+    }
+
+    /// Submits the `count` entries queued and takes all their completions.
+    fn complete(&mut self, count: usize, results: &mut [i32]) -> io::Result<()> {
         results.fill(UNKNOWN);
         let mut done = 0;
-        while done < fds.len() {
+        while done < count {
             // Submits (the first time) and waits for the rest: non-blocking
             // sockets complete inside the call, so one enter normally suffices.
-            let want = fds.len() - done;
+            let want = count - done;
             match self.ring.submit_and_wait(want) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) => {
-                    if self.ring.submission().len() == fds.len() {
+                    if self.ring.submission().len() == count {
                         // Nothing was taken: none of these went out.
                         results.fill(NOT_SENT);
                     }
@@ -160,7 +198,7 @@ impl SendRing {
                 }
             }
         }
-        self.sends += fds.len() as u64;
+        self.sends += count as u64;
         Ok(())
     }
 }

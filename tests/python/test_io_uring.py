@@ -330,8 +330,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_rings_own_unit_tests_pass_where_io_uring_is():
     """src/server/uring.rs tests the receive ring in two unit tests that need one,
-    src/server/send_ring.rs the send ring in two, and server::subscribers a
-    fan-out through it in one: `cargo test` ignores them (they cannot run, and
+    src/server/send_ring.rs the send ring in two, server::subscribers a
+    fan-out through it in one, and server::event_loop::replies the held replies
+    through it in one: `cargo test` ignores them (they cannot run, and
     must not pass, without io_uring); here, where io_uring can be made, they are
     run and must pass."""
     why = io_uring_unavailable()
@@ -340,9 +341,9 @@ def test_the_rings_own_unit_tests_pass_where_io_uring_is():
     cargo = shutil.which("cargo")
     assert cargo, "cargo is not on PATH (scripts/test.sh runs with it)"
     cmd = [cargo, "test", "--release", "--lib", "--", "--ignored", "server::uring", "server::send_ring",
-           "through_the_send_ring"]
+           "through_the_send_ring", "event_loop::replies"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
     out = f"$ {' '.join(cmd)}\n--- stdout ---\n{p.stdout[-6000:]}\n--- stderr ---\n{p.stderr[-6000:]}"
     assert p.returncode == 0, out
     results = re.findall(r"test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored", p.stdout)
-    assert results == [("ok", "5", "0", "0")], out
+    assert results == [("ok", "6", "0", "0")], out

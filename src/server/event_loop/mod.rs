@@ -17,6 +17,7 @@
 mod accept;
 mod drain;
 mod open;
+mod replies;
 mod ring;
 mod timers;
 mod tls;
@@ -40,6 +41,7 @@ use crate::stats::{LoopCounters, TurnCounts};
 use crate::transport::{After, Change, CloseReason};
 use accept::Acceptor;
 use drain::Drain;
+use replies::Replies;
 use ring::Ring;
 use timers::{CLOSE_TIMEOUT, Clock, LINGER_TIMEOUT, set_deadline};
 
@@ -66,6 +68,8 @@ struct Buffers {
     out: Vec<u8>,
     /// Subscribers a fan-out could not write to, dealt with after it.
     failed: Vec<Follow>,
+    /// Connections whose held replies left the loop something to do.
+    next: Vec<replies::Next>,
     /// Subscriptions the connection being served asked for (a Pusher subscribe).
     changes: Vec<Change>,
     /// What a TLS connection's read opened to, and what TLS itself must send.
@@ -95,6 +99,8 @@ pub struct EventLoop {
     index: usize,
     subscribers: LocalSubscribers,
     ring: Ring,
+    /// Replies held until the turn's end, to go out through the send ring.
+    replies: Replies,
     drain: Drain,
     /// When this turn's fan-out time is up.
     fan_out_until: Instant,
@@ -121,6 +127,7 @@ impl EventLoop {
                 read: vec![0; READ_BUF],
                 out: Vec::with_capacity(READ_BUF),
                 failed: Vec::new(),
+                next: Vec::new(),
                 changes: Vec::new(),
                 plain: Vec::new(),
                 sealed: Vec::new(),
@@ -135,6 +142,7 @@ impl EventLoop {
             index,
             subscribers: LocalSubscribers::new(index).compressing(compression),
             ring: Ring::default(),
+            replies: Replies::default(),
             drain: Drain::default(),
             fan_out_until: Instant::now(),
         })
@@ -163,6 +171,7 @@ impl EventLoop {
             for key in std::mem::take(&mut self.unfinished) {
                 self.on_readable(key, false);
             }
+            self.send_replies();
             // Publishes made during this turn (HTTP or chat) to our own inbox were
             // not signalled through the waker, and a large fan-out goes on a slice
             // a turn: deliver now.
@@ -170,6 +179,7 @@ impl EventLoop {
                 self.drain_inbox();
             }
             self.keep_time();
+            self.send_replies();
             self.end_turn(woke, &events);
             if self.drain_step() {
                 break;
@@ -438,6 +448,22 @@ impl EventLoop {
         };
         if !self.buf.out.is_empty() {
             let tls = self.tls.get_mut(key);
+            if after == After::Nothing
+                && tls.is_none()
+                && self.replies.can_hold(conn, self.buf.out.len())
+                && self.subscribers.send_ring().is_some()
+            {
+                self.replies.hold(key, conn, &self.buf.out);
+                self.buf.out.clear();
+                if self
+                    .subscribers
+                    .send_ring()
+                    .is_some_and(|ring| self.replies.len() >= ring.batch())
+                {
+                    self.send_replies();
+                }
+                return;
+            }
             let sent = conn.send(&self.buf.out, tls, &mut self.tally.turn.bytes_sent);
             self.buf.out.clear();
             if sent.is_err() {
@@ -469,6 +495,28 @@ impl EventLoop {
                 self.drop_conn(key);
             }
         }
+    }
+
+    /// Sends the replies held this turn (see [`replies`]), then flushes or drops
+    /// the connections that asks for.
+    fn send_replies(&mut self) {
+        if self.replies.len() == 0 {
+            return;
+        }
+        let mut next = std::mem::take(&mut self.buf.next);
+        self.replies.send(
+            &mut self.conns,
+            self.subscribers.send_ring(),
+            &mut self.tally.turn,
+            &mut next,
+        );
+        for step in next.drain(..) {
+            match step {
+                replies::Next::Dead(key) => self.drop_conn(key),
+                replies::Next::Flush(key) => self.on_writable(key),
+            }
+        }
+        self.buf.next = next;
     }
 
     /// Starts a server-initiated close; a slow consumer first loses what is not on

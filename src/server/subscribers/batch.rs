@@ -44,6 +44,10 @@ impl Batch {
         self.keys.is_empty()
     }
 
+    pub(super) fn ring_mut(&mut self) -> Option<&mut SendRing> {
+        self.ring.as_mut()
+    }
+
     /// Adds a subscriber; true when the batch is full and must be written.
     pub(super) fn push(&mut self, key: usize, fd: RawFd) -> bool {
         self.keys.push(key as u32);

@@ -261,6 +261,11 @@ impl LocalSubscribers {
         self.sends.ring_counts()
     }
 
+    /// The loop's send ring (held replies go through it too), if it has one.
+    pub fn send_ring(&mut self) -> Option<&mut SendRing> {
+        self.sends.ring_mut()
+    }
+
     /// Compresses for permessage-deflate subscribers as `compression` says.
     pub fn compressing(mut self, compression: Compression) -> Self {
         self.compression = compression;
