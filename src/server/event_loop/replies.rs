@@ -24,8 +24,8 @@ use crate::server::conn::{Conn, Phase};
 use crate::server::send_ring::{NOT_SENT, SendRing};
 use crate::stats::TurnCounts;
 
-/// The arena's size: a turn's replies at echo sizes, a few blocks at most.
-const ARENA: usize = 64 * 1024;
+/// The arena's size: a turn's replies at echo sizes, one block or two.
+const ARENA: usize = 16 * 1024;
 /// A larger reply is sent at once: copying it would cost what the batch saves.
 const HOLD_AT_MOST: usize = 16 * 1024;
 
