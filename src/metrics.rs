@@ -235,6 +235,18 @@ pub fn render(scrape: &Scrape) -> String {
         Value::Int(s.ring_receivers),
     );
     e.single(
+        "throng_io_uring_sends_total",
+        "Sends made through the loops' io_uring send rings (fan-outs and held replies).",
+        Kind::Counter,
+        Value::Int(s.ring_sends),
+    );
+    e.single(
+        "throng_io_uring_send_calls_total",
+        "System calls (io_uring_enter) those sends took.",
+        Kind::Counter,
+        Value::Int(s.ring_send_calls),
+    );
+    e.single(
         "throng_messages_published_total",
         "Messages published through this node (HTTP API and chat members).",
         Kind::Counter,
@@ -469,6 +481,8 @@ mod tests {
             sockets: 10,
             open: [5, 3, 2, 0],
             ring_receivers: 6,
+            ring_sends: 512,
+            ring_send_calls: 2,
             published: 4,
             delivered: 12,
             bytes_sent: 999,
@@ -510,6 +524,8 @@ mod tests {
             r#"throng_connections{transport="sse"} 3"#,
             r#"throng_connections{transport="poll"} 2"#,
             "throng_io_uring_receivers 6",
+            "throng_io_uring_sends_total 512",
+            "throng_io_uring_send_calls_total 2",
             "throng_messages_published_total 4",
             "throng_messages_delivered_total 12",
             "throng_bytes_sent_total 999",
@@ -544,7 +560,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 21, "{text}");
+        assert_eq!(types.len(), 23, "{text}");
         assert_eq!(helps, types.len());
         let mut unique = types.clone();
         unique.sort_unstable();

@@ -155,6 +155,10 @@ pub struct LoopCounters {
     /// Of those, connections receiving through io_uring now (busy ones; as of the
     /// loop's last sweep).
     pub ring_receivers: AtomicU64,
+    /// Sends made through the loop's send ring (fan-outs and held replies), and
+    /// the system calls they took (totals, stored by the loop each turn).
+    pub ring_sends: AtomicU64,
+    pub ring_send_calls: AtomicU64,
     /// Frames received from clients (data and control).
     pub frames_in: AtomicU64,
     /// Whole data messages received from clients.
@@ -297,6 +301,8 @@ pub struct Snapshot {
     /// Open connections by transport, indexed by `transport::Kind`.
     pub open: [u64; OPEN_KINDS],
     pub ring_receivers: u64,
+    pub ring_sends: u64,
+    pub ring_send_calls: u64,
     pub frames_in: u64,
     pub messages_in: u64,
     pub messages_out: u64,
@@ -347,6 +353,8 @@ impl ServerStats {
                 *sum += load(open);
             }
             s.ring_receivers += load(&l.ring_receivers);
+            s.ring_sends += load(&l.ring_sends);
+            s.ring_send_calls += load(&l.ring_send_calls);
             s.frames_in += load(&l.frames_in);
             s.messages_in += load(&l.messages_in);
             s.messages_out += load(&l.messages_out);

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import rawws
 from rawws import RawConn
 from wsutil import run, ws_connect
 
@@ -136,6 +137,41 @@ def test_many_connections_sending_at_once(start_server, mode):
 
     run(main(), timeout=60)
     assert_ring_as_asked(srv, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_echoes_to_a_reader_that_stopped_reading_wait_and_arrive_in_order(start_server, mode):
+    """Replies are held to the end of a turn and sent through the send ring
+    (auto): a client with a tiny receive buffer that reads nothing while it
+    sends 1,600 messages of 8 KB (12.8 MB, past what the kernel buffers) fills its socket, so the ring's sends of its
+    held echoes come back short or EAGAIN and the rest waits in its queue.
+    Another client's echoes go on meanwhile; once the first one reads, it gets
+    every echo, whole and in order."""
+    srv = start_in_mode(start_server, mode, "--threads", "1", "--max-queue", "64MiB")
+    count, size = 1600, 8000
+    msgs = [f"{n:05}:".encode() + bytes([97 + n % 26]) * (size - 6) for n in range(count)]
+    with rawws.ws_connect(srv.port, rcvbuf=4096, timeout=20) as slow:
+        slow.send(b"".join(rawws.encode_frame(rawws.OP_TEXT, m) for m in msgs))
+
+        async def other():
+            async with ws_connect(srv.url()) as ws:
+                for n in range(50):
+                    await ws.send(f"other {n}")
+                    assert await asyncio.wait_for(ws.recv(), 5) == f"other {n}"
+
+        run(other())
+        for n, want in enumerate(msgs):
+            opcode, payload = slow.read_message(timeout=20)
+            assert (opcode, len(payload), payload[:6]) == (rawws.OP_TEXT, size, want[:6]), n
+            assert payload == want, n
+    assert_ring_as_asked(srv, mode)
+    stats = httpx.get(f"http://127.0.0.1:{srv.port}/api/stats", timeout=5).json()
+    if mode == "off":
+        assert stats["io_uring_sends"] == stats["io_uring_send_calls"] == 0, stats
+    else:
+        # The echoes went through the send ring, many to a system call at times.
+        assert stats["io_uring_sends"] >= 50, stats
+        assert 0 < stats["io_uring_send_calls"] <= stats["io_uring_sends"], stats
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -33,6 +33,8 @@ FAMILIES = {
     "throng_handshake_failures_total": "counter",
     "throng_broker_up": "gauge",
     "throng_io_uring_receivers": "gauge",
+    "throng_io_uring_sends_total": "counter",
+    "throng_io_uring_send_calls_total": "counter",
     "throng_delivery_latency_seconds": "histogram",
     "throng_loop_turn_seconds": "histogram",
     "throng_loop_turn_slowest_seconds": "gauge",

@@ -245,6 +245,14 @@ impl EventLoop {
     /// Publishes the turn's counters, and says so when the turn was slow.
     fn end_turn(&mut self, woke: Instant, events: &Events) {
         self.tally.turn.publish(&self.tally.shared);
+        let (sends, calls) = self.subscribers.ring_sends();
+        if sends > 0 {
+            self.tally.shared.ring_sends.store(sends, Ordering::Relaxed);
+            self.tally
+                .shared
+                .ring_send_calls
+                .store(calls, Ordering::Relaxed);
+        }
         let took = woke.elapsed();
         self.tally.shared.record_turn(took);
         if took >= SLOW_TURN {

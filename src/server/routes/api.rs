@@ -214,6 +214,8 @@ pub(super) fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>)
             "connections": crate::transport::Kind::json(&snap.open),
             // Busy connections whose bytes come through io_uring (--io-uring).
             "io_uring_receivers": snap.ring_receivers,
+            "io_uring_sends": snap.ring_sends,
+            "io_uring_send_calls": snap.ring_send_calls,
             "channels": ctx.shared.broker.channel_count(),
             "frames_in": snap.frames_in,
             "messages_in": snap.messages_in,
