@@ -371,8 +371,8 @@ pub struct ServeArgs {
 
     /// How loops receive and fan out: auto (busy connections through io_uring
     /// multishot receives where the kernel has them, quiet ones through epoll;
-    /// a fan-out's sends batched through an io_uring send ring) or off (epoll,
-    /// recv and send for all)
+    /// a fan-out's sends and each turn's replies batched through an io_uring
+    /// send ring) or off (epoll, recv and send for all)
     #[arg(long, env = "THRONG_IO_URING", value_name = "HOW", default_value = defaults::IO_URING, value_parser = parse_io_uring, action = clap::ArgAction::Set)]
     pub io_uring: bool,
 

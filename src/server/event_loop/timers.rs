@@ -196,6 +196,18 @@ impl EventLoop {
                     crate::os::unsent_bytes(std::os::fd::AsRawFd::as_raw_fd(&conn.socket));
                 conn.out.expire_stalled_catch_up(kernel_unsent);
             }
+            // Bytes waiting for a writable edge are offered again once an
+            // interval: a send the kernel refused for want of memory rather
+            // than a full socket raises no edge while nothing of the socket's is
+            // in flight, and they would wait for the peer's next move.
+            if !conn.out.is_empty()
+                && conn
+                    .flush(self.tls.get_mut(key), &mut self.tally.turn.bytes_sent)
+                    .is_err()
+            {
+                self.drop_conn(key);
+                return;
+            }
             self.buf.out.clear();
             let after = conn.mode.write_heartbeat(&mut self.buf.out);
             self.send_out(key, after);
