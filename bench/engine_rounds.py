@@ -8,27 +8,25 @@ Usage: bench/engine_rounds.py RUN.json... --out NEW.md
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from derived import runs_and_out  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--out", required=True, type=Path)
-    args = ap.parse_args()
-    if args.out.exists():
-        raise SystemExit(f"{args.out} exists: a derived file is written once")
+    runs, out, how = runs_and_out(__doc__, "engine_rounds.py")
     lines = [
         "# Echo CPU per message, round by round (derived from bench/engine.sh raw results)",
         "",
-        "Derived by `bench/engine_rounds.py " + " ".join(str(p) for p in args.runs) + "`.",
+        how,
         "",
     ]
     ratios: dict[tuple[str, str], list[float]] = {}
-    for path in args.runs:
+    for path in runs:
         run = json.loads(path.read_text())
         servers = [s for s in run["servers"] if s.get("echo")]
         names = [s["name"] for s in servers]
@@ -59,8 +57,8 @@ def main() -> None:
               "|---|---|---:|---:|---:|---:|"]
     for (conns, other), rs in sorted(ratios.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
         lines.append(f"| {conns} | {other} | {len(rs)} | {statistics.median(rs):.2f} | {min(rs):.2f} | {max(rs):.2f} |")
-    args.out.write_text("\n".join(lines) + "\n")
-    print(args.out)
+    out.write_text("\n".join(lines) + "\n")
+    print(out)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,12 @@ Usage: bench/fanout_where.py RUN.json... --out NEW.md
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from derived import runs_and_out  # noqa: E402
 
 
 def rows(path: Path):
@@ -41,16 +44,11 @@ def rows(path: Path):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--out", required=True, type=Path)
-    args = ap.parse_args()
-    if args.out.exists():
-        raise SystemExit(f"{args.out} exists: a derived file is written once")
+    runs, out, how = runs_and_out(__doc__, "fanout_where.py")
     lines = [
         "# Where the fan-out's latency goes (derived from bench/fanout.sh raw results)",
         "",
-        "Derived by `bench/fanout_where.py " + " ".join(str(p) for p in args.runs) + "`.",
+        how,
         "Cores = CPU seconds in the measured window ÷ its length. irq = the machine's",
         "interrupt and softirq time (the loopback's receive side runs there). busy = every",
         "core's non-idle time: 2.0 is this whole 2-core machine.",
@@ -58,15 +56,15 @@ def main() -> None:
         "| run | server | deliveries/s | server cores | client cores | irq cores | busy cores | server µs/delivery | client µs/delivery | p50 ms | p99 ms |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for path in args.runs:
+    for path in runs:
         for r in rows(path):
             lines.append(
                 f"| {r['run']} | {r['server']} | {r['rate']:,.0f} | {r['server_cores']:.2f} | "
                 f"{r['client_cores']:.2f} | {r['irq_cores']:.2f} | {r['busy_cores']:.2f} | "
                 f"{r['server_us']:.2f} | {r['client_us']:.2f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
             )
-    args.out.write_text("\n".join(lines) + "\n")
-    print(args.out)
+    out.write_text("\n".join(lines) + "\n")
+    print(out)
 
 
 if __name__ == "__main__":
