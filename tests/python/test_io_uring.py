@@ -175,6 +175,21 @@ def test_echoes_to_a_reader_that_stopped_reading_wait_and_arrive_in_order(start_
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_client_that_sends_then_shuts_its_side_still_gets_its_echoes(start_server, mode):
+    """Messages and the FIN in one breath: the echoes (held for the turn's end
+    with io_uring) go out before the server lets the connection go."""
+    srv = start_in_mode(start_server, mode)
+    for attempt in range(20):
+        with rawws.ws_connect(srv.port) as c:
+            msgs = [f"last words {attempt}.{n}".encode() for n in range(3)]
+            c.send(b"".join(rawws.encode_frame(rawws.OP_TEXT, m) for m in msgs))
+            c.sock.shutdown(socket.SHUT_WR)
+            for m in msgs:
+                assert c.read_message(timeout=5) == (rawws.OP_TEXT, m), attempt
+    assert_ring_as_asked(srv, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_pipelined_requests_and_publish_to_a_subscriber(start_server, mode):
     srv = start_in_mode(start_server, mode)
 

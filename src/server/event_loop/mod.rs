@@ -351,6 +351,11 @@ impl EventLoop {
     /// response, our close frame, a kept-alive request's answer) is finished
     /// first: a half-closed client still reads.
     fn on_peer_done(&mut self, key: usize) {
+        if self.conns.get(key).is_some_and(|c| !c.out.is_empty()) {
+            // Its last replies may be held for the turn's end: they go first,
+            // as a `send` made at once would have.
+            self.send_replies();
+        }
         let Some(conn) = self.conns.get(key) else {
             return;
         };
