@@ -150,6 +150,22 @@ def meminfo() -> dict[str, int]:
     return out
 
 
+def box_cpu() -> dict[str, float]:
+    """The whole machine's CPU seconds so far by kind, from /proc/stat's first line.
+    Softirq (the loopback's receive side, mostly) is counted here and in no
+    process's own times, and io_uring's waits show as iowait: both matter when
+    the box, not the server, is what a broadcast waits for."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    return {"box_user_secs": (user + nice) / TICK, "box_system_secs": system / TICK,
+            "box_softirq_secs": (irq + softirq) / TICK, "box_idle_secs": (idle + iowait) / TICK,
+            "box_steal_secs": steal / TICK}
+
+
+BOX_KINDS = ("user", "system", "softirq", "idle", "steal")
+
+
 def sockstat() -> tuple[int, int]:
     """TCP sockets in use, TCP memory in pages."""
     with open("/proc/net/sockstat") as f:
@@ -186,7 +202,7 @@ class Sampler(threading.Thread):
             "mem_available_kib": mi["MemAvailable"],
             "tcp_inuse": inuse,
             "tcp_mem_pages": mem_pages,
-        }
+        } | box_cpu()
 
     def run(self) -> None:
         while not self.stop_flag.is_set():
@@ -470,7 +486,7 @@ def chart(doc: dict) -> str:
 
 def rate(samples: list[dict], key: str, t_from: float, t_to: float) -> float | None:
     """The per-second rate of a cumulative sampled figure between two moments."""
-    window = [s for s in samples if t_from <= s["t"] <= t_to]
+    window = [s for s in samples if t_from <= s["t"] <= t_to and key in s]
     if len(window) < 2 or window[-1]["t"] <= window[0]["t"]:
         return None
     return (window[-1][key] - window[0][key]) / (window[-1]["t"] - window[0]["t"])
@@ -501,6 +517,26 @@ def pings_between_broadcasts(timeline: list[dict]) -> tuple[float, float] | None
         return None
     lowest = min(sum(window[k:k + 3]) / 3 for k in range(len(window) - 2))
     return lowest, max(window)
+
+
+def reach_curve(timeline: list[dict], n: int, every: float, broadcasts: int) -> list[list[float | None]]:
+    """Per broadcast, the seconds after it left by which the bench had read 50%,
+    90%, 99% and all of its n deliveries (to the bench timeline's second): how the
+    time to reach all splits into the bulk and the tail."""
+    out = []
+    for b in range(broadcasts):
+        t0, got, marks = b * every, 0.0, []
+        want = [0.5 * n, 0.9 * n, 0.99 * n, n - 0.5]
+        prev_t = t0
+        for p in load_seconds(timeline):
+            if not t0 < p["t_secs"] <= t0 + every:
+                continue
+            got += p["received_per_sec"] * (p["t_secs"] - prev_t)
+            prev_t = p["t_secs"]
+            while len(marks) < len(want) and got >= want[len(marks)]:
+                marks.append(round(p["t_secs"] - t0, 1))
+        out.append(marks + [None] * (len(want) - len(marks)))
+    return out
 
 
 def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
@@ -573,6 +609,12 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
         "idle_window_secs": [round(idle_from - t_load, 1), round(idle_to - t_load, 1)],
         "server_idle_cpu_cores": server_idle,
         "bench_idle_cpu_cores": rate(samples, "bench_cpu_secs", idle_from, idle_to),
+        "bench_cpu_cores_broadcast": rate(samples, "bench_cpu_secs", busy_from, busy_to),
+        # The whole machine by kind (cores), while idle and while the first
+        # broadcast went out; absent from runs made before it was sampled.
+        "reach_50_90_99_all_secs": reach_curve(result.get("timeline", []), n, every, broadcasts),
+        "box_cores_idle": {k: rate(samples, f"box_{k}_secs", idle_from, idle_to) for k in BOX_KINDS},
+        "box_cores_broadcast": {k: rate(samples, f"box_{k}_secs", busy_from, busy_to) for k in BOX_KINDS},
         "mem_available_min_kib": min(s["mem_available_kib"] for s in samples),
         # How long each broadcast's publish waited for its answer (a publish that
         # got none within the bench's 5 s is a publish error).
@@ -590,6 +632,9 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
 
     def fmt(v, unit="", digits=0):
         return "-" if v is None else f"{v:,.{digits}f}{unit}"
+
+    def box_row(cores: dict) -> str:
+        return " / ".join(fmt(cores.get(k), "", 2) for k in BOX_KINDS)
 
     workers, procs = doc["settings"]["workers"], doc["settings"]["procs"]
     rows = [
@@ -619,6 +664,8 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
         ("a broadcast reaches all: max / p50 / p99 of deliveries",
          f"{fmt(summary['broadcast_to_all_max_ms'] / 1000, ' s', 1)} / {fmt(summary['delivery_p50_ms'] / 1000, ' s', 1)} / "
          f"{fmt(summary['delivery_p99_ms'] / 1000, ' s', 1)}"),
+        ("each broadcast: seconds to reach 50% / 90% / 99% / all (bench timeline, 1 s resolution)",
+         "; ".join(" / ".join(fmt(v, "", 1) for v in marks) for marks in summary["reach_50_90_99_all_secs"])),
         ("a broadcast: deliveries/s (connections ÷ time to reach all); server CPU per delivery, pings' share taken out",
          f"{fmt(summary['deliveries_per_sec_broadcast'], '/s')}; "
          f"{fmt(summary['server_cpu_us_per_delivery'], ' µs', 1)} "
@@ -626,6 +673,10 @@ def summarize(doc: dict) -> tuple[dict, list[tuple[str, str]]]:
         (f"CPU while idle (pings only, s {summary['idle_window_secs'][0]}..{summary['idle_window_secs'][1]} of the load):"
          " server / bench",
          f"{fmt(summary['server_idle_cpu_cores'], ' cores', 2)} / {fmt(summary['bench_idle_cpu_cores'], ' cores', 2)}"),
+        ("the whole machine, cores: user / system / softirq / idle (incl. iowait) / steal",
+         f"while idle {box_row(summary['box_cores_idle'])}; while the first broadcast went out "
+         f"{box_row(summary['box_cores_broadcast'])} (bench processes then "
+         f"{fmt(summary['bench_cpu_cores_broadcast'], ' cores', 2)})"),
         ("lowest MemAvailable", fmt(summary["mem_available_min_kib"] / 1024 / 1024, " GiB", 1)),
         ("event-loop turns of 250 ms or more: in all; workers with any; the longest; the median worker's longest",
          "-" if turns is None else

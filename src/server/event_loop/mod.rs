@@ -53,6 +53,9 @@ const READS_PER_TURN: usize = 32;
 const SLOW_TURN: Duration = Duration::from_millis(250);
 /// How long a turn may spend on a fan-out before the loop looks at its other
 /// connections again (accepts, requests, pings, a publisher waiting for its answer).
+/// Counted from the turn's first delivery, not from its wake-up: on a crowded box
+/// a turn's 256 events can take hundreds of milliseconds of wall time, and a
+/// deadline already past when the fan-out began left it 16 subscribers a turn.
 const FAN_OUT_TIME: Duration = Duration::from_millis(2);
 
 pub const WAKER: Token = Token(usize::MAX);
@@ -102,8 +105,8 @@ pub struct EventLoop {
     /// Replies held until the turn's end, to go out through the send ring.
     replies: Replies,
     drain: Drain,
-    /// When this turn's fan-out time is up.
-    fan_out_until: Instant,
+    /// When this turn's fan-out time is up (set by its first delivery).
+    fan_out_until: Option<Instant>,
 }
 
 impl EventLoop {
@@ -144,7 +147,7 @@ impl EventLoop {
             ring: Ring::default(),
             replies: Replies::default(),
             drain: Drain::default(),
-            fan_out_until: Instant::now(),
+            fan_out_until: None,
         })
     }
 
@@ -162,7 +165,7 @@ impl EventLoop {
                 continue;
             };
             let woke = Instant::now();
-            self.fan_out_until = woke + FAN_OUT_TIME;
+            self.fan_out_until = None;
             self.clock.now = self.clock.wheel.now();
             self.on_completions();
             if polled {
@@ -430,6 +433,9 @@ impl EventLoop {
     /// Writes every delivery waiting in this loop's inbox to its subscribers.
     fn drain_inbox(&mut self) {
         let inbox = self.shared.hub.inbox(self.index);
+        let deadline = *self
+            .fan_out_until
+            .get_or_insert_with(|| Instant::now() + FAN_OUT_TIME);
         self.subscribers.deliver(
             inbox,
             &mut self.conns,
@@ -437,7 +443,7 @@ impl EventLoop {
             self.shared.config.max_queue,
             &mut self.tally.turn,
             &mut self.buf.failed,
-            self.fan_out_until,
+            deadline,
         );
         for failed in std::mem::take(&mut self.buf.failed) {
             match failed {

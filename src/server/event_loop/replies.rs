@@ -39,7 +39,7 @@ pub(super) enum Next {
     Flush(usize),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Replies {
     arena: BytesMut,
     /// Connections with a held reply (a key may repeat once a slot is reused).
@@ -51,20 +51,6 @@ pub(super) struct Replies {
     results: Vec<i32>,
     /// The ring failed once: nothing is held from then on.
     ring_failed: bool,
-}
-
-impl Default for Replies {
-    fn default() -> Self {
-        Replies {
-            arena: BytesMut::new(),
-            keys: Vec::new(),
-            fds: Vec::new(),
-            offered: Vec::new(),
-            offered_keys: Vec::new(),
-            results: Vec::new(),
-            ring_failed: false,
-        }
-    }
 }
 
 impl Replies {
