@@ -1,5 +1,6 @@
 //! Operating-system limits that decide how many connections one process can hold,
-//! and the few socket options the standard library does not reach.
+//! the few socket options the standard library does not reach, and a thread's own
+//! CPU clock.
 //!
 //! It owns reading and raising the open-files limit and turning it into the
 //! connection ceiling the server announces. It must not change anything but this
@@ -125,6 +126,23 @@ pub fn raise_open_files_limit() -> io::Result<FileLimit> {
 }
 
 /// Groups digits in thousands, for log lines people read (19,900).
+/// The CPU time this thread has had (user and system), from
+/// `CLOCK_THREAD_CPUTIME_ID`: a budget counted in it is spent by work, not by the
+/// wall time a preempted thread waits on a crowded box.
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which lives on this stack frame.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        // Every Linux has this clock; without it a budget is never spent early.
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);

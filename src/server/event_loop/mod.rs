@@ -37,6 +37,7 @@ use super::shared::Shared;
 use super::subscribers::{Follow, LocalSubscribers};
 use super::timer::ticks;
 use crate::hub;
+use crate::os;
 use crate::stats::{LoopCounters, TurnCounts};
 use crate::transport::{After, Change, CloseReason};
 use accept::Acceptor;
@@ -53,9 +54,11 @@ const READS_PER_TURN: usize = 32;
 const SLOW_TURN: Duration = Duration::from_millis(250);
 /// How long a turn may spend on a fan-out before the loop looks at its other
 /// connections again (accepts, requests, pings, a publisher waiting for its answer).
-/// Counted from the turn's first delivery, not from its wake-up: on a crowded box
-/// a turn's 256 events can take hundreds of milliseconds of wall time, and a
-/// deadline already past when the fan-out began left it 16 subscribers a turn.
+/// This thread's CPU time, counted from the turn's first delivery: on a crowded
+/// box a turn's 256 events took hundreds of milliseconds of wall time and 2 ms of
+/// wall time were a few subscribers' sends, so a deadline in wall time (from the
+/// wake-up, or even from the fan-out's start) left a fan-out 16 subscribers a turn
+/// while the turn's other work went on at its full count.
 const FAN_OUT_TIME: Duration = Duration::from_millis(2);
 
 pub const WAKER: Token = Token(usize::MAX);
@@ -105,8 +108,9 @@ pub struct EventLoop {
     /// Replies held until the turn's end, to go out through the send ring.
     replies: Replies,
     drain: Drain,
-    /// When this turn's fan-out time is up (set by its first delivery).
-    fan_out_until: Option<Instant>,
+    /// The thread CPU time at which this turn's fan-out time is up (set by its
+    /// first delivery).
+    fan_out_until: Option<Duration>,
 }
 
 impl EventLoop {
@@ -435,7 +439,7 @@ impl EventLoop {
         let inbox = self.shared.hub.inbox(self.index);
         let deadline = *self
             .fan_out_until
-            .get_or_insert_with(|| Instant::now() + FAN_OUT_TIME);
+            .get_or_insert_with(|| os::thread_cpu_time() + FAN_OUT_TIME);
         self.subscribers.deliver(
             inbox,
             &mut self.conns,

@@ -27,6 +27,7 @@ use super::send_ring::SendRing;
 use crate::broker::{Broker, BrokerError, Member, Members, PresenceMember, Replay};
 use crate::hub::Body;
 use crate::hub::{Channel, ConnRef, Delivery, Inbox, SocketId};
+use crate::os;
 use crate::rules::{self, Namespaces};
 use crate::stats::TurnCounts;
 use crate::transport::{Compression, Format, Subscribe, Subscription};
@@ -41,10 +42,10 @@ const MAX_FRAMES_PER_WRITE: usize = 64;
 /// wait for a slice, not for the whole fan-out.
 const FAN_OUT_SLICE: usize = 1024;
 
-/// A slice also ends at the loop's deadline, looked at every this many
-/// subscribers: on a box where a hundred processes share two cores, 1024 sends
-/// took seconds of wall time (a loop preempted between them), and a publisher
-/// waiting on that loop timed out.
+/// A slice also ends at the loop's deadline (this thread's CPU time, see
+/// `os::thread_cpu_time`), looked at every this many subscribers: on a box where
+/// a hundred processes share two cores, 1024 sends took seconds of wall time (a
+/// loop preempted between them), and a publisher waiting on that loop timed out.
 const DEADLINE_CHECK_EVERY: usize = 16;
 
 /// One subscriber's frames of a group: held inline for the usual short runs, so a
@@ -169,10 +170,11 @@ struct Cursor {
     joined: Vec<u32>,
 }
 
-/// What one delivery pass may still spend: subscribers, and time.
+/// What one delivery pass may still spend: subscribers, and the thread's CPU time
+/// up to `deadline`.
 struct Budget {
     left: usize,
-    deadline: Instant,
+    deadline: Duration,
 }
 
 impl Cursor {
@@ -491,8 +493,9 @@ impl LocalSubscribers {
     }
 
     /// Writes the deliveries waiting in `inbox` to this loop's subscribers, at
-    /// most [`FAN_OUT_SLICE`] subscribers a call and none once `deadline` has
-    /// passed (the rest on the next calls, before anything newer), and lists in
+    /// most [`FAN_OUT_SLICE`] subscribers a call and none once this thread's CPU
+    /// time has reached `deadline` (the rest on the next calls, before anything
+    /// newer), and lists in
     /// `failed` those that could not take them.
     #[allow(clippy::too_many_arguments)]
     pub fn deliver(
@@ -503,7 +506,7 @@ impl LocalSubscribers {
         max_queue: usize,
         counts: &mut TurnCounts,
         failed: &mut Vec<Follow>,
-        deadline: Instant,
+        deadline: Duration,
     ) {
         if !self.has_pending() {
             self.batch.clear();
@@ -634,7 +637,10 @@ impl LocalSubscribers {
         // Returning subscribers whose filters this group makes needless.
         let mut passed: Vec<(usize, usize)> = Vec::new();
         for (done, &key) in keys[from..until].iter().enumerate() {
-            if done > 0 && done % DEADLINE_CHECK_EVERY == 0 && Instant::now() >= budget.deadline {
+            if done > 0
+                && done % DEADLINE_CHECK_EVERY == 0
+                && os::thread_cpu_time() >= budget.deadline
+            {
                 until = from + done;
                 break;
             }
