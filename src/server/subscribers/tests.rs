@@ -214,6 +214,45 @@ fn a_fan_out_whose_deadline_passed_writes_a_few_and_keeps_its_place() {
 }
 
 #[test]
+fn a_fan_out_deadline_is_spent_by_work_not_by_waiting() {
+    // On a crowded box a loop is preempted for most of a turn's wall time; its
+    // fan-out budget is CPU time, so time spent waiting for a core (here: asleep)
+    // leaves the budget whole and the slice ends by its count.
+    let (_poll, hub, broker) = broker(10);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    let n: usize = 100;
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let (key, client) = connect(&listener, &mut conns);
+        ws_subscribe(&mut subscribers, &broker, &mut conns, key, "waited", None);
+        clients.push((key, client));
+    }
+    broker.publish("waited", text("m1")).unwrap();
+    let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
+    let deadline = os::thread_cpu_time() + Duration::from_millis(20);
+    std::thread::sleep(Duration::from_millis(50));
+    subscribers.deliver(
+        hub.inbox(0),
+        &mut conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        &mut counts,
+        &mut failed,
+        deadline,
+    );
+    assert_eq!(
+        counts.delivered, n as u64,
+        "the slice was cut by time spent asleep"
+    );
+    assert!(!subscribers.has_pending());
+    for (key, client) in &mut clients {
+        assert_got(client, b"\x81\x02m1", &format!("subscriber {key}"));
+    }
+}
+
+#[test]
 fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
     let (_poll, hub, broker) = broker(10);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
