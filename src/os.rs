@@ -125,7 +125,6 @@ pub fn raise_open_files_limit() -> io::Result<FileLimit> {
     Ok(lim)
 }
 
-/// Groups digits in thousands, for log lines people read (19,900).
 /// The CPU time this thread has had (user and system), from
 /// `CLOCK_THREAD_CPUTIME_ID`: a budget counted in it is spent by work, not by the
 /// wall time a preempted thread waits on a crowded box.
@@ -143,6 +142,7 @@ pub fn thread_cpu_time() -> std::time::Duration {
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Groups digits in thousands, for log lines people read (19,900).
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);

@@ -495,8 +495,7 @@ impl LocalSubscribers {
     /// Writes the deliveries waiting in `inbox` to this loop's subscribers, at
     /// most [`FAN_OUT_SLICE`] subscribers a call and none once this thread's CPU
     /// time has reached `deadline` (the rest on the next calls, before anything
-    /// newer), and lists in
-    /// `failed` those that could not take them.
+    /// newer), and lists in `failed` those that could not take them.
     #[allow(clippy::too_many_arguments)]
     pub fn deliver(
         &mut self,

@@ -76,6 +76,25 @@ pub(super) fn connect(listener: &TcpListener, conns: &mut Slab<Conn>) -> (usize,
     )
 }
 
+/// `n` real loopback connections, each a WebSocket subscriber of `channel`: their
+/// keys in `conns` and their client ends.
+pub(super) fn subscribed(
+    listener: &TcpListener,
+    subscribers: &mut LocalSubscribers,
+    broker: &dyn Broker,
+    conns: &mut Slab<Conn>,
+    n: usize,
+    channel: &str,
+) -> Vec<(usize, TcpStream)> {
+    (0..n)
+        .map(|_| {
+            let (key, client) = connect(listener, conns);
+            ws_subscribe(subscribers, broker, conns, key, channel, None);
+            (key, client)
+        })
+        .collect()
+}
+
 /// Reads exactly `want.len()` bytes (waiting up to a second for them), then
 /// checks nothing more is there.
 pub(super) fn assert_got(client: &mut TcpStream, want: &[u8], who: &str) {
@@ -156,12 +175,7 @@ fn a_fan_out_whose_deadline_passed_writes_a_few_and_keeps_its_place() {
     let mut subscribers = LocalSubscribers::new(0);
     // Fewer than a slice's count: only the deadline cuts it.
     let n: usize = 100;
-    let mut clients = Vec::new();
-    for _ in 0..n {
-        let (key, client) = connect(&listener, &mut conns);
-        ws_subscribe(&mut subscribers, &broker, &mut conns, key, "timed", None);
-        clients.push((key, client));
-    }
+    let mut clients = subscribed(&listener, &mut subscribers, &broker, &mut conns, n, "timed");
     broker.publish("timed", text("m1")).unwrap();
     let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
     let mut calls = 0;
@@ -223,12 +237,14 @@ fn a_fan_out_deadline_is_spent_by_work_not_by_waiting() {
     let mut conns: Slab<Conn> = Slab::new();
     let mut subscribers = LocalSubscribers::new(0);
     let n: usize = 100;
-    let mut clients = Vec::new();
-    for _ in 0..n {
-        let (key, client) = connect(&listener, &mut conns);
-        ws_subscribe(&mut subscribers, &broker, &mut conns, key, "waited", None);
-        clients.push((key, client));
-    }
+    let mut clients = subscribed(
+        &listener,
+        &mut subscribers,
+        &broker,
+        &mut conns,
+        n,
+        "waited",
+    );
     broker.publish("waited", text("m1")).unwrap();
     let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
     let deadline = os::thread_cpu_time() + Duration::from_millis(20);
@@ -259,12 +275,7 @@ fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
     let mut conns: Slab<Conn> = Slab::new();
     let mut subscribers = LocalSubscribers::new(0);
     let n = FAN_OUT_SLICE + FAN_OUT_SLICE / 2;
-    let mut clients = Vec::new();
-    for _ in 0..n {
-        let (key, client) = connect(&listener, &mut conns);
-        ws_subscribe(&mut subscribers, &broker, &mut conns, key, "big", None);
-        clients.push((key, client));
-    }
+    let mut clients = subscribed(&listener, &mut subscribers, &broker, &mut conns, n, "big");
     broker.publish("big", text("m1")).unwrap();
     broker.publish("big", text("m2")).unwrap();
     let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
