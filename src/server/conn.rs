@@ -181,6 +181,9 @@ pub struct Conn {
     /// (0: none negotiated). Kept here, in what would be padding, so that
     /// negotiating compression costs an idle connection nothing.
     pub deflate: u8,
+    /// Its last heartbeat was skipped because the loop was late with it (see
+    /// the loop's timers); the next one is sent however late. In padding too.
+    pub ping_skipped: bool,
     pub last_seen: Tick,
     pub next_ping: Tick,
     /// When the loop must next look at this connection.
@@ -238,6 +241,7 @@ impl Conn {
             peer,
             phase: Phase::Active,
             deflate: 0,
+            ping_skipped: false,
             last_seen: now,
             next_ping: NEVER,
             deadline: NEVER,

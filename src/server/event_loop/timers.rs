@@ -181,11 +181,17 @@ impl EventLoop {
             conn.last_seen = now.saturating_sub(idle_ticks - answer_within);
         }
         if conn.next_ping != NEVER && now >= conn.next_ping {
+            let skip = skips_beat(ping_late, conn.ping_skipped, conn.mode.expects_input());
+            conn.ping_skipped = skip;
             conn.next_ping = if ping_ticks > 0 {
                 next_in_phase(conn.next_ping, now, ping_ticks)
             } else {
                 NEVER
             };
+            if skip {
+                conn.last_seen =
+                    seen_for_skipped_beat(conn.last_seen, conn.next_ping, ping_ticks, idle_ticks);
+            }
             let due = next_due(conn, idle_ticks);
             set_deadline(&mut self.clock.wheel, key, conn, due);
             // A replay the reader took nothing of for a whole interval counts
@@ -208,6 +214,9 @@ impl EventLoop {
                 self.drop_conn(key);
                 return;
             }
+            if skip {
+                return;
+            }
             self.buf.out.clear();
             let after = conn.mode.write_heartbeat(&mut self.buf.out);
             self.send_out(key, after);
@@ -216,6 +225,41 @@ impl EventLoop {
         let due = next_due(conn, idle_ticks);
         set_deadline(&mut self.clock.wheel, key, conn, due);
     }
+}
+
+/// Whether a heartbeat the loop comes to late is skipped rather than sent.
+///
+/// A loop late with pings was busy: a broadcast's slices come first, and pings
+/// wait for them. Sending every ping it held up at once, after a million's
+/// broadcast, took half the machine while other loops' broadcasts were still
+/// going out, and their last tenth took seconds longer (docs/BENCHMARKS.md
+/// §32). A client that pongs (WebSocket, Pusher) misses one beat instead, and
+/// gets its next one in phase; two are never skipped in a row, so a proxy
+/// between sees traffic at least every other interval. An event stream's
+/// heartbeat is how a dead client shows and a long-poll's is its answer: they
+/// are sent, however late.
+pub(super) fn skips_beat(late: bool, skipped_last: bool, expects_input: bool) -> bool {
+    late && !skipped_last && expects_input
+}
+
+/// A connection whose beat was skipped must not be closed as silent before it
+/// has been asked: it gets the interval after its next ping to answer, as a
+/// late ping's client does.
+pub(super) fn seen_for_skipped_beat(
+    last_seen: Tick,
+    next_ping: Tick,
+    ping_ticks: Tick,
+    idle_ticks: Tick,
+) -> Tick {
+    if idle_ticks == 0 || next_ping == NEVER {
+        return last_seen;
+    }
+    let answer_within = ping_ticks.clamp(1, idle_ticks);
+    last_seen.max(
+        next_ping
+            .saturating_add(answer_within)
+            .saturating_sub(idle_ticks),
+    )
 }
 
 /// When an open connection must next be looked at: its next ping or its idle limit.
@@ -237,5 +281,30 @@ pub(super) fn set_deadline(wheel: &mut TimerWheel, key: usize, conn: &mut Conn, 
     }
     if conn.timer_slot == NEVER || due < conn.timer_slot {
         conn.timer_slot = wheel.schedule(key as u32, due);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_ping_is_skipped_once_and_only_for_a_client_that_answers() {
+        assert!(skips_beat(true, false, true));
+        assert!(!skips_beat(true, true, true), "never two in a row");
+        assert!(!skips_beat(false, false, true), "on time: sent");
+        assert!(!skips_beat(true, false, false), "an event stream's is sent");
+    }
+
+    #[test]
+    fn a_skipped_beat_leaves_the_client_an_interval_after_its_next_ping() {
+        // Pinged every 30, closed after 60 silent: the pong of 10 would run
+        // out at 70, the very tick of the next ping after the skipped 40.
+        assert_eq!(seen_for_skipped_beat(10, 70, 30, 60), 40);
+        // Nothing to move when the limit is far enough already.
+        assert_eq!(seen_for_skipped_beat(50, 70, 25, 60), 50);
+        // No idle limit, no pings: nothing to keep.
+        assert_eq!(seen_for_skipped_beat(10, 70, 30, 0), 10);
+        assert_eq!(seen_for_skipped_beat(10, NEVER, 0, 60), 10);
     }
 }
