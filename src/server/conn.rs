@@ -181,9 +181,8 @@ pub struct Conn {
     /// (0: none negotiated). Kept here, in what would be padding, so that
     /// negotiating compression costs an idle connection nothing.
     pub deflate: u8,
-    /// Its last heartbeat was skipped because the loop was late with it (see
-    /// the loop's timers); the next one is sent however late. In padding too.
-    pub ping_skipped: bool,
+    /// What its next heartbeat must know of the last (in padding too).
+    pub beat: Beat,
     pub last_seen: Tick,
     pub next_ping: Tick,
     /// When the loop must next look at this connection.
@@ -192,6 +191,34 @@ pub struct Conn {
     pub timer_slot: Tick,
     pub out: Outbound,
     pub mode: Mode,
+}
+
+/// Since a connection's last heartbeat (sent or skipped): whether it was
+/// skipped, and whether a fan-out wrote to the connection since (the loop's
+/// timers decide from these whether the next one is needed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Beat(u8);
+
+impl Beat {
+    const SKIPPED: u8 = 1;
+    const DELIVERED: u8 = 2;
+
+    pub fn skipped(self) -> bool {
+        self.0 & Self::SKIPPED != 0
+    }
+
+    pub fn delivered(self) -> bool {
+        self.0 & Self::DELIVERED != 0
+    }
+
+    pub fn mark_delivered(&mut self) {
+        self.0 |= Self::DELIVERED;
+    }
+
+    /// A heartbeat came due, and was sent or skipped.
+    pub fn beat(&mut self, skipped: bool) {
+        self.0 = if skipped { Self::SKIPPED } else { 0 };
+    }
 }
 
 /// Where a connection's bytes go: its socket, counted, either as they are or
@@ -241,7 +268,7 @@ impl Conn {
             peer,
             phase: Phase::Active,
             deflate: 0,
-            ping_skipped: false,
+            beat: Beat::default(),
             last_seen: now,
             next_ping: NEVER,
             deadline: NEVER,

@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 
-from rawws import OP_CLOSE, OP_PING, OP_TEXT, Closed, ws_connect as raw_connect
+from rawws import OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, Closed, ws_connect as raw_connect
 from wsutil import PingCountingConnection, run, ws_connect
 
 FLAGS = ("--ping-interval", "500ms", "--idle-timeout", "1500ms")
@@ -117,20 +117,65 @@ def test_data_frames_alone_keep_connection_alive(start_server):
         c.close()
 
 
-def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
-    """A loop that stalls (a huge fan-out on a loaded box, a paused process) sends
-    every ping that came due at once when it wakes; the pings after that must go
-    back to each connection's own phase, not all fall due together one interval
-    later, or every later ping round is a storm that lands on whatever else the
-    server is doing (at a million, the next broadcast).
+def _pause(pid: int) -> None:
+    """SIGSTOP, and wait until every thread of the server has stopped: from then
+    on it writes nothing."""
+    import signal
 
-    The server is paused (SIGSTOP) past an interval, let run for less than an
-    interval, and paused again; only then are its pings counted. Kept in phase,
-    many connections get their next ping in that time besides the overdue one;
-    bunched, none can (theirs fall due a whole interval after the resume). What
-    the server wrote while it ran is decided by its own clock, however late this
-    process reads it."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue
+        if states and all(st in ("T", "t") for st in states):
+            return
+        assert time.monotonic() < deadline, f"server threads not stopped: {states}"
+        time.sleep(0.01)
+
+
+def _read_pings(by_fd: dict, counts: dict[int, int], wait: float, answer: bool = False) -> bool:
+    """Reads the pings waiting now (or within `wait`), counted per connection,
+    and pongs them if `answer`."""
     import select
+
+    ready, _, _ = select.select(list(by_fd), [], [], wait)
+    for fd in ready:
+        data = by_fd[fd].sock.recv(65536)
+        assert data, "the server closed a connection"
+        # Each ping is a 2-byte header and a payload under 126 bytes.
+        buf = data
+        while len(buf) >= 2:
+            assert buf[0] & 0x0F != OP_CLOSE, f"the server closed a connection: {buf[2:]!r}"
+            assert buf[0] & 0x0F == OP_PING, f"unexpected frame {buf[:2]!r}"
+            size = buf[1] & 0x7F
+            counts[fd] = counts.get(fd, 0) + 1
+            if answer:
+                by_fd[fd].send_frame(OP_PONG, buf[2 : 2 + size])
+            buf = buf[2 + size :]
+    return bool(ready)
+
+
+def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
+    """A loop that stalls (a huge fan-out on a loaded box, a paused process) owes
+    every connection a ping when it wakes. It skips those (once: a client that
+    pongs misses one beat), rather than sending them all at once on a machine
+    that is busy already, and the pings after go back to each connection's own
+    phase: they must not all fall due together one interval later, or every later
+    ping round is a storm that lands on whatever else the server is doing (at a
+    million, the next broadcast).
+
+    The server is paused (SIGSTOP) until every connection's ping is over a second
+    late, let run for less than an interval, and paused again; only then are its
+    pings counted. Kept in phase, most connections get their next ping in that
+    time; bunched, none can (theirs fall due a whole interval after the resume).
+    Skipped, none gets two (the owed one and the next); sent, most would. What the
+    server wrote while it ran is decided by its own clock, however late this
+    process reads it."""
     import signal
 
     import pytest
@@ -144,74 +189,144 @@ def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
             c.sock.setblocking(False)
         by_fd = {c.sock.fileno(): c for c in conns}
 
-        def read_ready(counts: dict[int, int], wait: float) -> bool:
-            """Reads the pings waiting now (or within `wait`), counted per connection."""
-            ready, _, _ = select.select(list(by_fd), [], [], wait)
-            for fd in ready:
-                data = by_fd[fd].sock.recv(65536)
-                assert data, "the server closed a connection"
-                # Each ping is a 2-byte header and a payload under 126 bytes.
-                buf = data
-                while len(buf) >= 2:
-                    assert buf[0] & 0x0F == OP_PING, f"unexpected frame {buf[:2]!r}"
-                    counts[fd] = counts.get(fd, 0) + 1
-                    buf = buf[2 + (buf[1] & 0x7F) :]
-            return bool(ready)
-
-        def pause() -> None:
-            """SIGSTOP, and wait until every thread of the server has stopped:
-            from then on it writes nothing."""
-            os.kill(srv.pid, signal.SIGSTOP)
-            deadline = time.monotonic() + PATIENCE
-            while True:
-                states = []
-                for tid in os.listdir(f"/proc/{srv.pid}/task"):
-                    try:
-                        with open(f"/proc/{srv.pid}/task/{tid}/stat") as f:
-                            states.append(f.read().rsplit(")", 1)[1].split()[0])
-                    except OSError:
-                        continue
-                if states and all(st in ("T", "t") for st in states):
-                    return
-                assert time.monotonic() < deadline, f"server threads not stopped: {states}"
-                time.sleep(0.01)
-
         def drain(counts: dict[int, int]) -> None:
             """The server is paused: read everything it wrote."""
-            while read_ready(counts, 0.2):
+            while _read_pings(by_fd, counts, 0.2):
                 pass
 
         time.sleep(interval + 0.5)  # every connection has had its first ping
         counts: dict[int, int] = {}
         for _attempt in range(3):
-            pause()
+            _pause(srv.pid)
             drain({})
-            time.sleep(interval + 0.5)  # every connection's next ping falls due
+            # Every connection's next ping falls due, and is over a second late
+            # at the resume.
+            time.sleep(interval + 1.5)
             counts = {}
             resumed = time.monotonic()
             os.kill(srv.pid, signal.SIGCONT)
             try:
                 while time.monotonic() - resumed < interval - 0.5:
-                    if sum(n >= 2 for n in counts.values()) >= want:
-                        break
-                    read_ready(counts, 0.05)
+                    _read_pings(by_fd, counts, 0.05)
             finally:
-                pause()
+                _pause(srv.pid)
             ran = time.monotonic() - resumed
             drain(counts)
             os.kill(srv.pid, signal.SIGCONT)
-            # Bunched pings fall due an interval after the resume: conclusive if the
+            # Bunched pings fall due an interval after the resume, and so would
+            # a connection's second ping after the skip: conclusive if the
             # server was paused again before then.
             if ran < interval - 0.1:
                 break
         else:
             pytest.skip(f"could not pause the server again within {interval - 0.1}s of resuming it, 3 tries")
-        early = {fd for fd, n in counts.items() if n >= 2}
-        assert len(early) >= want, (
-            f"{len(early)} of {len(conns)} connections got their next ping within "
+        assert len(counts) >= want, (
+            f"{len(counts)} of {len(conns)} connections got their next ping within "
             f"{ran:.2f}s of the resume (interval {interval}s): the pings bunched one interval after it"
+        )
+        twice = [n for n in counts.values() if n >= 2]
+        assert not twice, (
+            f"{len(twice)} connections got two pings within {ran:.2f}s of the resume: "
+            "the pings the stall owed were sent, not skipped"
         )
     finally:
         os.kill(srv.pid, signal.SIGCONT)
         for c in conns:
             c.close()
+
+
+def test_a_client_whose_ping_a_stall_skipped_is_not_closed_as_silent(start_server):
+    """Paused past its idle timeout, the server finds every client silent too
+    long, but it never asked them: their pings were owed, and are skipped. Each
+    must get its next ping and an interval to answer it, not be closed."""
+    import signal
+
+    interval = 2.0
+    srv = start_server("--ping-interval", "2s", "--idle-timeout", "3s", "--threads", "1")
+    conns = [raw_connect(srv.port) for _ in range(20)]
+    try:
+        for c in conns:
+            c.sock.setblocking(False)
+        by_fd = {c.sock.fileno(): c for c in conns}
+        counts: dict[int, int] = {}
+        t0 = time.monotonic()
+        while len(counts) < len(conns):
+            assert time.monotonic() - t0 < PATIENCE, f"{len(counts)} of {len(conns)} pinged in {PATIENCE}s"
+            _read_pings(by_fd, counts, 0.05, answer=True)
+        _pause(srv.pid)
+        while _read_pings(by_fd, counts, 0.2, answer=True):
+            pass
+        time.sleep(interval + 1.5)  # silent past the idle timeout; pings owed
+        os.kill(srv.pid, signal.SIGCONT)
+        # Two intervals, answering every ping: nobody is closed (a closed
+        # connection reads as empty and fails _read_pings), and everyone is
+        # pinged again.
+        counts = {}
+        resumed = time.monotonic()
+        while time.monotonic() - resumed < 2 * interval or len(counts) < len(conns):
+            assert time.monotonic() - resumed < PATIENCE, f"{len(counts)} of {len(conns)} pinged again"
+            _read_pings(by_fd, counts, 0.05, answer=True)
+    finally:
+        os.kill(srv.pid, signal.SIGCONT)
+        for c in conns:
+            c.close()
+
+
+def test_a_subscriber_sent_messages_is_pinged_every_other_interval(start_server):
+    """A message is the keep-alive a ping is: a subscriber a fan-out wrote to
+    since its last ping skips the next one, but never two in a row, so it is
+    still asked for a pong every other interval. A quiet subscriber on the same
+    server gets every ping."""
+    import select
+    import threading
+
+    from rawws import publish_ok
+
+    srv = start_server("--ping-interval", "500ms", "--idle-timeout", "600s", "--threads", "1")
+    busy = raw_connect(srv.port, path="/ws/busy")
+    quiet = raw_connect(srv.port, path="/ws/quiet")
+    pings = {"busy": 0, "quiet": 0}
+    messages = 0
+    stop = threading.Event()
+
+    def publisher() -> None:
+        while not stop.is_set():
+            publish_ok(srv.port, "busy", "tick")
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=publisher, daemon=True)
+    try:
+        named = {busy.sock.fileno(): ("busy", busy), quiet.sock.fileno(): ("quiet", quiet)}
+        pending = {fd: b"" for fd in named}
+        for _, c in named.values():
+            c.sock.setblocking(False)
+        thread.start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 6.0:
+            ready, _, _ = select.select(list(named), [], [], 0.05)
+            for fd in ready:
+                name, c = named[fd]
+                data = c.sock.recv(65536)
+                assert data, f"the server closed the {name} connection"
+                buf = pending[fd] + data
+                # Pings and the short messages here have 7-bit lengths.
+                while len(buf) >= 2 and len(buf) >= 2 + (buf[1] & 0x7F):
+                    op, size = buf[0] & 0x0F, buf[1] & 0x7F
+                    if op == OP_PING:
+                        pings[name] += 1
+                        c.send_frame(OP_PONG, buf[2 : 2 + size])
+                    else:
+                        assert (name, op) == ("busy", OP_TEXT), (name, buf[:2])
+                        messages += 1
+                    buf = buf[2 + size :]
+                pending[fd] = buf
+    finally:
+        stop.set()
+        thread.join(PATIENCE)
+        busy.close()
+        quiet.close()
+    assert messages >= 20, f"only {messages} messages delivered in 6 s"
+    # Twelve intervals: the quiet one is pinged about 12 times, the busy one
+    # about 6 (each sent ping follows a skipped one), and never not at all.
+    assert pings["quiet"] >= 8, pings
+    assert 3 <= pings["busy"] <= pings["quiet"] * 3 // 4, pings

@@ -181,8 +181,12 @@ impl EventLoop {
             conn.last_seen = now.saturating_sub(idle_ticks - answer_within);
         }
         if conn.next_ping != NEVER && now >= conn.next_ping {
-            let skip = skips_beat(ping_late, conn.ping_skipped, conn.mode.expects_input());
-            conn.ping_skipped = skip;
+            let skip = skips_beat(
+                ping_late || conn.beat.delivered(),
+                conn.beat.skipped(),
+                conn.mode.expects_input(),
+            );
+            conn.beat.beat(skip);
             conn.next_ping = if ping_ticks > 0 {
                 next_in_phase(conn.next_ping, now, ping_ticks)
             } else {
@@ -227,19 +231,22 @@ impl EventLoop {
     }
 }
 
-/// Whether a heartbeat the loop comes to late is skipped rather than sent.
+/// Whether a heartbeat is skipped rather than sent: `needless` when the loop
+/// comes to it over a second late, or a fan-out wrote to the connection since
+/// its last one.
 ///
 /// A loop late with pings was busy: a broadcast's slices come first, and pings
 /// wait for them. Sending every ping it held up at once, after a million's
 /// broadcast, took half the machine while other loops' broadcasts were still
-/// going out, and their last tenth took seconds longer (docs/BENCHMARKS.md
-/// §32). A client that pongs (WebSocket, Pusher) misses one beat instead, and
-/// gets its next one in phase; two are never skipped in a row, so a proxy
-/// between sees traffic at least every other interval. An event stream's
-/// heartbeat is how a dead client shows and a long-poll's is its answer: they
-/// are sent, however late.
-pub(super) fn skips_beat(late: bool, skipped_last: bool, expects_input: bool) -> bool {
-    late && !skipped_last && expects_input
+/// going out; and so did the on-time pings of loops that had finished, to
+/// clients that had just been sent the broadcast (docs/BENCHMARKS.md §32). A
+/// message is the keep-alive a ping is, for the client and any proxy between;
+/// what it does not show is that the client is there, so two are never skipped
+/// in a row, and a client that pongs (WebSocket, Pusher) is asked at least every
+/// other interval. An event stream's heartbeat is how a dead client shows and a
+/// long-poll's is its answer: they are sent, however late.
+pub(super) fn skips_beat(needless: bool, skipped_last: bool, expects_input: bool) -> bool {
+    needless && !skipped_last && expects_input
 }
 
 /// A connection whose beat was skipped must not be closed as silent before it
@@ -289,10 +296,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_late_ping_is_skipped_once_and_only_for_a_client_that_answers() {
+    fn a_needless_ping_is_skipped_once_and_only_for_a_client_that_answers() {
         assert!(skips_beat(true, false, true));
         assert!(!skips_beat(true, true, true), "never two in a row");
-        assert!(!skips_beat(false, false, true), "on time: sent");
+        assert!(
+            !skips_beat(false, false, true),
+            "on time, nothing sent since: sent"
+        );
         assert!(!skips_beat(true, false, false), "an event stream's is sent");
     }
 

@@ -683,6 +683,7 @@ impl LocalSubscribers {
                 && tls.get(key).is_none()
             {
                 // Written with the others that take these frames, below.
+                conn.beat.mark_delivered();
                 let fd = conn.socket.as_raw_fd();
                 let slot = gathered_slot(format, window_bits);
                 let gathered = by_format[slot].get_or_insert_with(|| {
@@ -749,6 +750,7 @@ impl LocalSubscribers {
             counts.deflate_plain += gathered.deflate_plain;
             counts.deflate_wire += gathered.deflate_wire;
             wrote = true;
+            conn.beat.mark_delivered();
             if conn
                 .send_shared(frames, tls.get_mut(key), &mut counts.bytes_sent)
                 .is_err()
