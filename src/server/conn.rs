@@ -194,14 +194,25 @@ pub struct Conn {
 }
 
 /// Since a connection's last heartbeat (sent or skipped): whether it was
-/// skipped, and whether a fan-out wrote to the connection since (the loop's
-/// timers decide from these whether the next one is needed).
+/// skipped, whether a fan-out wrote to the connection since, and whether the
+/// one due has been put off once already (the loop's timers decide from these
+/// whether and when the next one goes out).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Beat(u8);
 
 impl Beat {
     const SKIPPED: u8 = 1;
     const DELIVERED: u8 = 2;
+    const DEFERRED: u8 = 4;
+
+    pub fn deferred(self) -> bool {
+        self.0 & Self::DEFERRED != 0
+    }
+
+    /// The one due is put off, once.
+    pub fn defer(&mut self) {
+        self.0 |= Self::DEFERRED;
+    }
 
     pub fn skipped(self) -> bool {
         self.0 & Self::SKIPPED != 0

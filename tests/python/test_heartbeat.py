@@ -235,6 +235,59 @@ def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
             c.close()
 
 
+def test_pings_a_second_stall_owes_are_put_off_not_sent_at_once(start_server):
+    """A ping is skipped at most once in a row. After two stalls back to back,
+    the pings the second one owes must be sent, and they are put off by as long
+    as they were late (an interval at most): they go out at the pace they came
+    due, not all at the resume, where they would land on a machine still busy
+    with other loops' broadcasts. Nobody is closed meanwhile."""
+    import signal
+
+    interval = 2.0
+    srv = start_server("--ping-interval", "2s", "--idle-timeout", "600s", "--threads", "1")
+    conns = [raw_connect(srv.port) for _ in range(200)]
+    try:
+        for c in conns:
+            c.sock.setblocking(False)
+        by_fd = {c.sock.fileno(): c for c in conns}
+
+        def drain() -> None:
+            while _read_pings(by_fd, {}, 0.2, answer=True):
+                pass
+
+        time.sleep(interval + 0.5)  # every connection has had its first ping
+        # First stall: every ping owed is over a second late, and skipped.
+        _pause(srv.pid)
+        drain()
+        time.sleep(interval + 1.5)
+        os.kill(srv.pid, signal.SIGCONT)
+        time.sleep(0.1)
+        # Second stall, right after: the next pings are owed again, late, and
+        # may not be skipped twice.
+        _pause(srv.pid)
+        drain()
+        time.sleep(interval + 1.5)
+        counts: dict[int, int] = {}
+        resumed = time.monotonic()
+        os.kill(srv.pid, signal.SIGCONT)
+        while time.monotonic() - resumed < 0.8:
+            _read_pings(by_fd, counts, 0.05, answer=True)
+        at_once = len(counts)
+        while len(counts) < len(conns):
+            assert time.monotonic() - resumed < PATIENCE, f"{len(counts)} of {len(conns)} pinged after the stalls"
+            _read_pings(by_fd, counts, 0.05, answer=True)
+        # The few on time after the first resume were not skipped, so may be
+        # skipped now; the rest were put off by a second and a half or more.
+        assert at_once <= len(conns) // 5, (
+            f"{at_once} of {len(conns)} connections were pinged within 0.8 s of the resume: "
+            "the pings the second stall owed went out at once"
+        )
+    finally:
+        os.kill(srv.pid, signal.SIGCONT)
+        for c in conns:
+            c.close()
+
+
 def test_a_client_whose_ping_a_stall_skipped_is_not_closed_as_silent(start_server):
     """Paused past its idle timeout, the server finds every client silent too
     long, but it never asked them: their pings were owed, and are skipped. Each

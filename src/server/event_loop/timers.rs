@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::EventLoop;
 use crate::config::ServeConfig;
-use crate::server::conn::{Conn, NEVER, Phase};
+use crate::server::conn::{Beat, Conn, NEVER, Phase};
 use crate::server::timer::{Tick, TimerWheel, next_in_phase, ticks};
 use crate::stats::HandshakeFailure;
 use crate::transport::CloseReason;
@@ -181,11 +181,22 @@ impl EventLoop {
             conn.last_seen = now.saturating_sub(idle_ticks - answer_within);
         }
         if conn.next_ping != NEVER && now >= conn.next_ping {
-            let skip = skips_beat(
-                ping_late || conn.beat.delivered(),
-                conn.beat.skipped(),
+            let action = due_beat(
+                now - conn.next_ping,
+                conn.beat,
                 conn.mode.expects_input(),
+                ping_ticks,
             );
+            if let BeatAction::Defer(by) = action {
+                conn.beat.defer();
+                conn.next_ping = now.saturating_add(by);
+                conn.last_seen =
+                    seen_for_skipped_beat(conn.last_seen, conn.next_ping, ping_ticks, idle_ticks);
+                let due = next_due(conn, idle_ticks);
+                set_deadline(&mut self.clock.wheel, key, conn, due);
+                return;
+            }
+            let skip = action == BeatAction::Skip;
             conn.beat.beat(skip);
             conn.next_ping = if ping_ticks > 0 {
                 next_in_phase(conn.next_ping, now, ping_ticks)
@@ -231,22 +242,50 @@ impl EventLoop {
     }
 }
 
-/// Whether a heartbeat is skipped rather than sent: `needless` when the loop
-/// comes to it over a second late, or a fan-out wrote to the connection since
-/// its last one.
+/// What a heartbeat that came due does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BeatAction {
+    Send,
+    Skip,
+    /// Put off by this many ticks, once.
+    Defer(Tick),
+}
+
+/// What a heartbeat does that came due `late_by` ago.
 ///
 /// A loop late with pings was busy: a broadcast's slices come first, and pings
 /// wait for them. Sending every ping it held up at once, after a million's
 /// broadcast, took half the machine while other loops' broadcasts were still
 /// going out; and so did the on-time pings of loops that had finished, to
-/// clients that had just been sent the broadcast (docs/BENCHMARKS.md §32). A
-/// message is the keep-alive a ping is, for the client and any proxy between;
-/// what it does not show is that the client is there, so two are never skipped
-/// in a row, and a client that pongs (WebSocket, Pusher) is asked at least every
-/// other interval. An event stream's heartbeat is how a dead client shows and a
-/// long-poll's is its answer: they are sent, however late.
-pub(super) fn skips_beat(needless: bool, skipped_last: bool, expects_input: bool) -> bool {
-    needless && !skipped_last && expects_input
+/// clients that had just been sent the broadcast (docs/BENCHMARKS.md §32).
+///
+/// So a ping is skipped when the loop comes to it over a second late, or when a
+/// fan-out wrote to the connection since the last one: a message is the
+/// keep-alive a ping is, for the client and any proxy between. What a message
+/// does not show is that the client is there, so two are never skipped in a
+/// row, and a client that pongs (WebSocket, Pusher) is asked at least every
+/// other interval. A late one that may not be skipped is put off by as long as
+/// it was late (an interval at most), once: the pings a stall held up then go
+/// out over as long as the stall lasted, at the pace they came due, not at once.
+/// An event stream's heartbeat is how a dead client shows and a long-poll's is
+/// its answer: they are sent, however late.
+pub(super) fn due_beat(
+    late_by: Tick,
+    beat: Beat,
+    expects_input: bool,
+    ping_ticks: Tick,
+) -> BeatAction {
+    let late = late_by >= ticks(LATE_PING);
+    if !expects_input {
+        return BeatAction::Send;
+    }
+    if (late || beat.delivered()) && !beat.skipped() && !beat.deferred() {
+        return BeatAction::Skip;
+    }
+    if late && !beat.deferred() && ping_ticks > 0 {
+        return BeatAction::Defer(late_by.min(ping_ticks));
+    }
+    BeatAction::Send
 }
 
 /// A connection whose beat was skipped must not be closed as silent before it
@@ -296,14 +335,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_needless_ping_is_skipped_once_and_only_for_a_client_that_answers() {
-        assert!(skips_beat(true, false, true));
-        assert!(!skips_beat(true, true, true), "never two in a row");
-        assert!(
-            !skips_beat(false, false, true),
-            "on time, nothing sent since: sent"
+    fn a_needless_ping_is_skipped_once_a_late_one_is_put_off_once_and_only_a_pong_s() {
+        let late = ticks(LATE_PING);
+        let fresh = Beat::default();
+        let mut delivered = Beat::default();
+        delivered.mark_delivered();
+        let mut skipped = Beat::default();
+        skipped.beat(true);
+        let mut skipped_and_delivered = skipped;
+        skipped_and_delivered.mark_delivered();
+        let mut put_off = skipped;
+        put_off.defer();
+        assert_eq!(
+            due_beat(0, fresh, true, 250),
+            BeatAction::Send,
+            "on time, nothing sent since"
         );
-        assert!(!skips_beat(true, false, false), "an event stream's is sent");
+        assert_eq!(due_beat(0, delivered, true, 250), BeatAction::Skip);
+        assert_eq!(due_beat(late, fresh, true, 250), BeatAction::Skip);
+        // Never two in a row: on time it goes, late it is put off as long as it
+        // was late, an interval at most, and only once.
+        assert_eq!(
+            due_beat(0, skipped_and_delivered, true, 250),
+            BeatAction::Send
+        );
+        assert_eq!(due_beat(late, skipped, true, 250), BeatAction::Defer(late));
+        assert_eq!(due_beat(900, skipped, true, 250), BeatAction::Defer(250));
+        assert_eq!(due_beat(late, put_off, true, 250), BeatAction::Send);
+        // An event stream's and a long-poll's are sent, however late.
+        assert_eq!(due_beat(late, delivered, false, 250), BeatAction::Send);
     }
 
     #[test]
