@@ -177,8 +177,7 @@ impl EventLoop {
             return;
         }
         if silent {
-            let answer_within = ping_ticks.clamp(1, idle_ticks);
-            conn.last_seen = now.saturating_sub(idle_ticks - answer_within);
+            conn.last_seen = seen_until_asked(conn.last_seen, now, ping_ticks, idle_ticks);
         }
         if conn.next_ping != NEVER && now >= conn.next_ping {
             let action = due_beat(
@@ -187,28 +186,24 @@ impl EventLoop {
                 conn.mode.expects_input(),
                 ping_ticks,
             );
-            if let BeatAction::Defer(by) = action {
-                conn.beat.defer();
-                conn.next_ping = now.saturating_add(by);
-                conn.last_seen =
-                    seen_for_skipped_beat(conn.last_seen, conn.next_ping, ping_ticks, idle_ticks);
-                let due = next_due(conn, idle_ticks);
-                set_deadline(&mut self.clock.wheel, key, conn, due);
-                return;
-            }
-            let skip = action == BeatAction::Skip;
-            conn.beat.beat(skip);
-            conn.next_ping = if ping_ticks > 0 {
-                next_in_phase(conn.next_ping, now, ping_ticks)
-            } else {
-                NEVER
+            conn.next_ping = match action {
+                BeatAction::Defer(by) => now.saturating_add(by),
+                _ if ping_ticks > 0 => next_in_phase(conn.next_ping, now, ping_ticks),
+                _ => NEVER,
             };
-            if skip {
+            match action {
+                BeatAction::Defer(_) => conn.beat.defer(),
+                _ => conn.beat.beat(action == BeatAction::Skip),
+            }
+            if action != BeatAction::Send {
                 conn.last_seen =
-                    seen_for_skipped_beat(conn.last_seen, conn.next_ping, ping_ticks, idle_ticks);
+                    seen_until_asked(conn.last_seen, conn.next_ping, ping_ticks, idle_ticks);
             }
             let due = next_due(conn, idle_ticks);
             set_deadline(&mut self.clock.wheel, key, conn, due);
+            if matches!(action, BeatAction::Defer(_)) {
+                return;
+            }
             // A replay the reader took nothing of for a whole interval counts
             // against --max-queue from now on (send_out checks it). Only a
             // connection with a replay waiting asks the kernel anything.
@@ -229,7 +224,7 @@ impl EventLoop {
                 self.drop_conn(key);
                 return;
             }
-            if skip {
+            if action == BeatAction::Skip {
                 return;
             }
             self.buf.out.clear();
@@ -288,21 +283,21 @@ pub(super) fn due_beat(
     BeatAction::Send
 }
 
-/// A connection whose beat was skipped must not be closed as silent before it
-/// has been asked: it gets the interval after its next ping to answer, as a
-/// late ping's client does.
-pub(super) fn seen_for_skipped_beat(
+/// A client must not be closed as silent before it has been asked: one whose
+/// ping comes late, or is skipped or put off, gets an interval after the ping
+/// at `asked_at` to answer.
+pub(super) fn seen_until_asked(
     last_seen: Tick,
-    next_ping: Tick,
+    asked_at: Tick,
     ping_ticks: Tick,
     idle_ticks: Tick,
 ) -> Tick {
-    if idle_ticks == 0 || next_ping == NEVER {
+    if idle_ticks == 0 || asked_at == NEVER {
         return last_seen;
     }
     let answer_within = ping_ticks.clamp(1, idle_ticks);
     last_seen.max(
-        next_ping
+        asked_at
             .saturating_add(answer_within)
             .saturating_sub(idle_ticks),
     )
@@ -367,14 +362,14 @@ mod tests {
     }
 
     #[test]
-    fn a_skipped_beat_leaves_the_client_an_interval_after_its_next_ping() {
+    fn a_client_not_yet_asked_has_an_interval_after_its_ping_to_answer() {
         // Pinged every 30, closed after 60 silent: the pong of 10 would run
         // out at 70, the very tick of the next ping after the skipped 40.
-        assert_eq!(seen_for_skipped_beat(10, 70, 30, 60), 40);
+        assert_eq!(seen_until_asked(10, 70, 30, 60), 40);
         // Nothing to move when the limit is far enough already.
-        assert_eq!(seen_for_skipped_beat(50, 70, 25, 60), 50);
+        assert_eq!(seen_until_asked(50, 70, 25, 60), 50);
         // No idle limit, no pings: nothing to keep.
-        assert_eq!(seen_for_skipped_beat(10, 70, 30, 0), 10);
-        assert_eq!(seen_for_skipped_beat(10, NEVER, 0, 60), 10);
+        assert_eq!(seen_until_asked(10, 70, 30, 0), 10);
+        assert_eq!(seen_until_asked(10, NEVER, 0, 60), 10);
     }
 }
