@@ -143,6 +143,25 @@ pub(super) fn far() -> Duration {
     os::thread_cpu_time() + Duration::from_secs(3600)
 }
 
+/// One `deliver` call with room for a whole slice: what a loop does in one turn.
+fn deliver_once(
+    subscribers: &mut LocalSubscribers,
+    hub: &Hub,
+    conns: &mut Slab<Conn>,
+    counts: &mut TurnCounts,
+    failed: &mut Vec<Follow>,
+) {
+    subscribers.deliver(
+        hub.inbox(0),
+        conns,
+        &mut TlsConns::default(),
+        1 << 20,
+        counts,
+        failed,
+        far(),
+    );
+}
+
 /// Delivers until nothing waits in `inbox` and no fan-out is part done, each
 /// call with the deadline `deadline()` gives.
 pub(super) fn deliver_all(
@@ -279,15 +298,7 @@ fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
     broker.publish("big", text("m1")).unwrap();
     broker.publish("big", text("m2")).unwrap();
     let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     // One turn's share written (both messages in one write each), the rest left.
     assert!(subscribers.has_pending());
     assert_eq!(counts.delivered, 2 * FAN_OUT_SLICE as u64);
@@ -428,25 +439,9 @@ fn a_returning_subscriber_gets_no_live_copy_of_what_history_gave_it() {
     }
     let mut counts = TurnCounts::default();
     let mut failed = Vec::new();
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     broker.publish("c", text("two")).unwrap();
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     assert!(failed.is_empty());
     assert_eq!(received(&mut clients[0]), b"\x81\x03one\x81\x03two");
     assert_eq!(received(&mut clients[1]), b"\x81\x03two");
@@ -473,27 +468,11 @@ fn a_quiet_channels_returning_subscriber_keeps_no_filter_once_the_inbox_is_taken
     // Nothing was published: taking the (empty) inbox is enough to drop the filter.
     let mut counts = TurnCounts::default();
     let mut failed = Vec::new();
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     assert!(!subscribers.has_fresh());
     // And what comes next is delivered once.
     broker.publish("q", text("after")).unwrap();
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     assert!(failed.is_empty());
     assert_eq!(received(&mut client), b"\x81\x05after");
 }
@@ -678,15 +657,7 @@ fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
     let mut counts = TurnCounts::default();
     let mut failed = Vec::new();
     // The inbox is taken once with nothing in it ...
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     assert!(subscribers.has_fresh(), "kept until a newer message comes");
     // ... and then the live copy of seq 1 arrives, as Redis's listener may
     // deliver a message published between the count and the history snapshot.
@@ -703,25 +674,9 @@ fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
         }
     })
     .unwrap();
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     broker.publish("c", text("two")).unwrap();
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     assert!(failed.is_empty());
     assert_eq!(
         received(&mut client),
@@ -752,15 +707,7 @@ fn compressed_subscribers_share_one_frame_per_window_and_plain_ones_get_it_plain
     broker.publish("z", text(&long)).unwrap();
     broker.publish("z", text("short")).unwrap();
     let (mut counts, mut failed) = (TurnCounts::default(), Vec::new());
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut failed,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
     assert!(failed.is_empty());
     let got: Vec<Vec<u8>> = clients.iter_mut().map(received).collect();
     let short_frame = [0x81, 5, b's', b'h', b'o', b'r', b't'];
