@@ -9,7 +9,7 @@
 
 use serde::{Serialize, Serializer};
 
-use super::system::{Machine, NOFILE_HARD, NOFILE_SOFT, PORT_RANGE, SYN_BACKLOG, TCP_MEM};
+use super::system::{EHASH, Machine, NOFILE_HARD, NOFILE_SOFT, PORT_RANGE, SYN_BACKLOG, TCP_MEM};
 use crate::os::{self, FileLimit, LISTEN_BACKLOG};
 
 /// Kernel memory of one idle TCP socket (the socket, its inode, dentry and file, an
@@ -31,6 +31,8 @@ pub const IO_URING_BYTES_PER_CONN: u64 = 360;
 pub const TCP_PAGES_PER_BUSY_SOCKET: u64 = 1;
 /// `throng bench`'s userspace memory per idle connection (docs/BENCHMARKS.md §3).
 pub(super) const BENCH_BYTES_PER_CONN: u64 = 168;
+/// The longest average chain of the established-socket table called fine.
+pub(super) const EHASH_CHAIN: u64 = 2;
 /// A planned source address fills at most 1/this of its ephemeral range.
 const PORT_FILL_DIVISOR: u64 = 4;
 
@@ -77,6 +79,9 @@ pub enum Verdict {
     /// Enough only when the load generator spreads over several source addresses.
     #[serde(rename = "SPREAD")]
     Spread,
+    /// Holds the connections, but costs every packet time: a table sized at boot.
+    #[serde(rename = "SLOW")]
+    Slow,
 }
 
 impl Verdict {
@@ -88,6 +93,7 @@ impl Verdict {
             Verdict::Ok => "OK",
             Verdict::TooLow => "TOO LOW",
             Verdict::Spread => "SPREAD",
+            Verdict::Slow => "SLOW",
         }
     }
 }
@@ -199,6 +205,10 @@ pub struct Fixes {
     pub systemd: Option<String>,
     /// In a root shell, before starting `serve` or `bench` from it.
     pub shell: Option<String>,
+    /// For the kernel command line (a table sized at boot only).
+    pub boot: Option<String>,
+    /// Before a container's network namespace is made, on its host.
+    pub namespace_sysctl: Option<String>,
 }
 
 /// What `--apply` did about one setting that was too low.
@@ -247,19 +257,21 @@ pub fn check(m: &Machine, want: Want) -> Report {
     let backlog = n.min(LISTEN_BACKLOG as u64);
     let busy_pages = n * TCP_PAGES_PER_BUSY_SOCKET;
 
-    let mut tcp_mem = Item::new(
-        TCP_MEM,
-        m.tcp_mem.to_vec(),
-        busy_pages,
-        Verdict::of(m.tcp_mem[1] >= busy_pages),
-    );
-    if tcp_mem.verdict == Verdict::TooLow {
-        // Keep the kernel's own shape: max = 1.5 x pressure.
-        let pressure = busy_pages;
-        let max = m.tcp_mem[2].max(pressure + pressure / 2);
-        tcp_mem.fix = Some(format!("{} {pressure} {max}", m.tcp_mem[0]));
-    }
-    let items = vec![
+    let tcp_mem = m.tcp_mem.map(|[min, pressure, max]| {
+        let mut item = Item::new(
+            TCP_MEM,
+            vec![min, pressure, max],
+            busy_pages,
+            Verdict::of(pressure >= busy_pages),
+        );
+        if item.verdict == Verdict::TooLow {
+            // Keep the kernel's own shape: max = 1.5 x pressure.
+            let max = max.max(busy_pages + busy_pages / 2);
+            item.fix = Some(format!("{min} {busy_pages} {max}"));
+        }
+        item
+    });
+    let mut items = vec![
         Item::new(
             NOFILE_SOFT,
             vec![m.nofile_soft],
@@ -289,8 +301,9 @@ pub fn check(m: &Machine, want: Want) -> Report {
                 Verdict::Spread
             },
         ),
-        tcp_mem,
     ];
+    items.extend(tcp_mem);
+    items.extend(m.tcp_ehash_entries.map(|entries| ehash(entries, sockets)));
 
     let throng_bytes_per_conn = throng_bytes_per_conn(want.transport);
     let kernel_bytes = sockets * KERNEL_BYTES_PER_SOCKET;
@@ -333,6 +346,28 @@ pub fn check(m: &Machine, want: Want) -> Report {
         applied: Vec::new(),
         ok,
     }
+}
+
+/// The established-socket table against the sockets: every packet walks one of
+/// its chains to find its socket, `sockets / entries` long on average. At a
+/// million on the VM (2,000,000 sockets in 262,144 buckets, chains of 8) the
+/// lookup was the kernel's costliest function while a broadcast went out, and a
+/// table of 2,097,152 took a second off it (docs/BENCHMARKS.md §33). It is sized
+/// once, at boot or when a network namespace is made: no `sysctl -w` changes it.
+fn ehash(entries: u64, sockets: u64) -> Item {
+    let needed = sockets.next_power_of_two();
+    let mut item = Item::new(
+        EHASH,
+        vec![entries],
+        needed,
+        if entries.saturating_mul(EHASH_CHAIN) >= sockets {
+            Verdict::Ok
+        } else {
+            Verdict::Slow
+        },
+    );
+    item.sysctl = false;
+    item
 }
 
 /// Workers for `n` connections of at most `per_worker` each. The kernel spreads
@@ -429,6 +464,16 @@ fn fixes(items: &[Item], per_process: u64) -> Fixes {
         fixes.systemd = Some(format!("LimitNOFILE={per_process}"));
         fixes.shell = Some(format!(
             "ulimit -Hn {per_process} && ulimit -Sn {per_process}"
+        ));
+    }
+    if let Some(ehash) = items
+        .iter()
+        .find(|i| i.name == EHASH && i.verdict == Verdict::Slow)
+    {
+        fixes.boot = Some(format!("thash_entries={}", ehash.needed));
+        fixes.namespace_sysctl = Some(format!(
+            "sysctl -w net.ipv4.tcp_child_ehash_entries={}",
+            ehash.needed
         ));
     }
     fixes

@@ -6,8 +6,10 @@
 //! it reads nothing from the machine and decides nothing. (`--json` prints the
 //! report itself.)
 
-use super::plan::{BENCH_BYTES_PER_CONN, LOOPBACK_SOURCES, Report, Transport, Verdict};
-use super::system::{NOFILE_HARD, PORT_RANGE, SYN_BACKLOG, TCP_MEM, join};
+use super::plan::{
+    BENCH_BYTES_PER_CONN, EHASH_CHAIN, LOOPBACK_SOURCES, Report, Transport, Verdict,
+};
+use super::system::{EHASH, NOFILE_HARD, PORT_RANGE, SYN_BACKLOG, TCP_MEM, join};
 use crate::os::{self, LISTEN_BACKLOG, thousands};
 
 /// 4.72 GiB, 92.5 MiB, 512 B.
@@ -80,6 +82,7 @@ pub fn render(r: &Report, applying: bool) -> String {
         };
         let needed = match i.name {
             TCP_MEM => format!("pressure {}", thousands(i.needed)),
+            EHASH => format!("{} sockets", thousands(mem.sockets)),
             PORT_RANGE => format!("{} ports", thousands(i.needed)),
             SYN_BACKLOG if m.tcp_syncookies != 0 => format!("{} w/o cookies", thousands(i.needed)),
             _ => thousands(i.needed),
@@ -90,6 +93,12 @@ pub fn render(r: &Report, applying: bool) -> String {
             i.verdict.label()
         ));
     }
+    if m.tcp_mem.is_none() {
+        line(format!(
+            "{TCP_MEM:<30} {:<45} CHECK",
+            "not shown in this network namespace: the host's applies (run tune there)"
+        ));
+    }
     line(format!(
         "{:<30} {:<24} {:<20} {}",
         "memory (idle connections)",
@@ -98,7 +107,7 @@ pub fn render(r: &Report, applying: bool) -> String {
         mem.verdict.label()
     ));
 
-    let why = [
+    let mut why = vec![
         (
             "RLIMIT_NOFILE",
             format!(
@@ -149,6 +158,19 @@ pub fn render(r: &Report, applying: bool) -> String {
             ),
         ),
     ];
+    if let Some(entries) = m.tcp_ehash_entries {
+        why.push((
+            "tcp_ehash",
+            format!(
+                "every TCP packet finds its socket by walking one chain of this table:\n\
+                 {} sockets in {} buckets are chains of {:.1} (SLOW above {EHASH_CHAIN});\n\
+                 it is sized at boot, or when a network namespace is made",
+                thousands(mem.sockets),
+                thousands(entries),
+                mem.sockets as f64 / entries.max(1) as f64
+            ),
+        ));
+    }
     line("\nWhy:".into());
     for (key, text) in why {
         for (i, part) in text.lines().enumerate() {
@@ -255,6 +277,16 @@ pub fn render(r: &Report, applying: bool) -> String {
         for l in &f.sysctl_conf {
             line(format!("  {l}"));
         }
+    }
+    if let (Some(boot), Some(namespace)) = (&f.boot, &f.namespace_sysctl) {
+        line(
+            "\nThe socket table (no sysctl -w resizes it; it holds the connections as it is, slower):"
+                .into(),
+        );
+        line(format!("  the kernel command line, then reboot:  {boot}"));
+        line(format!(
+            "  a container's network namespace, on its host before it is made:  {namespace}"
+        ));
     }
     if let (Some(systemd), Some(shell)) = (&f.systemd, &f.shell) {
         line("\nOpen files (each process's own limit, inherited from what starts it):".into());

@@ -20,6 +20,7 @@ pub(super) const NOFILE_HARD: &str = "RLIMIT_NOFILE hard";
 pub(super) const SYN_BACKLOG: &str = "net.ipv4.tcp_max_syn_backlog";
 pub(super) const PORT_RANGE: &str = "net.ipv4.ip_local_port_range";
 pub(super) const TCP_MEM: &str = "net.ipv4.tcp_mem";
+pub(super) const EHASH: &str = "net.ipv4.tcp_ehash_entries";
 
 /// Where the figures come from and where `--apply` writes: the real machine
 /// ([`Host`]) or, in tests, a made-up one.
@@ -83,7 +84,12 @@ pub struct Machine {
     /// 0: no SYN cookies, so `tcp_max_syn_backlog` bounds half-open connections.
     pub tcp_syncookies: u64,
     pub ip_local_port_range: [u64; 2],
-    pub tcp_mem: [u64; 3],
+    /// `None` in a network namespace of its own (a container's), which does not
+    /// show it: the host's applies there.
+    pub tcp_mem: Option<[u64; 3]>,
+    /// Buckets of the table every TCP packet finds its socket in (this network
+    /// namespace's); `None` before Linux 6.1, which does not show it.
+    pub tcp_ehash_entries: Option<u64>,
     pub mem_available_bytes: u64,
     /// Whether this process may raise its hard limits (CapEff).
     pub cap_sys_resource: bool,
@@ -110,7 +116,8 @@ impl Machine {
             tcp_max_syn_backlog,
             tcp_syncookies,
             ip_local_port_range: numbers(sys, &proc_path(PORT_RANGE))?,
-            tcp_mem: numbers(sys, &proc_path(TCP_MEM))?,
+            tcp_mem: shown(numbers(sys, &proc_path(TCP_MEM)))?,
+            tcp_ehash_entries: shown(numbers(sys, &proc_path(EHASH)))?.map(|[entries]| entries),
             mem_available_bytes: field(sys, "/proc/meminfo", "MemAvailable:", |v| {
                 v.strip_suffix(" kB")?
                     .trim()
@@ -125,6 +132,16 @@ impl Machine {
             cores: sys.cores().max(1),
             page_size: sys.page_size(),
         })
+    }
+}
+
+/// A setting this kernel or network namespace may not show: `None` if its file
+/// is missing, an error if it is there and cannot be read or parsed.
+fn shown<T>(read: Result<T, TuneError>) -> Result<Option<T>, TuneError> {
+    match read {
+        Ok(value) => Ok(Some(value)),
+        Err(TuneError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

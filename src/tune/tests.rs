@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::plan::{BENCH_BYTES_PER_CONN, workers_for};
-use super::system::{NOFILE_HARD, NOFILE_SOFT, PORT_RANGE, SYN_BACKLOG, TCP_MEM};
+use super::system::{EHASH, NOFILE_HARD, NOFILE_SOFT, PORT_RANGE, SYN_BACKLOG, TCP_MEM};
 use super::*;
 use crate::os::FileLimit;
 
@@ -108,7 +108,7 @@ fn reads_proc_values_and_limits() {
     assert_eq!(m.somaxconn, 4096);
     assert_eq!(m.tcp_max_syn_backlog, 2048);
     assert_eq!(m.ip_local_port_range, [32768, 60999]);
-    assert_eq!(m.tcp_mem, [287_898, 383_867, 575_796]);
+    assert_eq!(m.tcp_mem, Some([287_898, 383_867, 575_796]));
     assert_eq!(m.mem_available_bytes, 24_234_272 * 1024);
     assert!(!m.cap_sys_resource, "bit 24 is clear in 1fffeffffff");
     let mut fake = Fake::vm();
@@ -363,4 +363,79 @@ fn text_names_every_item_and_json_keeps_proc_shapes() {
     );
     assert_eq!(json["items"][7]["verdict"], "TOO LOW");
     assert_eq!(json["items"][7]["fix"], "287898 1000000 1500000");
+}
+
+#[test]
+fn a_socket_table_smaller_than_the_sockets_is_slow_and_fixed_at_boot_not_by_sysctl() {
+    let mut fake = Fake::vm();
+    // Before Linux 6.1 the table's size is not shown: nothing to judge.
+    let r = check(&Machine::read(&fake).unwrap(), want(1_000_000));
+    assert!(r.items.iter().all(|i| i.name != EHASH));
+    assert_eq!(r.fixes.boot, None);
+
+    fake.set("/proc/sys/net/ipv4/tcp_ehash_entries", "262144\n");
+    let loopback = Want {
+        loopback: true,
+        ..want(1_000_000)
+    };
+    let r = check(&Machine::read(&fake).unwrap(), loopback);
+    let ehash = item(&r, EHASH);
+    assert_eq!(ehash.current, [262_144]);
+    assert_eq!(
+        ehash.needed, 2_097_152,
+        "two sockets a connection, a power of two"
+    );
+    assert_eq!(ehash.verdict, Verdict::Slow);
+    let json = serde_json::to_value(ehash).unwrap();
+    assert_eq!(
+        (&json["verdict"], &json["fix"]),
+        (&serde_json::json!("SLOW"), &serde_json::Value::Null)
+    );
+    assert_eq!(r.fixes.boot.as_deref(), Some("thash_entries=2097152"));
+    assert_eq!(
+        r.fixes.namespace_sysctl.as_deref(),
+        Some("sysctl -w net.ipv4.tcp_child_ehash_entries=2097152")
+    );
+    // No sysctl -w resizes it, so --apply has nothing to try.
+    assert!(
+        r.fixes.sysctl.iter().all(|l| !l.contains("ehash")),
+        "{:?}",
+        r.fixes.sysctl
+    );
+    let text = render(&r, false);
+    assert!(text.contains("chains of 7.6"), "{text}");
+    assert!(text.contains("thash_entries=2097152"), "{text}");
+    assert!(
+        !text.contains("Still too low for 1,000,000 connections: net.ipv4.tcp_ehash"),
+        "{text}"
+    );
+
+    // Chains of two at most are fine, and a slow table alone fails nothing.
+    let r = check(&Machine::read(&fake).unwrap(), want(500_000));
+    assert_eq!(item(&r, EHASH).verdict, Verdict::Ok);
+    assert_eq!(r.fixes.boot, None);
+    fake.set("/proc/sys/net/ipv4/tcp_mem", "287898 1000000 1500000\n");
+    fake.limit = FileLimit {
+        soft: 2_000_000,
+        hard: 2_000_000,
+    };
+    let r = check(&Machine::read(&fake).unwrap(), loopback);
+    assert_eq!(item(&r, EHASH).verdict, Verdict::Slow);
+    assert!(r.ok, "{:?}", r.items);
+}
+
+#[test]
+fn in_a_network_namespace_of_its_own_tcp_mem_is_the_hosts_and_said_so() {
+    let mut fake = Fake::vm();
+    fake.files.remove("/proc/sys/net/ipv4/tcp_mem");
+    let m = Machine::read(&fake).unwrap();
+    assert_eq!(m.tcp_mem, None);
+    let r = check(&m, want(1_000_000));
+    assert!(r.items.iter().all(|i| i.name != TCP_MEM));
+    assert!(r.fixes.sysctl.iter().all(|l| !l.contains("tcp_mem")));
+    let text = render(&r, false);
+    assert!(
+        text.contains("not shown in this network namespace: the host's applies"),
+        "{text}"
+    );
 }

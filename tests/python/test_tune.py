@@ -24,11 +24,16 @@ SYSCTLS = [
     "net.ipv4.ip_local_port_range",
     "net.ipv4.tcp_mem",
 ]
-ITEMS = ["RLIMIT_NOFILE soft", "RLIMIT_NOFILE hard", *SYSCTLS]
+# Sized at boot, read only (and shown from Linux 6.1 on): judged, never written.
+EHASH = "net.ipv4.tcp_ehash_entries"
 
 
 def proc_path(key: str) -> Path:
     return Path("/proc/sys") / key.replace(".", "/")
+
+
+READ_ONLY = [EHASH] if proc_path(EHASH).exists() else []
+ITEMS = ["RLIMIT_NOFILE soft", "RLIMIT_NOFILE hard", *SYSCTLS, *READ_ONLY]
 
 
 def read_sysctl(key: str) -> int | list[int]:
@@ -78,7 +83,7 @@ def test_json_values_agree_with_proc_sys_and_the_limits():
     assert report["ok"] == (run.returncode == 0)
     items = {i["name"]: i for i in report["items"]}
     assert set(items) == set(ITEMS)
-    for key in SYSCTLS:
+    for key in SYSCTLS + READ_ONLY:
         assert items[key]["current"] == read_sysctl(key), key
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert items["RLIMIT_NOFILE soft"]["current"] == soft
@@ -206,3 +211,41 @@ def test_bench_points_to_tune_when_the_limit_stops_it():
     assert run.returncode != 0
     assert "use --procs 5" in run.stderr, run.stderr
     assert "`throng tune --conns 1000` says what to raise" in run.stderr, run.stderr
+
+
+def test_in_a_network_namespace_it_reads_that_namespaces_socket_table_and_not_tcp_mem():
+    """A container's network namespace shows no net.ipv4.tcp_mem (the host's
+    applies) and has its own established-socket table, sized when it was made:
+    tune says both instead of failing, and calls a small table SLOW, not a stop."""
+    if not READ_ONLY:
+        pytest.skip("this kernel does not show net.ipv4.tcp_ehash_entries (Linux < 6.1)")
+    name = f"throng-tune-{os.getpid()}"
+    child = proc_path("net.ipv4.tcp_child_ehash_entries")
+    saved = child.read_text()
+    try:
+        child.write_text("1024")
+        subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+        child.write_text(saved)
+        run = subprocess.run(
+            ["ip", "netns", "exec", name, str(throng_bin()), "tune", "--conns", "5000",
+             "--loopback", "--json"],
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )
+        report = json.loads(run.stdout)
+        items = {i["name"]: i for i in report["items"]}
+        assert "net.ipv4.tcp_mem" not in items, items
+        assert items[EHASH]["current"] == 1024, items[EHASH]
+        assert items[EHASH]["needed"] == 16384, "10,000 sockets, a power of two"
+        assert items[EHASH]["verdict"] == "SLOW"
+        assert report["fixes"]["boot"] == "thash_entries=16384"
+        assert report["ok"] == (run.returncode == 0)
+        text = subprocess.run(
+            ["ip", "netns", "exec", name, str(throng_bin()), "tune", "--conns", "5000",
+             "--loopback"],
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        ).stdout
+        assert "not shown in this network namespace" in text, text
+        assert "net.ipv4.tcp_child_ehash_entries=16384" in text, text
+    finally:
+        child.write_text(saved)
+        subprocess.run(["ip", "netns", "del", name], timeout=30)
