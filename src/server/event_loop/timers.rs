@@ -262,6 +262,10 @@ pub(super) enum BeatAction {
 /// other interval. A late one that may not be skipped is put off by as long as
 /// it was late (an interval at most), once: the pings a stall held up then go
 /// out over as long as the stall lasted, at the pace they came due, not at once.
+/// One that may not be skipped after a message is put off half an interval
+/// more, once: the million's second broadcast met the pings owed since the
+/// first, and they slowed its tail by a second (docs/BENCHMARKS.md §33); half
+/// an interval later the broadcast is out, and the client is still asked.
 /// An event stream's heartbeat is how a dead client shows and a long-poll's is
 /// its answer: they are sent, however late.
 pub(super) fn due_beat(
@@ -277,8 +281,9 @@ pub(super) fn due_beat(
     if (late || beat.delivered()) && !beat.skipped() && !beat.deferred() {
         return BeatAction::Skip;
     }
-    if late && !beat.deferred() && ping_ticks > 0 {
-        return BeatAction::Defer(late_by.min(ping_ticks));
+    if (late || beat.delivered()) && !beat.deferred() && ping_ticks > 0 {
+        let after_message = if beat.delivered() { ping_ticks / 2 } else { 0 };
+        return BeatAction::Defer(late_by.min(ping_ticks) + after_message);
     }
     BeatAction::Send
 }
@@ -350,13 +355,25 @@ mod tests {
         assert_eq!(due_beat(late, fresh, true, 250), BeatAction::Skip);
         // Never two in a row: on time it goes, late it is put off as long as it
         // was late, an interval at most, and only once.
-        assert_eq!(
-            due_beat(0, skipped_and_delivered, true, 250),
-            BeatAction::Send
-        );
+        assert_eq!(due_beat(0, skipped, true, 250), BeatAction::Send);
         assert_eq!(due_beat(late, skipped, true, 250), BeatAction::Defer(late));
         assert_eq!(due_beat(900, skipped, true, 250), BeatAction::Defer(250));
         assert_eq!(due_beat(late, put_off, true, 250), BeatAction::Send);
+        // After a message, half an interval more, and still only once.
+        assert_eq!(
+            due_beat(0, skipped_and_delivered, true, 250),
+            BeatAction::Defer(125)
+        );
+        assert_eq!(
+            due_beat(late, skipped_and_delivered, true, 250),
+            BeatAction::Defer(late + 125)
+        );
+        let mut put_off_after_message = skipped_and_delivered;
+        put_off_after_message.defer();
+        assert_eq!(
+            due_beat(0, put_off_after_message, true, 250),
+            BeatAction::Send
+        );
         // An event stream's and a long-poll's are sent, however late.
         assert_eq!(due_beat(late, delivered, false, 250), BeatAction::Send);
     }
