@@ -29,6 +29,17 @@ Before loading it runs `throng tune --conns N --loopback --apply`, which raises 
 /proc/sys values a million connections need (tcp_mem above all) and says what it
 cannot (the open-files limit: hence --workers and --procs).
 
+The kernel's established-socket table is sized at boot: this VM's has 262,144
+buckets, so 2,000,000 sockets make chains of 8 that every packet walks, and that walk
+was the kernel's costliest function during a broadcast. A box tuned for a million
+boots with `thash_entries=` as `throng tune` advises; this one cannot be rebooted
+with it. So with `--socket-table auto` (the default), when the table holds fewer
+than half the run's sockets, the whole run (redis, server, bench) goes into a
+network namespace of its own, made with a table of the size tune asks for
+(net.ipv4.tcp_child_ehash_entries, put back at once), and tune itself runs on the
+host, whose tcp_mem the namespace shares. `--socket-table host` runs where it is
+started, as every run before 2026-11-27 did. The JSON's settings say which.
+
 `--server nchan` runs the same load against Nchan instead (Debian's nginx-light and
 libnginx-mod-nchan from scripts/test.sh's installs): nginx with as many worker
 processes as throng would have workers (each holds at most 19,000 connections, as
@@ -41,7 +52,7 @@ at this size here: it spreads over processes, the others are one process each.
 Usage (as root; redis-server, nginx and Nchan from scripts/test.sh's installs):
   python3 bench/million.py [--conns 1000000] [--workers auto] [--procs auto]
       [--rate 25000] [--max-opening 4000] [--hold 50s] [--broadcast-every 40s] [--ping-interval 25s]
-      [--server throng|nchan] [--bin target/release/throng] [--out bench/results]
+      [--server throng|nchan] [--socket-table auto|host] [--bin target/release/throng] [--out bench/results]
 Exit status: the bench's (1 if any connection failed or dropped, a message was lost
 or a publish failed), 2 for a usage or setup error.
 """
@@ -289,6 +300,43 @@ def nchan_command(directory: Path, module: Path, port: int, workers: int, ping_i
     return ["nginx", "-p", f"{directory}/", "-c", "nginx.conf", "-e", str(directory / "error.log")]
 
 
+NETNS_ENV = "THRONG_MILLION_NETNS"
+HOST_NETNS_ENV = "THRONG_MILLION_HOST_NETNS"
+EHASH = Path("/proc/sys/net/ipv4/tcp_ehash_entries")
+CHILD_EHASH = Path("/proc/sys/net/ipv4/tcp_child_ehash_entries")
+
+
+def socket_table(sockets: int) -> dict:
+    """This network namespace's established-socket table against `sockets`:
+    slow when its chains would average over 2 (throng tune's SLOW)."""
+    if not EHASH.exists():   # before Linux 6.1: neither shown nor settable per namespace
+        return {}
+    entries = int(EHASH.read_text())
+    needed = 1 << max(sockets - 1, 1).bit_length()
+    return {"entries": entries, "needed": needed, "slow": entries * 2 < sockets}
+
+
+def in_own_namespace(entries: int) -> int:
+    """Runs this same command again inside a network namespace made with a socket
+    table of `entries` buckets, then removes the namespace."""
+    name = f"throng-million-{os.getpid()}"
+    saved = CHILD_EHASH.read_text()
+    try:
+        CHILD_EHASH.write_text(str(entries))
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    finally:
+        CHILD_EHASH.write_text(saved)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        print(f"socket table: running in network namespace {name} ({entries:,} buckets; "
+              f"this one has {int(EHASH.read_text()):,}): --socket-table host runs here", file=sys.stderr)
+        env = os.environ | {NETNS_ENV: name, HOST_NETNS_ENV: f"/proc/{os.getpid()}/ns/net"}
+        return subprocess.run(["ip", "netns", "exec", name, sys.executable, str(Path(__file__).resolve()),
+                               *sys.argv[1:]], env=env).returncode
+    finally:
+        subprocess.run(["ip", "netns", "del", name])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(ROOT / "target/release/throng"))
@@ -304,10 +352,16 @@ def main() -> int:
     ap.add_argument("--server", choices=["throng", "nchan"], default="throng",
                     help="the server under load (nchan: Nchan in nginx, the same load and bench)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--socket-table", choices=["auto", "host"], default="auto",
+                    help="auto: run in a network namespace with a socket table sized for the run's "
+                         "sockets when this one's is less than half that (see above); host: run here")
     ap.add_argument("--summarize", metavar="FILE.json", help="print a saved run's summary again (the run's file untouched; bench/derive_million.py keeps it) and write its CSV and chart again")
     args = ap.parse_args()
     if args.summarize:
         return resummarize(Path(args.summarize))
+    table = socket_table(2 * args.conns)
+    if args.socket_table == "auto" and NETNS_ENV not in os.environ and table.get("slow"):
+        return in_own_namespace(table["needed"])
 
     binary = Path(args.bin)
     if not binary.exists():
@@ -327,8 +381,10 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = ("nchan-" if args.server == "nchan" else "") + time.strftime("%Y%m%d-%H%M%S")
 
-    tune = subprocess.run([str(binary), "tune", "--conns", str(args.conns), "--loopback", "--apply", "--json"],
-                          capture_output=True, text=True)
+    # In a namespace of its own, tune runs on the host: tcp_mem is the host's.
+    on_host = ["nsenter", f"--net={os.environ[HOST_NETNS_ENV]}"] if NETNS_ENV in os.environ else []
+    tune = subprocess.run([*on_host, str(binary), "tune", "--conns", str(args.conns), "--loopback", "--apply",
+                           "--json"], capture_output=True, text=True)
     plan = json.loads(tune.stdout)
     print(f"tune --apply: {json.dumps(plan.get('applied'))}", file=sys.stderr)
     p = plan.get("plan") or {}
@@ -430,7 +486,9 @@ def main() -> int:
 
     machine = {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
                "mem_total_kib": meminfo()["MemTotal"]}
-    doc = {"provenance": prov, "settings": vars(args) | {"workers": workers, "procs": procs, "source_ips": source_ips},
+    doc = {"provenance": prov, "settings": vars(args) | {"workers": workers, "procs": procs, "source_ips": source_ips,
+                                                         "netns": os.environ.get(NETNS_ENV),
+                                                         "tcp_ehash_entries": table.get("entries")},
            "commands": {"serve": serve_cmd, "bench": bench_cmd}, "machine": machine,
            "t_bench_start": t_bench, "t_all_open": t_loaded[0] or t_bench, "base": base,
            "samples": sampler.samples, "bench": result,
