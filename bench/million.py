@@ -31,7 +31,7 @@ cannot (the open-files limit: hence --workers and --procs).
 
 The kernel's established-socket table is sized at boot: this VM's has 262,144
 buckets, so 2,000,000 sockets make chains of 8 that every packet walks, and that walk
-was the kernel's costliest function during a broadcast. A box tuned for a million
+was one of the two costliest kernel functions during a broadcast. A box tuned for a million
 boots with `thash_entries=` as `throng tune` advises; this one cannot be rebooted
 with it. So with `--socket-table auto` (the default), when the table holds fewer
 than half the run's sockets, the whole run (redis, server, bench) goes into a

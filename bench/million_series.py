@@ -44,7 +44,11 @@ def row(path: Path) -> dict:
     box = s.get("box_cores_broadcast") or {}
     return {
         "run": path.stem,
-        "commit": doc.get("provenance", {}).get("commit", "?")[:12],
+        "commit": (doc.get("provenance", {}).get("commit") or "?")[:12],
+        # The established-socket table the run's namespace had (recorded since
+        # million.py's --socket-table; "-" for runs before it).
+        "table": doc["settings"].get("tcp_ehash_entries"),
+        "netns": doc["settings"].get("netns"),
         # The binary the run served with (--bin names one built elsewhere).
         "bin": Path(doc["settings"].get("bin") or "?").name,
         "first_reach": curves[0] if curves else [None] * 4,
@@ -71,16 +75,17 @@ def main() -> int:
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = [row(Path(p)) for p in args.runs]
-    lines = ["| run | commit | binary | open | failed | lost / dup | reach all, max (s) | delivery p50 (s) | publishes (failed) "
+    lines = ["| run | commit | binary | socket table | open | failed | lost / dup | reach all, max (s) | delivery p50 (s) | publishes (failed) "
              "| slowest publish answer (ms) | turns ≥ 250 ms | longest turn (ms) | median worker's longest (ms) "
              "| first broadcast: 50% / 90% / 99% / all (s) | second: reached in 10 s | idle cores while the first went out |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         answer = "-" if r["answer_max_ms"] is None else f"{r['answer_max_ms']:,}"
         reach = " / ".join("-" if v is None else f"{v:.0f}" for v in r["first_reach"])
         idle = "-" if r["box_idle_broadcast"] is None else f"{r['box_idle_broadcast']:.2f}"
         second = "-" if r["second_in_10s"] is None else f"{r['second_in_10s']:.0%}"
-        lines.append(f"| {r['run']} | {r['commit']} | {r['bin']} | {r['open']:,} | {r['failed']} | {r['lost']} / {r['dup']} "
+        table = "-" if r["table"] is None else f"{r['table']:,}" + (" (own netns)" if r["netns"] else "")
+        lines.append(f"| {r['run']} | {r['commit']} | {r['bin']} | {table} | {r['open']:,} | {r['failed']} | {r['lost']} / {r['dup']} "
                      f"| {r['reach_max_s']:.1f} | {r['p50_s']:.1f} | {r['publishes']} ({r['publish_failed']}) "
                      f"| {answer} | {r['slow_turns']:,} | {r['longest_turn_ms']:,} | {r['median_worker_longest_ms']:,} "
                      f"| {reach} | {second} | {idle} |")

@@ -351,7 +351,7 @@ pub fn check(m: &Machine, want: Want) -> Report {
 /// The established-socket table against the sockets: every packet walks one of
 /// its chains to find its socket, `sockets / entries` long on average. At a
 /// million on the VM (2,000,000 sockets in 262,144 buckets, chains of 8) the
-/// lookup was the kernel's costliest function while a broadcast went out, and a
+/// lookup was one of the two costliest kernel functions while a broadcast went out, and a
 /// table of 2,097,152 took a second off it (docs/BENCHMARKS.md §33). It is sized
 /// once, at boot or when a network namespace is made: no `sysctl -w` changes it.
 fn ehash(entries: u64, sockets: u64) -> Item {
