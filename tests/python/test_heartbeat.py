@@ -160,6 +160,27 @@ def _read_pings(by_fd: dict, counts: dict[int, int], wait: float, answer: bool =
     return bool(ready)
 
 
+def _nonblocking_by_fd(conns: list) -> dict:
+    """The connections by socket descriptor, made non-blocking for `_read_pings`."""
+    for c in conns:
+        c.sock.setblocking(False)
+    return {c.sock.fileno(): c for c in conns}
+
+
+def _drain(by_fd: dict, counts: dict[int, int], answer: bool = False) -> None:
+    """The server is paused: read everything it wrote."""
+    while _read_pings(by_fd, counts, 0.2, answer=answer):
+        pass
+
+
+def _until_all_pinged(by_fd: dict, counts: dict[int, int], since: float, at_least: float = 0.0) -> None:
+    """Reads and answers pings until every connection has one in `counts` and
+    `at_least` seconds have passed since `since`."""
+    while time.monotonic() - since < at_least or len(counts) < len(by_fd):
+        assert time.monotonic() - since < PATIENCE, f"{len(counts)} of {len(by_fd)} pinged in {PATIENCE}s"
+        _read_pings(by_fd, counts, 0.05, answer=True)
+
+
 def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
     """A loop that stalls (a huge fan-out on a loaded box, a paused process) owes
     every connection a ping when it wakes. It skips those (once: a client that
@@ -185,20 +206,12 @@ def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
     conns = [raw_connect(srv.port) for _ in range(300)]
     want = len(conns) // 4
     try:
-        for c in conns:
-            c.sock.setblocking(False)
-        by_fd = {c.sock.fileno(): c for c in conns}
-
-        def drain(counts: dict[int, int]) -> None:
-            """The server is paused: read everything it wrote."""
-            while _read_pings(by_fd, counts, 0.2):
-                pass
-
+        by_fd = _nonblocking_by_fd(conns)
         time.sleep(interval + 0.5)  # every connection has had its first ping
         counts: dict[int, int] = {}
         for _attempt in range(3):
             _pause(srv.pid)
-            drain({})
+            _drain(by_fd, {})
             # Every connection's next ping falls due, and is over a second late
             # at the resume.
             time.sleep(interval + 1.5)
@@ -211,7 +224,7 @@ def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
             finally:
                 _pause(srv.pid)
             ran = time.monotonic() - resumed
-            drain(counts)
+            _drain(by_fd, counts)
             os.kill(srv.pid, signal.SIGCONT)
             # Bunched pings fall due an interval after the resume, and so would
             # a connection's second ping after the skip: conclusive if the
@@ -247,25 +260,18 @@ def test_pings_a_second_stall_owes_are_put_off_not_sent_at_once(start_server):
     srv = start_server("--ping-interval", "2s", "--idle-timeout", "600s", "--threads", "1")
     conns = [raw_connect(srv.port) for _ in range(200)]
     try:
-        for c in conns:
-            c.sock.setblocking(False)
-        by_fd = {c.sock.fileno(): c for c in conns}
-
-        def drain() -> None:
-            while _read_pings(by_fd, {}, 0.2, answer=True):
-                pass
-
+        by_fd = _nonblocking_by_fd(conns)
         time.sleep(interval + 0.5)  # every connection has had its first ping
         # First stall: every ping owed is over a second late, and skipped.
         _pause(srv.pid)
-        drain()
+        _drain(by_fd, {}, answer=True)
         time.sleep(interval + 1.5)
         os.kill(srv.pid, signal.SIGCONT)
         time.sleep(0.1)
         # Second stall, right after: the next pings are owed again, late, and
         # may not be skipped twice.
         _pause(srv.pid)
-        drain()
+        _drain(by_fd, {}, answer=True)
         time.sleep(interval + 1.5)
         counts: dict[int, int] = {}
         resumed = time.monotonic()
@@ -273,9 +279,7 @@ def test_pings_a_second_stall_owes_are_put_off_not_sent_at_once(start_server):
         while time.monotonic() - resumed < 0.8:
             _read_pings(by_fd, counts, 0.05, answer=True)
         at_once = len(counts)
-        while len(counts) < len(conns):
-            assert time.monotonic() - resumed < PATIENCE, f"{len(counts)} of {len(conns)} pinged after the stalls"
-            _read_pings(by_fd, counts, 0.05, answer=True)
+        _until_all_pinged(by_fd, counts, resumed)
         # The few on time after the first resume were not skipped, so may be
         # skipped now; the rest were put off by a second and a half or more.
         assert at_once <= len(conns) // 5, (
@@ -298,27 +302,18 @@ def test_a_client_whose_ping_a_stall_skipped_is_not_closed_as_silent(start_serve
     srv = start_server("--ping-interval", "2s", "--idle-timeout", "3s", "--threads", "1")
     conns = [raw_connect(srv.port) for _ in range(20)]
     try:
-        for c in conns:
-            c.sock.setblocking(False)
-        by_fd = {c.sock.fileno(): c for c in conns}
+        by_fd = _nonblocking_by_fd(conns)
         counts: dict[int, int] = {}
-        t0 = time.monotonic()
-        while len(counts) < len(conns):
-            assert time.monotonic() - t0 < PATIENCE, f"{len(counts)} of {len(conns)} pinged in {PATIENCE}s"
-            _read_pings(by_fd, counts, 0.05, answer=True)
+        _until_all_pinged(by_fd, counts, time.monotonic())
         _pause(srv.pid)
-        while _read_pings(by_fd, counts, 0.2, answer=True):
-            pass
+        _drain(by_fd, counts, answer=True)
         time.sleep(interval + 1.5)  # silent past the idle timeout; pings owed
         os.kill(srv.pid, signal.SIGCONT)
         # Two intervals, answering every ping: nobody is closed (a closed
         # connection reads as empty and fails _read_pings), and everyone is
         # pinged again.
         counts = {}
-        resumed = time.monotonic()
-        while time.monotonic() - resumed < 2 * interval or len(counts) < len(conns):
-            assert time.monotonic() - resumed < PATIENCE, f"{len(counts)} of {len(conns)} pinged again"
-            _read_pings(by_fd, counts, 0.05, answer=True)
+        _until_all_pinged(by_fd, counts, time.monotonic(), at_least=2 * interval)
     finally:
         os.kill(srv.pid, signal.SIGCONT)
         for c in conns:

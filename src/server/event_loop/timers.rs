@@ -278,10 +278,11 @@ pub(super) fn due_beat(
     if !expects_input {
         return BeatAction::Send;
     }
-    if (late || beat.delivered()) && !beat.skipped() && !beat.deferred() {
+    let needless = late || beat.delivered();
+    if needless && !beat.skipped() && !beat.deferred() {
         return BeatAction::Skip;
     }
-    if (late || beat.delivered()) && !beat.deferred() && ping_ticks > 0 {
+    if needless && !beat.deferred() && ping_ticks > 0 {
         let after_message = if beat.delivered() { ping_ticks / 2 } else { 0 };
         return BeatAction::Defer(late_by.min(ping_ticks) + after_message);
     }
