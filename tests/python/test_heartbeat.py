@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import time
 
 from rawws import OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, Closed, ws_connect as raw_connect
@@ -120,8 +122,6 @@ def test_data_frames_alone_keep_connection_alive(start_server):
 def _pause(pid: int) -> None:
     """SIGSTOP, and wait until every thread of the server has stopped: from then
     on it writes nothing."""
-    import signal
-
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + PATIENCE
     while True:
@@ -160,11 +160,19 @@ def _read_pings(by_fd: dict, counts: dict[int, int], wait: float, answer: bool =
     return bool(ready)
 
 
-def _nonblocking_by_fd(conns: list) -> dict:
-    """The connections by socket descriptor, made non-blocking for `_read_pings`."""
-    for c in conns:
-        c.sock.setblocking(False)
-    return {c.sock.fileno(): c for c in conns}
+@contextlib.contextmanager
+def _stalling(pid: int, conns: list):
+    """Gives the connections by socket descriptor, non-blocking for
+    `_read_pings`; whatever the test did to the server with SIGSTOP, it is
+    resumed after, and the connections closed."""
+    try:
+        for c in conns:
+            c.sock.setblocking(False)
+        yield {c.sock.fileno(): c for c in conns}
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        for c in conns:
+            c.close()
 
 
 def _drain(by_fd: dict, counts: dict[int, int], answer: bool = False) -> None:
@@ -197,16 +205,13 @@ def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
     Skipped, none gets two (the owed one and the next); sent, most would. What the
     server wrote while it ran is decided by its own clock, however late this
     process reads it."""
-    import signal
-
     import pytest
 
     interval = 2.0
     srv = start_server("--ping-interval", "2s", "--idle-timeout", "600s", "--threads", "1")
     conns = [raw_connect(srv.port) for _ in range(300)]
     want = len(conns) // 4
-    try:
-        by_fd = _nonblocking_by_fd(conns)
+    with _stalling(srv.pid, conns) as by_fd:
         time.sleep(interval + 0.5)  # every connection has had its first ping
         counts: dict[int, int] = {}
         for _attempt in range(3):
@@ -242,10 +247,6 @@ def test_pings_keep_their_spread_after_a_stalled_loop(start_server):
             f"{len(twice)} connections got two pings within {ran:.2f}s of the resume: "
             "the pings the stall owed were sent, not skipped"
         )
-    finally:
-        os.kill(srv.pid, signal.SIGCONT)
-        for c in conns:
-            c.close()
 
 
 def test_pings_a_second_stall_owes_are_put_off_not_sent_at_once(start_server):
@@ -254,13 +255,10 @@ def test_pings_a_second_stall_owes_are_put_off_not_sent_at_once(start_server):
     as they were late (an interval at most): they go out at the pace they came
     due, not all at the resume, where they would land on a machine still busy
     with other loops' broadcasts. Nobody is closed meanwhile."""
-    import signal
-
     interval = 2.0
     srv = start_server("--ping-interval", "2s", "--idle-timeout", "600s", "--threads", "1")
     conns = [raw_connect(srv.port) for _ in range(200)]
-    try:
-        by_fd = _nonblocking_by_fd(conns)
+    with _stalling(srv.pid, conns) as by_fd:
         time.sleep(interval + 0.5)  # every connection has had its first ping
         # First stall: every ping owed is over a second late, and skipped.
         _pause(srv.pid)
@@ -286,23 +284,16 @@ def test_pings_a_second_stall_owes_are_put_off_not_sent_at_once(start_server):
             f"{at_once} of {len(conns)} connections were pinged within 0.8 s of the resume: "
             "the pings the second stall owed went out at once"
         )
-    finally:
-        os.kill(srv.pid, signal.SIGCONT)
-        for c in conns:
-            c.close()
 
 
 def test_a_client_whose_ping_a_stall_skipped_is_not_closed_as_silent(start_server):
     """Paused past its idle timeout, the server finds every client silent too
     long, but it never asked them: their pings were owed, and are skipped. Each
     must get its next ping and an interval to answer it, not be closed."""
-    import signal
-
     interval = 2.0
     srv = start_server("--ping-interval", "2s", "--idle-timeout", "3s", "--threads", "1")
     conns = [raw_connect(srv.port) for _ in range(20)]
-    try:
-        by_fd = _nonblocking_by_fd(conns)
+    with _stalling(srv.pid, conns) as by_fd:
         counts: dict[int, int] = {}
         _until_all_pinged(by_fd, counts, time.monotonic())
         _pause(srv.pid)
@@ -314,10 +305,6 @@ def test_a_client_whose_ping_a_stall_skipped_is_not_closed_as_silent(start_serve
         # pinged again.
         counts = {}
         _until_all_pinged(by_fd, counts, time.monotonic(), at_least=2 * interval)
-    finally:
-        os.kill(srv.pid, signal.SIGCONT)
-        for c in conns:
-            c.close()
 
 
 def test_a_subscriber_sent_messages_is_pinged_every_other_interval(start_server):
