@@ -33,7 +33,7 @@
 #                        [--subs 10000] [--publish-rate 10]
 #                        [--channels-b 10000] [--publish-rate-b 10000]
 #                        [--idle-conns 15000] [--duration 10s] [--rate 3000]
-#                        [--no-keepalive] [--scenarios A,B,C] [--results-dir DIR]
+#                        [--no-keepalive] [--rx-timestamps] [--scenarios A,B,C] [--results-dir DIR]
 # A/B:   THRONG_BASE_BIN=/path/to/old/throng bench/fanout.sh --servers throng,throng-base
 # Env:   THRONG_BIN (default <repo>/target/release/throng);
 #        THRONG_BASE_BIN (the throng-base binary; needed for --servers ...throng-base)
@@ -58,11 +58,12 @@ GRACE=2s
 WARMUP=1s
 PUBLISHERS=16
 KEEPALIVE=true       # --no-keepalive: a new TCP connection per publish for every server
+RX_STAMPS=false      # --rx-timestamps: (A) and (B) also report latency to the kernel's receive time (SO_TIMESTAMPNS)
 SOURCE_IPS=127.0.0.2-127.0.0.254
 
 parse_options "--servers=SERVERS --scenarios=SCENARIOS --subs=SUBS --publish-rate=PUBLISH_RATE
   --channels-b=CHANNELS_B --publish-rate-b=PUBLISH_RATE_B --idle-conns=IDLE_CONNS --duration=DURATION
-  --rate=RATE --results-dir=RESULTS_DIR --no-keepalive=KEEPALIVE=false" "$@"
+  --rate=RATE --results-dir=RESULTS_DIR --no-keepalive=KEEPALIVE=false --rx-timestamps=RX_STAMPS=true" "$@"
 check_names server "$SERVERS" throng throng1 throng-epoll throng1-epoll throng1-nohistory throng-base gorilla-hub tokio-broadcast uws
 check_names scenario "$SCENARIOS" A B C
 check_throng_base
@@ -114,7 +115,7 @@ run_scenario() { # name scenario fanload-args...
   if start_server "$name" "$sc"; then
     sleep 1
     if ! "$FANLOAD" -addr "127.0.0.1:$PORT" -server-pid "$SERVER_PID" -clk-tck "$CLK_TCK" -source-ips "$SOURCE_IPS" \
-         -rate "$RATE" -keepalive="$KEEPALIVE" -label "$name-$sc" "$@" >"$out" 2>>"$WORK/fanload.log"; then
+         -rate "$RATE" -keepalive="$KEEPALIVE" -rx-timestamps="$RX_STAMPS" -label "$name-$sc" "$@" >"$out" 2>>"$WORK/fanload.log"; then
       echo '{"error":"fanload failed"}' >"$out"
     fi
     jq -e . "$out" >/dev/null 2>&1 || echo '{"error":"fanload printed no JSON"}' >"$out"
@@ -142,7 +143,7 @@ server_version() {
 
 select_servers
 
-summary='{opened,failed,deliveries_per_sec,publish_per_sec,server_cpu_us_per_delivery,p50:.latency_us.p50,p99:.latency_us.p99,lost,duplicated,out_of_order,closed:.subscribers_closed_by_server,publish_failed,other_cores,error}'
+summary='{opened,failed,deliveries_per_sec,publish_per_sec,server_cpu_us_per_delivery,p50:.latency_us.p50,p99:.latency_us.p99,arrival_p99:.arrival_us.p99,lost,duplicated,out_of_order,closed:.subscribers_closed_by_server,publish_failed,other_cores,error}'
 # Scenarios run one after the other for all servers, so that a slow phase of
 # the shared machine hits every server alike.
 wantsc A && for name in "${RAN[@]+"${RAN[@]}"}"; do
@@ -212,6 +213,21 @@ render() {
       "|---|---:|---:|---:|---:|---:|---:|---:|";
       "| ÷ \(.p.name) | \(r(ok(.t.A).deliveries_per_sec; ok(.p.A).deliveries_per_sec) | f2) | \(r(ok(.t.A).server_cpu_us_per_delivery; ok(.p.A).server_cpu_us_per_delivery) | f2) | \(r(ok(.t.A).latency_us.p99; ok(.p.A).latency_us.p99) | f2) | \(r(ok(.t.B).deliveries_per_sec; ok(.p.B).deliveries_per_sec) | f2) | \(r(ok(.t.B).server_cpu_us_per_delivery; ok(.p.B).server_cpu_us_per_delivery) | f2) | \(r(ok(.t.B).latency_us.p99; ok(.p.B).latency_us.p99) | f2) | \(r(ok(.t.C).server_rss_bytes_per_conn; ok(.p.C).server_rss_bytes_per_conn) | sig3) |"),
     "",
+    if [.servers[] | (.A, .B) | ok(.) | .arrival_us] | map(select(. != null)) | length == 0 then empty else
+      "Arrival (--rx-timestamps): send time to the kernel'"'"'s receive time of the read that returned the message (SO_TIMESTAMPNS),",
+      "so without the client'"'"'s own wait to be scheduled and its parsing; the same messages as the latency above.",
+      "",
+      "| server | A arrival p50 / p99 µs | A p99 − arrival p99 µs | B arrival p50 / p99 µs |",
+      "|---|---:|---:|---:|",
+      (.servers[] | def arr(e): if ok(e).arrival_us == null then "n/a" else "\(e.arrival_us.p50 | f0) / \(e.arrival_us.p99 | f0)" end;
+        "| \(.name) | \(arr(.A)) | \(if ok(.A).arrival_us == null then "n/a" else (.A.latency_us.p99 - .A.arrival_us.p99 | f0) end) | \(arr(.B)) |"),
+      "",
+      ratio_table(
+        "| throng ÷ peer | A arrival p50 | A arrival p99 | B arrival p99 |",
+        "|---|---:|---:|---:|";
+        "| ÷ \(.p.name) | \(r(ok(.t.A).arrival_us.p50; ok(.p.A).arrival_us.p50) | f2) | \(r(ok(.t.A).arrival_us.p99; ok(.p.A).arrival_us.p99) | f2) | \(r(ok(.t.B).arrival_us.p99; ok(.p.B).arrival_us.p99) | f2) |"),
+      ""
+    end,
     "Details per window (cores = CPU seconds / window seconds; other = CPU of other user processes, capped by busy − server − client;",
     "busy − server − client = machine CPU (/proc/stat) not charged to server or client: other processes plus kernel softirq work):",
     "",

@@ -31,11 +31,11 @@ def fanload(tmp_path_factory) -> Path:
     return out
 
 
-def burst(fanload: Path, port: int, pid: int, subs: int, messages: int) -> dict:
+def burst(fanload: Path, port: int, pid: int, subs: int, messages: int, *extra: str) -> dict:
     run = subprocess.run(
         [str(fanload), "-addr", f"127.0.0.1:{port}", "-server-pid", str(pid), "-conns", str(subs),
          "-channels", "1", "-publishers", "1", "-messages", str(messages), "-rate", "0",
-         "-duration", "20s", "-grace", "10s", "-settle", "300ms", "-rss-samples", "1"],
+         "-duration", "20s", "-grace", "10s", "-settle", "300ms", "-rss-samples", "1", *extra],
         capture_output=True, text=True, timeout=90,
     )
     assert run.returncode == 0, run.stderr
@@ -60,6 +60,23 @@ def test_a_burst_reaches_every_throng_subscriber(fanload, server):
     assert_every_message_everywhere(r, 50, 40, ctx)
     # throng answers each publish with its seq, and it must be the client's.
     assert r["publish_seq_mismatch"] == 0, ctx
+
+
+def test_kernel_receive_times_come_before_the_client_reads(fanload, server):
+    """-rx-timestamps (bench/fanout.sh --rx-timestamps): every message also gets
+    its latency to the kernel's receive time (SO_TIMESTAMPNS through recvmsg),
+    which can only come after the publisher stamped it and before the client
+    parsed it, so each of its percentiles lies between 0 and the client's."""
+    r = burst(fanload, server.port, server.proc.pid, 50, 40, "-rx-timestamps")
+    ctx = json.dumps(r)[:3000] + "\n" + server.describe()
+    assert_every_message_everywhere(r, 50, 40, ctx)
+    arrival, latency = r["arrival_us"], r["latency_us"]
+    assert arrival["count"] == latency["count"] == 50 * 40, ctx
+    for q in ("p50", "p90", "p99", "max"):
+        assert 0 < arrival[q] <= latency[q], (q, ctx)
+    # Without the flag the subscribers read as before and nothing is reported.
+    plain = burst(fanload, server.port, server.proc.pid, 10, 5)
+    assert "arrival_us" not in plain, json.dumps(plain)[:3000]
 
 
 @pytest.fixture

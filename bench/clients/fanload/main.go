@@ -98,6 +98,7 @@ type config struct {
 	reqTimeout  time.Duration
 	label       string
 	deflate     bool
+	rxStamps    bool
 	payloadFile string
 	verifyEvery int
 	// payloads: the lines of -payload-file, each without its leading "{".
@@ -180,6 +181,7 @@ func (b bitset) word(i int) uint64 {
 type subscriber struct {
 	ch        int
 	conn      *websocket.Conn
+	arrival   *loadkit.RxStamp // with -rx-timestamps: the kernel's receive time of the latest read
 	recv      bitset
 	maxSeq    uint64
 	n         uint64
@@ -199,7 +201,8 @@ type run struct {
 	names    []string
 	subs     []*subscriber
 	lat      loadkit.ShardedHist
-	measFrom atomic.Int64 // unix nanos: latency recorded for messages sent at/after this
+	arrival  loadkit.ShardedHist // with -rx-timestamps: kernel receive time - send time
+	measFrom atomic.Int64        // unix nanos: latency recorded for messages sent at/after this
 	closing  atomic.Bool
 	delivers atomic.Int64
 	connErrs loadkit.ErrCounter
@@ -278,6 +281,9 @@ func (r *run) delivered(idx int, s *subscriber, seq, sent uint64, now int64) {
 	s.n++
 	if int64(sent) >= r.measFrom.Load() {
 		r.lat.Add(idx, now-int64(sent))
+		if s.arrival != nil && s.arrival.Nanos > 0 {
+			r.arrival.Add(idx, s.arrival.Nanos-int64(sent))
+		}
 	}
 	if s.recv.set(seq) {
 		s.dup++
@@ -342,10 +348,11 @@ func (r *run) openAll() loadkit.Opening {
 	o := loadkit.Opener{Prog: "fanload", Conns: cfg.conns, Rate: cfg.rate, IPs: r.ips, Timeout: cfg.DialTimeout,
 		ReadBuf: 1024, WriteBuf: 256,
 		URL: func(i int) string { return cfg.scheme("ws") + cfg.addr + "/ws/" + r.names[r.subs[i].ch] + q },
-		TLS: cfg.TLSConfig("fanload"), Deflate: cfg.deflate, WireRead: &r.wire}
+		TLS: cfg.TLSConfig("fanload"), Deflate: cfg.deflate, WireRead: &r.wire, RxStamps: cfg.rxStamps}
 	return o.Open(func(i int, c *websocket.Conn) {
 		s := r.subs[i]
 		s.conn = c
+		s.arrival = loadkit.Arrival(c)
 		r.readers.Add(1)
 		go r.read(i, s)
 	})
@@ -433,20 +440,24 @@ type result struct {
 	Malformed          uint64         `json:"malformed"`
 	SubsWithLoss       int            `json:"subscribers_with_loss"`
 	LatencyUS          *latency       `json:"latency_us,omitempty"`
-	ClkTck             int            `json:"clk_tck,omitempty"`
-	ServerCPUSeconds   float64        `json:"server_cpu_seconds"`
-	ServerSysSeconds   float64        `json:"server_cpu_sys_seconds"`
-	ServerCPUUSPer     float64        `json:"server_cpu_us_per_delivery"`
-	ServerCPUCores     float64        `json:"server_cpu_cores"`
-	ClientCPUSeconds   float64        `json:"client_cpu_seconds"`
-	ClientCPUUSPer     float64        `json:"client_cpu_us_per_delivery"`
-	ClientCPUCores     float64        `json:"client_cpu_cores"`
-	MachineBusy        float64        `json:"machine_busy_cpu_seconds"`
-	MachineIRQ         float64        `json:"machine_irq_softirq_seconds"`
-	MachineSteal       float64        `json:"machine_steal_seconds"`
-	OtherProcs         float64        `json:"machine_other_procs_cpu_seconds"`
-	Residual           float64        `json:"machine_residual_cpu_seconds"`
-	OtherCores         float64        `json:"other_cores"`
+	// ArrivalUS (-rx-timestamps): send time to the kernel's receive time of the
+	// read that returned the message's last byte, so without the client's own
+	// wait to be scheduled and its parsing; same messages as LatencyUS.
+	ArrivalUS        *latency `json:"arrival_us,omitempty"`
+	ClkTck           int      `json:"clk_tck,omitempty"`
+	ServerCPUSeconds float64  `json:"server_cpu_seconds"`
+	ServerSysSeconds float64  `json:"server_cpu_sys_seconds"`
+	ServerCPUUSPer   float64  `json:"server_cpu_us_per_delivery"`
+	ServerCPUCores   float64  `json:"server_cpu_cores"`
+	ClientCPUSeconds float64  `json:"client_cpu_seconds"`
+	ClientCPUUSPer   float64  `json:"client_cpu_us_per_delivery"`
+	ClientCPUCores   float64  `json:"client_cpu_cores"`
+	MachineBusy      float64  `json:"machine_busy_cpu_seconds"`
+	MachineIRQ       float64  `json:"machine_irq_softirq_seconds"`
+	MachineSteal     float64  `json:"machine_steal_seconds"`
+	OtherProcs       float64  `json:"machine_other_procs_cpu_seconds"`
+	Residual         float64  `json:"machine_residual_cpu_seconds"`
+	OtherCores       float64  `json:"other_cores"`
 }
 
 // scheme is "ws://" or "http://", or with -tls "wss://" or "https://".
@@ -554,6 +565,7 @@ func main() {
 	flag.DurationVar(&cfg.settle, "settle", time.Second, "wait after all subscribers are open (before RSS sample / publishing)")
 	flag.DurationVar(&cfg.reqTimeout, "request-timeout", 5*time.Second, "publish request timeout")
 	flag.StringVar(&cfg.label, "label", "", "copied into the output")
+	flag.BoolVar(&cfg.rxStamps, "rx-timestamps", false, "subscribers read with recvmsg and SO_TIMESTAMPNS, and the output adds arrival_us: each message's latency to the kernel's receive time, without the client's own scheduling and parsing")
 	flag.BoolVar(&cfg.deflate, "deflate", false, "subscribers offer permessage-deflate (server_no_context_takeover; client_no_context_takeover); the output says what the server answered")
 	flag.StringVar(&cfg.payloadFile, "payload-file", "", "publish these messages: one JSON object per line, message seq = line (seq-1)%lines with {\"seq\":N,\"sent\":NANOS, in front (-size unused)")
 	flag.IntVar(&cfg.verifyEvery, "verify-every", 1, "with -payload-file: every Nth subscriber reads each message whole and compares it with the payload (the others read its first 64 bytes)")
@@ -850,6 +862,10 @@ func (r *run) account(res *result, ps *pubStats, use loadkit.Usage, delivered in
 	res.Deliveries = r.delivers.Load()
 	lat := summarize(r.lat.Merged())
 	res.LatencyUS = &lat
+	if r.cfg.rxStamps {
+		arr := summarize(r.arrival.Merged())
+		res.ArrivalUS = &arr
+	}
 	res.ClientCPUSeconds = use.ClientSeconds
 	res.ClientCPUCores = res.ClientCPUSeconds / window
 	res.MachineBusy = loadkit.UserHZSeconds(use.Machine.Busy)

@@ -69,6 +69,9 @@ type Opener struct {
 	// WireRead, if set, counts every byte read from the connections' sockets
 	// (TCP payload: with wss://, TLS records), handshake included.
 	WireRead *atomic.Int64
+	// RxStamps turns on SO_TIMESTAMPNS and reads with recvmsg, so that
+	// Arrival(conn) gives the kernel's receive time of the latest read.
+	RxStamps bool
 }
 
 // Opening is what both clients report about opening their connections.
@@ -112,7 +115,20 @@ func (o *Opener) dialers() []*websocket.Dialer {
 	mk := func(local net.Addr) *websocket.Dialer {
 		nd := &net.Dialer{Timeout: o.Timeout, LocalAddr: local}
 		dial := nd.DialContext
-		if o.WireRead != nil {
+		if o.RxStamps {
+			dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := nd.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				sc, err := newStampConn(c, o.WireRead)
+				if err != nil {
+					c.Close()
+					return nil, err
+				}
+				return sc, nil
+			}
+		} else if o.WireRead != nil {
 			dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 				c, err := nd.DialContext(ctx, network, addr)
 				if err != nil {
