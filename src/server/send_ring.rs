@@ -146,13 +146,40 @@ impl SendRing {
         bufs: &[Bytes],
         results: &mut Vec<i32>,
     ) -> io::Result<()> {
+        assert_eq!(fds.len(), bufs.len(), "one buffer per socket");
+        self.send_own(fds, bufs.iter().map(|b| &b[..]), results)
+    }
+
+    /// Writes each socket its own part of one buffer (`arena[start..end]`
+    /// of `ranges[i]` to `fds[i]`: a fan-out's TLS records, sealed for each
+    /// subscriber), at most [`SendRing::batch`] of them, with one system
+    /// call; `results` as for [`SendRing::send_to_all`].
+    pub fn send_ranges(
+        &mut self,
+        fds: &[RawFd],
+        arena: &[u8],
+        ranges: &[(u32, u32)],
+        results: &mut Vec<i32>,
+    ) -> io::Result<()> {
+        assert_eq!(fds.len(), ranges.len(), "one range per socket");
+        let parts = ranges
+            .iter()
+            .map(|&(start, end)| &arena[start as usize..end as usize]);
+        self.send_own(fds, parts, results)
+    }
+
+    fn send_own<'b>(
+        &mut self,
+        fds: &[RawFd],
+        bufs: impl Iterator<Item = &'b [u8]>,
+        results: &mut Vec<i32>,
+    ) -> io::Result<()> {
         results.clear();
         results.resize(fds.len(), 0);
         if fds.is_empty() {
             return Ok(());
         }
         assert!(fds.len() <= self.batch, "a batch larger than the ring");
-        assert_eq!(fds.len(), bufs.len(), "one buffer per socket");
         let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
         {
             let mut sq = self.ring.submission();

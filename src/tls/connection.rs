@@ -236,6 +236,35 @@ impl Tls {
         self.leftover.flush_unsent(socket)
     }
 
+    /// Seals `frames` (a record each, as a writer would) onto `out`, for a
+    /// send made elsewhere (a loop's send ring), which hands back what the
+    /// socket does not take through [`Tls::keep_unsent`]. `Ok(false)`, with
+    /// nothing sealed, while that may not happen: no open session, or
+    /// ciphertext owed that must go first. On an error `out` may hold part of
+    /// the records, and the connection must be closed.
+    pub fn seal_to<'f>(
+        &mut self,
+        frames: impl IntoIterator<Item = &'f [u8]>,
+        out: &mut Vec<u8>,
+    ) -> io::Result<bool> {
+        let State::Open(session) = &mut self.state else {
+            return Ok(false);
+        };
+        if self.leftover.unsent() > 0 {
+            return Ok(false);
+        }
+        for frame in frames {
+            session.seal(frame, out).map_err(io::Error::other)?;
+        }
+        Ok(true)
+    }
+
+    /// Keeps what the socket did not take of bytes [`Tls::seal_to`] sealed:
+    /// already sealed, they go out as they are, before anything else.
+    pub fn keep_unsent(&mut self, bytes: &[u8]) {
+        self.leftover.keep_unsent(bytes);
+    }
+
     /// A `Write` that seals what it is given onto `socket`. Before the
     /// handshake is done (or after a failure) it refuses: nothing may go out
     /// in plaintext on a TLS port.

@@ -76,6 +76,14 @@ impl Leftover {
         Ok(())
     }
 
+    /// Keeps ciphertext sealed and sent elsewhere (a loop's send ring) that
+    /// the socket did not take: it goes out before anything else.
+    pub fn keep_unsent(&mut self, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            self.parts().unsent.extend_from_slice(bytes);
+        }
+    }
+
     /// Takes the start of a record (or handshake flight) kept from earlier
     /// reads, leaving none; empty when there was none.
     pub(super) fn take_partial(&mut self) -> Vec<u8> {

@@ -2,10 +2,13 @@
 //! frames, gathered until a [`SendRing`] writes to all of them with one system
 //! call, then what each socket did not take queued as a `send` would have.
 //!
-//! Only a subscriber with nothing waiting in its queue, no TLS and no filter of
-//! its own joins a batch: the frames are shared and go out as they are. It must
-//! not decide who gets what (the fan-out does) nor keep anything between fan-outs:
-//! a batch is written before its fan-out slice returns.
+//! Only a subscriber with nothing waiting in its queue and no filter of its own
+//! joins a batch. Without TLS the frames are shared and go out as they are; with
+//! TLS each subscriber's records are sealed into the batch's one buffer (its
+//! keys are its own) and each socket is sent its part, what it did not take
+//! kept as ciphertext owed, as a writer would have. It must not decide who gets
+//! what (the fan-out does) nor keep anything between fan-outs: a batch is
+//! written before its fan-out slice returns.
 
 use std::os::fd::RawFd;
 
@@ -13,9 +16,17 @@ use bytes::Bytes;
 use slab::Slab;
 
 use super::Follow;
-use crate::server::conn::Conn;
+use crate::server::conn::{Conn, TlsConns};
 use crate::server::send_ring::{NOT_SENT, SendRing};
 use crate::stats::TurnCounts;
+use crate::tls::connection::Tls;
+
+/// Sealed bytes a batch gathers before it is written (with one subscriber's
+/// records over it at most): a 100-byte message's 256 subscribers fit.
+pub(super) const SEALED_PER_BATCH: usize = 64 * 1024;
+/// The plaintext a subscriber's frames may come to and still be sealed into a
+/// batch; larger runs go through the connection's own writer.
+pub(super) const SEAL_AT_MOST: usize = 16 * 1024;
 
 /// The loop's send ring (if it has one) and the batch being gathered.
 #[derive(Debug, Default)]
@@ -26,6 +37,11 @@ pub(super) struct Batch {
     results: Vec<i32>,
     /// The frames' place among the fan-out's formats (see `gathered_slot`).
     pub(super) slot: usize,
+    /// TLS subscribers gathered, each with its records in `sealed`.
+    sealed_keys: Vec<u32>,
+    sealed_fds: Vec<RawFd>,
+    sealed_ranges: Vec<(u32, u32)>,
+    sealed: Vec<u8>,
 }
 
 impl Batch {
@@ -42,6 +58,10 @@ impl Batch {
 
     pub(super) fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    pub(super) fn has_sealed(&self) -> bool {
+        !self.sealed_keys.is_empty()
     }
 
     pub(super) fn ring_mut(&mut self) -> Option<&mut SendRing> {
@@ -120,6 +140,101 @@ impl Batch {
         }
         self.keys.clear();
         self.fds.clear();
+    }
+
+    /// Seals `frames` for a TLS subscriber into the batch. `Ok(None)`: its
+    /// TLS may not seal for a batch now (ciphertext owed first), so it is
+    /// written the usual way; `Ok(Some(true))`: the batch is full and must be
+    /// written. An error means its session failed: the subscriber is dead.
+    pub(super) fn seal(
+        &mut self,
+        key: usize,
+        fd: RawFd,
+        tls: &mut Tls,
+        frames: &[&Bytes],
+    ) -> std::io::Result<Option<bool>> {
+        let start = self.sealed.len();
+        match tls.seal_to(frames.iter().map(|f| &f[..]), &mut self.sealed) {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            Err(e) => {
+                self.sealed.truncate(start);
+                return Err(e);
+            }
+        }
+        self.sealed_keys.push(key as u32);
+        self.sealed_fds.push(fd);
+        self.sealed_ranges
+            .push((start as u32, self.sealed.len() as u32));
+        let ring_full = self
+            .ring
+            .as_ref()
+            .is_none_or(|ring| self.sealed_keys.len() >= ring.batch());
+        Ok(Some(ring_full || self.sealed.len() >= SEALED_PER_BATCH))
+    }
+
+    /// Writes each TLS subscriber gathered its records, keeps what a socket
+    /// did not take as ciphertext it owes, then empties the batch.
+    pub(super) fn write_sealed(
+        &mut self,
+        conns: &mut Slab<Conn>,
+        tls: &mut TlsConns,
+        counts: &mut TurnCounts,
+        failed: &mut Vec<Follow>,
+    ) {
+        if self.sealed_keys.is_empty() {
+            return;
+        }
+        let lone = self.sealed_keys.len() == 1;
+        match (&mut self.ring, lone) {
+            (Some(_), true) | (None, _) => self.results.clear(),
+            (Some(ring), false) => {
+                if let Err(e) = ring.send_ranges(
+                    &self.sealed_fds,
+                    &self.sealed,
+                    &self.sealed_ranges,
+                    &mut self.results,
+                ) {
+                    tracing::warn!(error = %e, "the send ring failed: this loop sends with send(2) from now on");
+                    self.ring = None;
+                }
+            }
+        }
+        for (i, (&key, &(start, end))) in
+            self.sealed_keys.iter().zip(&self.sealed_ranges).enumerate()
+        {
+            let key = key as usize;
+            let records = &self.sealed[start as usize..end as usize];
+            let (Some(conn), Some(tls)) = (conns.get_mut(key), tls.get_mut(key)) else {
+                continue;
+            };
+            match self.results.get(i).copied().unwrap_or(NOT_SENT) {
+                NOT_SENT => {
+                    if conn
+                        .send_sealed(records, tls, &mut counts.bytes_sent)
+                        .is_err()
+                    {
+                        failed.push(Follow::Dead(key));
+                    }
+                }
+                n if n >= 0 => {
+                    let taken = (n as usize).min(records.len());
+                    counts.bytes_sent += taken as u64;
+                    tls.keep_unsent(&records[taken..]);
+                }
+                e if e == -libc::EAGAIN || e == -libc::EINTR => tls.keep_unsent(records),
+                // Sealed records that did not go out: its stream is broken.
+                _ => failed.push(Follow::Dead(key)),
+            }
+        }
+        self.sealed_keys.clear();
+        self.sealed_fds.clear();
+        self.sealed_ranges.clear();
+        self.sealed.clear();
+        // A batch of large records must not leave the loop a large buffer.
+        if self.sealed.capacity() > 2 * SEALED_PER_BATCH {
+            self.sealed = Vec::new();
+        }
     }
 }
 

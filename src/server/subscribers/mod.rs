@@ -12,6 +12,7 @@
 //! reports the subscribers it could not write to, and the loop deals with them.
 
 mod batch;
+mod gathered;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -20,7 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slab::Slab;
-use smallvec::SmallVec;
 
 use super::conn::{Conn, Phase, TlsConns};
 use super::send_ring::SendRing;
@@ -32,6 +32,7 @@ use crate::rules::{self, Namespaces};
 use crate::stats::TurnCounts;
 use crate::transport::{Compression, Format, Subscribe, Subscription};
 use batch::Batch;
+use gathered::{Gathered, WINDOWS, gathered_slot};
 
 /// Deliveries of one channel gathered into one write per subscriber.
 const MAX_FRAMES_PER_WRITE: usize = 64;
@@ -47,57 +48,6 @@ const FAN_OUT_SLICE: usize = 1024;
 /// a hundred processes share two cores, 1024 sends took seconds of wall time (a
 /// loop preempted between them), and a publisher waiting on that loop timed out.
 const DEADLINE_CHECK_EVERY: usize = 16;
-
-/// One subscriber's frames of a group: held inline for the usual short runs, so a
-/// lone message reaches its subscribers without an allocation.
-type Frames<'a> = SmallVec<[&'a bytes::Bytes; 4]>;
-
-/// Ways a format's frames can go: plain, or compressed with a window of 9..=15 bits.
-const WINDOWS: usize = 8;
-
-/// A group's frames in one format and compression, gathered once for every
-/// subscriber that takes them, with what compression saved on them.
-#[derive(Default)]
-struct Gathered<'a> {
-    frames: Frames<'a>,
-    /// The plain size of the frames that went compressed, and their size.
-    deflate_plain: u64,
-    deflate_wire: u64,
-}
-
-impl<'a> Gathered<'a> {
-    fn of(
-        messages: impl Iterator<Item = &'a Delivery>,
-        format: Format,
-        window_bits: u8,
-        compression: Compression,
-    ) -> Self {
-        let mut gathered = Gathered::default();
-        for message in messages {
-            let Some(frame) = format.frame_for(message, window_bits, compression) else {
-                continue;
-            };
-            if window_bits != 0
-                && let Some(plain) = format.frame(message)
-                && !std::ptr::eq(plain, frame)
-            {
-                gathered.deflate_plain += plain.len() as u64;
-                gathered.deflate_wire += frame.len() as u64;
-            }
-            gathered.frames.push(frame);
-        }
-        gathered
-    }
-}
-
-/// Where a format and compression's frames are kept during one fan-out.
-fn gathered_slot(format: Format, window_bits: u8) -> usize {
-    let window = match window_bits {
-        0 => 0,
-        bits => usize::from(bits.saturating_sub(8)).min(WINDOWS - 1),
-    };
-    format as usize * WINDOWS + window
-}
 
 /// A loop's subscribers of one channel.
 struct LocalChannel {
@@ -713,6 +663,45 @@ impl LocalSubscribers {
                 }
                 continue;
             }
+            if fresh.is_none()
+                && self.sends.has_ring()
+                && !format.one_shot()
+                && conn.phase == Phase::Active
+                && conn.out.is_empty()
+                && let Some(sealer) = tls.get_mut(key)
+            {
+                // Sealed for it into the batch, written with the others below.
+                let gathered =
+                    by_format[gathered_slot(format, window_bits)].get_or_insert_with(|| {
+                        Gathered::of(group.iter(), format, window_bits, compression)
+                    });
+                if gathered.frames.is_empty() {
+                    continue;
+                }
+                let fd = conn.socket.as_raw_fd();
+                if gathered.bytes <= batch::SEAL_AT_MOST {
+                    match self.sends.seal(key, fd, sealer, &gathered.frames) {
+                        // Ciphertext owed goes first: its own writer, below.
+                        Ok(None) => {}
+                        Ok(Some(full)) => {
+                            conn.beat.mark_delivered();
+                            counts.messages_out += gathered.frames.len() as u64;
+                            counts.delivered += gathered.frames.len() as u64;
+                            counts.deflate_plain += gathered.deflate_plain;
+                            counts.deflate_wire += gathered.deflate_wire;
+                            wrote = true;
+                            if full {
+                                self.sends.write_sealed(conns, tls, counts, failed);
+                            }
+                            continue;
+                        }
+                        Err(_) => {
+                            failed.push(Follow::Dead(key));
+                            continue;
+                        }
+                    }
+                }
+            }
             let only_new: Gathered<'_>;
             let gathered = match fresh {
                 // History already gave it these: only what is newer goes out.
@@ -769,6 +758,9 @@ impl LocalSubscribers {
         {
             self.sends
                 .write(&gathered.frames, conns, max_queue, counts, failed);
+        }
+        if self.sends.has_sealed() {
+            self.sends.write_sealed(conns, tls, counts, failed);
         }
         budget.left -= until - from;
         if until < keys.len() {
