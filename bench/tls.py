@@ -3,6 +3,8 @@
 
   throng        plain ws:// (the baseline every TLS row is compared with)
   throng-tls    throng serve --tls-cert/--tls-key (wss://)
+  throng-base-tls  the same with another build, $THRONG_BASE_BIN (not in the
+                default list): an A/B of two builds over TLS
   nginx-tls     nginx terminating wss:// in front of plain throng
   uws-tls       uWebSockets' echo peer on uWS::SSLApp (OpenSSL), and its hub
                 peer for the fan-out, when built (bench/peers/uws/build.sh --tls;
@@ -23,6 +25,7 @@ Every load is bounded in count and time; servers are stopped by pid.
 
 Usage: bench/tls.py [--idle-conns 10000] [--echo-conns 100] [--echo-seconds 10]
                     [--handshakes 3000] [--servers throng,throng-tls,nginx-tls,uws-tls]
+                    [--only idle,echo,fanout,handshakes]
 """
 from __future__ import annotations
 
@@ -165,9 +168,15 @@ class Server:
         self.port = free_port()
         self.tls = name != "throng"
         flags = ["--threads", str(threads), "--stats-interval", "0", "--idle-timeout", "0"]
-        if name in ("throng", "throng-tls"):
+        if name in ("throng", "throng-tls", "throng-base-tls"):
             extra = ["--tls-cert", str(cert), "--tls-key", str(key)] if self.tls else []
-            self.spawn([str(THRONG), "serve", "--listen", f"127.0.0.1:{self.port}", *flags, *extra], self.port)
+            binary = THRONG
+            if name == "throng-base-tls":
+                base = os.environ.get("THRONG_BASE_BIN")
+                if not base or not Path(base).is_file():
+                    raise SystemExit("throng-base-tls needs THRONG_BASE_BIN, the other build's binary")
+                binary = Path(base)
+            self.spawn([str(binary), "serve", "--listen", f"127.0.0.1:{self.port}", *flags, *extra], self.port)
         elif name == "nginx-tls":
             upstream = free_port()
             self.spawn([str(THRONG), "serve", "--listen", f"127.0.0.1:{upstream}", *flags], upstream)
@@ -330,7 +339,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--servers", default="throng,throng-tls,nginx-tls,uws-tls")
     ap.add_argument("--out", default=str(provenance.RESULTS_DIR))
+    ap.add_argument("--only", default="idle,echo,fanout,handshakes", help="the measurements to make")
     args = ap.parse_args()
+    only = args.only.split(",")
+    if unknown := set(only) - {"idle", "echo", "fanout", "handshakes"}:
+        raise SystemExit(f"unknown measurement(s) in --only: {', '.join(sorted(unknown))}")
     prov = provenance.provenance()
     wsload, tlshs, fanload = go_build("wsload"), go_build("tlshs"), go_build("fanload")
     results: dict = {"provenance": prov, "args": vars(args), "servers": {}, "skipped": {}}
@@ -346,6 +359,8 @@ def main() -> int:
                 continue
             row: dict = {}
             for what in ("idle", "echo", "fanout", "handshakes"):
+                if what not in only:
+                    continue
                 if what == "handshakes" and name == "throng":
                     continue
                 if what == "fanout" and name == "uws-tls" and not (BENCH / "peers/uws/bin/uws-hub-tls").exists():
@@ -381,26 +396,28 @@ def table(results: dict) -> str:
     base = servers.get("throng", {}).get("idle", {}).get("bytes_per_conn")
     lines = [
         provenance.md_header("TLS servers side by side (bench/tls.py)", prov),
-        "| server | idle B/conn | beyond plain throng | echo CPU µs/msg | fan-out CPU µs/delivery | 1.3 full µs/hs | 1.3 resumed µs/hs | 1.2 full µs/hs | 1.2 resumed µs/hs |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server | idle B/conn | beyond plain throng | echo CPU µs/msg | fan-out CPU µs/delivery | fan-out p99 ms | 1.3 full µs/hs | 1.3 resumed µs/hs | 1.2 full µs/hs | 1.2 resumed µs/hs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in servers.items():
         idle = row.get("idle", {}).get("bytes_per_conn")
         beyond = f"{idle - base:,.0f}" if idle is not None and base is not None and name != "throng" else ""
         echo = row.get("echo", {}).get("cpu_us_per_message")
         fan = row.get("fanout", {}).get("cpu_us_per_delivery")
+        p99 = ((row.get("fanout", {}).get("fanload") or {}).get("latency_us") or {}).get("p99")
         hs = row.get("handshakes", {})
 
         def us(k):
             v = hs.get(k, {}).get("server_cpu_us_per_handshake")
             return f"{v:,.0f}" if v else ""
 
-        lines.append(f"| {name} | {idle:,.0f} | {beyond} | {echo if echo is not None else ''} | "
-                     f"{fan if fan is not None else ''} | "
-                     f"{us('tls1.3-full')} | {us('tls1.3-resumed')} | {us('tls1.2-full')} | {us('tls1.2-resumed')} |"
-                     if idle is not None else f"| {name} | failed | | | | | | | |")
+        # Not measured (--only) is blank; measured without a figure failed.
+        idle_cell = f"{idle:,.0f}" if idle is not None else ("failed" if "idle" in row else "")
+        lines.append(f"| {name} | {idle_cell} | {beyond} | {echo if echo is not None else ''} | "
+                     f"{fan if fan is not None else ''} | {f'{p99 / 1000:.1f}' if p99 else ''} | "
+                     f"{us('tls1.3-full')} | {us('tls1.3-resumed')} | {us('tls1.2-full')} | {us('tls1.2-resumed')} |")
     for name, why in results.get("skipped", {}).items():
-        lines.append(f"| {name} | skipped: {why} | | | | | | | |")
+        lines.append(f"| {name} | skipped: {why} | | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
