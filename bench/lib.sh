@@ -119,7 +119,7 @@ copy_throng() {
 }
 # The throng builds in --servers: throng ($THRONG_BIN) and throng-base ($THRONG_BASE_BIN).
 copy_throngs() {
-  if want throng || want throng1 || want throng-epoll || want throng1-epoll || want throng1-nohistory; then copy_throng throng "$THRONG_BIN"; fi
+  if want throng || want throng-tls || want throng1 || want throng-epoll || want throng1-epoll || want throng1-nohistory; then copy_throng throng "$THRONG_BIN"; fi
   if want throng-base; then copy_throng throng-base "$THRONG_BASE_BIN"; fi
 }
 throng_version() { echo "$("$WORK/$1" --version 2>/dev/null), ${THRONG_FROM[$1]}"; }

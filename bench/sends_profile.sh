@@ -5,7 +5,8 @@
 # for the "after".
 #
 # Servers: throng ($THRONG_BIN, --threads 2, as in bench/fanout.sh and
-# bench/engine.sh); uws (not in the default list: uWebSockets, C++, one event
+# bench/engine.sh); throng-tls (not in the default list: the same over its own TLS,
+# a fresh self-signed ECDSA P-256 certificate, clients on wss:// trusting it); uws (not in the default list: uWebSockets, C++, one event
 # loop; uws-hub for fan-out and uws-echo for echo, built by bench/peers/uws/build.sh,
 # needs g++; skipped if it does not build). A fresh server process on a free
 # loopback port for every measurement; clients as in the other benchmarks, sources
@@ -38,7 +39,7 @@
 #           output says so and the other phases still run.
 # Raw JSON (with the strace tables and perf reports as they came) goes to
 # bench/results/sends-profile-<date>.json, a summary to sends-profile-<date>.md.
-# Usage: bench/sends_profile.sh [--servers throng,uws] [--scenarios fanout,echo]
+# Usage: bench/sends_profile.sh [--servers throng,throng-tls,uws] [--scenarios fanout,echo]
 #                               [--phases cpu,syscount,strace,perf] [--window 10]
 #                               [--subs 10000] [--publish-rate 10] [--size 64]
 #                               [--echo-conns 100,1000] [--perf-top 15]
@@ -73,7 +74,7 @@ SOURCE_IPS=127.0.0.2-127.0.0.254
 parse_options "--servers=SERVERS --scenarios=SCENARIOS --phases=PHASES --window=WINDOW --subs=SUBS
   --publish-rate=PUBLISH_RATE --size=SIZE --echo-conns=ECHO_CONNS --perf-top=PERF_TOP
   --results-dir=RESULTS_DIR" "$@"
-check_names server "$SERVERS" throng uws
+check_names server "$SERVERS" throng throng-tls uws
 check_names scenario "$SCENARIOS" fanout echo
 check_names phase "$PHASES" cpu syscount strace perf
 for v in WINDOW SUBS PUBLISH_RATE SIZE PERF_TOP; do
@@ -151,18 +152,27 @@ server_cmd() { # name port -> sets CMD array
   case "$1:$KIND" in
     throng:fanout) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0) ;;
     throng:echo) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s) ;;
+    throng-tls:fanout) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --tls-cert "$CERT" --tls-key "$KEY") ;;
+    throng-tls:echo) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s --tls-cert "$CERT" --tls-key "$KEY") ;;
     uws:fanout) CMD=("$UWS_DIR/bin/uws-hub" --addr "127.0.0.1:$2") ;;
     uws:echo) CMD=("$UWS_DIR/bin/uws-echo" --addr "127.0.0.1:$2") ;;
   esac
 }
 server_version() {
   case "$1" in
-    throng) throng_version throng ;;
+    throng | throng-tls) throng_version throng ;;
     uws) "$UWS_DIR/build.sh" --version ;;
   esac
 }
-# ready when /healthz answers (throng, uws-hub and uws-echo all have it)
-server_ready() { curl -sf -m 1 "http://127.0.0.1:$1/healthz" >/dev/null 2>&1; }
+# ready when /healthz answers (throng, uws-hub and uws-echo all have it), over TLS for throng-tls
+server_ready() { curl -sf -m 1 "http://127.0.0.1:$1/healthz" >/dev/null 2>&1 || curl -sfk -m 1 "https://127.0.0.1:$1/healthz" >/dev/null 2>&1; }
+# throng-tls's certificate, made for this run (the clients trust it with -ca)
+CERT=$WORK/cert.pem KEY=$WORK/key.pem
+case ",$SERVERS," in *,throng-tls,*)
+  need openssl
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=localhost \
+    -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$KEY" -out "$CERT" >/dev/null 2>&1
+esac
 
 # As bench/fanout.sh: before each measurement wait (up to 5 s each, 30 s per run)
 # until the machine is < 25% busy over 1 s; the clients record other load anyway.
@@ -253,14 +263,17 @@ run_phase() {
   wait_quiet
   if ! start_server "$name" "$tag-$ph"; then echo '{"error":"server did not start"}' >"$out"; return; fi
   sleep 1
+  local tls_args=() scheme=ws
+  if [ "$name" = throng-tls ]; then tls_args=(-ca "$CERT"); scheme=wss; fi
   if [ "$sc" = fanout ]; then
-    "$FANLOAD" -addr "127.0.0.1:$PORT" -server-pid "$SERVER_PID" -clk-tck "$CLK_TCK" -source-ips "$SOURCE_IPS" \
+    if [ "$name" = throng-tls ]; then tls_args+=(-tls); fi
+    "$FANLOAD" "${tls_args[@]}" -addr "127.0.0.1:$PORT" -server-pid "$SERVER_PID" -clk-tck "$CLK_TCK" -source-ips "$SOURCE_IPS" \
       -rate "$RATE" -label "$name-$tag-$ph" -conns "$SUBS" -channels 1 -publish-rate "$PUBLISH_RATE" -publishers 1 \
       -size "$SIZE" -warmup "${WARMUP}s" -duration "${WINDOW}s" -grace "$GRACE" -settle 1s -rss-samples 3 \
       >"$dir/client.json" 2>"$dir/client.err" &
     marker="fanload: publishing"; delay=$(awk -v w="$WARMUP" 'BEGIN { printf "%.3f", w + 0.02 }')
   else
-    "$WSLOAD" -mode echo -url "ws://127.0.0.1:$PORT/echo" -server-pid "$SERVER_PID" -clk-tck "$CLK_TCK" \
+    "$WSLOAD" "${tls_args[@]}" -mode echo -url "$scheme://127.0.0.1:$PORT/echo" -server-pid "$SERVER_PID" -clk-tck "$CLK_TCK" \
       -source-ips "$SOURCE_IPS" -conns "$tag_conns" -rate "$ECHO_RATE" -size "$ECHO_SIZE" \
       -warmup "${ECHO_WARMUP}s" -duration "${WINDOW}s" >"$dir/client.json" 2>"$dir/client.err" &
     marker="wsload: echo: opened"; delay=$(awk -v w="$ECHO_WARMUP" 'BEGIN { printf "%.3f", w + 0.05 }')
