@@ -147,7 +147,7 @@ impl SendRing {
         results: &mut Vec<i32>,
     ) -> io::Result<()> {
         assert_eq!(fds.len(), bufs.len(), "one buffer per socket");
-        self.send_own(fds, bufs.iter().map(|b| &b[..]), results)
+        self.send_slices(fds, bufs.iter().map(|b| &b[..]), results)
     }
 
     /// Writes each socket its own part of one buffer (`arena[start..end]`
@@ -165,10 +165,12 @@ impl SendRing {
         let parts = ranges
             .iter()
             .map(|&(start, end)| &arena[start as usize..end as usize]);
-        self.send_own(fds, parts, results)
+        self.send_slices(fds, parts, results)
     }
 
-    fn send_own<'b>(
+    /// Writes each socket its own bytes, the `i`th of `bufs` to `fds[i]`
+    /// (one per socket), as [`SendRing::send_each`] does.
+    pub fn send_slices<'b>(
         &mut self,
         fds: &[RawFd],
         bufs: impl Iterator<Item = &'b [u8]>,

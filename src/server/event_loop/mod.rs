@@ -472,8 +472,9 @@ impl EventLoop {
         if !self.buf.out.is_empty() {
             let tls = self.tls.get_mut(key);
             if after == After::Nothing
-                && tls.is_none()
-                && self.replies.can_hold(conn, self.buf.out.len())
+                && self
+                    .replies
+                    .can_hold(conn, tls.as_deref(), self.buf.out.len())
                 && self.subscribers.send_ring().is_some()
             {
                 self.replies.hold(key, conn, &self.buf.out);
@@ -529,6 +530,7 @@ impl EventLoop {
         let mut next = std::mem::take(&mut self.buf.next);
         self.replies.send(
             &mut self.conns,
+            &mut self.tls,
             self.subscribers.send_ring(),
             &mut self.tally.turn,
             &mut next,

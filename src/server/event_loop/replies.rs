@@ -11,18 +11,22 @@
 //! there; what a socket does not take is copied out of it, so the arena is free
 //! again once the turn's replies are sent, and a connection holds nothing here
 //! between turns. A reply is held only while its connection has nothing queued
-//! and no TLS, and the loop has a send ring. This module must not decide what
-//! is answered nor close anything: it tells the loop which connections failed
-//! and which have more to write.
+//! (nor, over TLS, ciphertext owed) and the loop has a send ring. A TLS reply
+//! waits as plaintext like any other and is sealed when it is offered, into
+//! the batch's one buffer; what its socket did not take is already sealed and
+//! stays with its TLS as ciphertext owed, as after its writer's `send`. This
+//! module must not decide what is answered nor close anything: it tells the
+//! loop which connections failed and which have more to write.
 
 use std::os::fd::{AsRawFd, RawFd};
 
 use bytes::{Bytes, BytesMut};
 use slab::Slab;
 
-use crate::server::conn::{Conn, Phase};
+use crate::server::conn::{Conn, Phase, TlsConns};
 use crate::server::send_ring::{NOT_SENT, SendRing};
 use crate::stats::TurnCounts;
+use crate::tls::connection::Tls;
 
 /// The arena's size: a turn's replies at echo sizes, one block or two.
 const ARENA: usize = 16 * 1024;
@@ -48,16 +52,23 @@ pub(super) struct Replies {
     fds: Vec<RawFd>,
     offered: Vec<Bytes>,
     offered_keys: Vec<u32>,
+    /// A TLS reply's records, sealed for this batch: its range of `sealed`
+    /// (`None` for a plain reply, offered as it is).
+    sealed_ranges: Vec<Option<(u32, u32)>>,
+    sealed: Vec<u8>,
     results: Vec<i32>,
     /// The ring failed once: nothing is held from then on.
     ring_failed: bool,
 }
 
 impl Replies {
-    /// Whether a reply of `len` bytes to `conn` can be held (the caller knows
-    /// it has no TLS and the loop a send ring).
-    pub(super) fn can_hold(&self, conn: &Conn, len: usize) -> bool {
-        !self.ring_failed && len <= HOLD_AT_MOST && conn.out.is_empty()
+    /// Whether a reply of `len` bytes to `conn` (with its TLS, if any) can be
+    /// held (the caller knows the loop has a send ring).
+    pub(super) fn can_hold(&self, conn: &Conn, tls: Option<&Tls>, len: usize) -> bool {
+        !self.ring_failed
+            && len <= HOLD_AT_MOST
+            && conn.out.is_empty()
+            && tls.is_none_or(|t| t.is_open() && t.unsent() == 0)
     }
 
     /// Holds `reply` for connection `key` until [`Replies::send`].
@@ -81,6 +92,7 @@ impl Replies {
     pub(super) fn send(
         &mut self,
         conns: &mut Slab<Conn>,
+        tls: &mut TlsConns,
         ring: Option<&mut SendRing>,
         counts: &mut TurnCounts,
         next: &mut Vec<Next>,
@@ -98,13 +110,46 @@ impl Replies {
                 let Some(front) = conns.get(key as usize).and_then(|c| c.out.front()) else {
                     continue;
                 };
+                let mut range = None;
+                if let Some(tls) = tls.get_mut(key as usize) {
+                    if ring.is_none() {
+                        // Its writer seals and sends it.
+                        next.push(Next::Flush(key as usize));
+                        continue;
+                    }
+                    let start = self.sealed.len();
+                    match tls.seal_to([&front[..]], &mut self.sealed) {
+                        Ok(true) => range = Some((start as u32, self.sealed.len() as u32)),
+                        // Ciphertext owed came first: its writer sends both.
+                        Ok(false) => {
+                            next.push(Next::Flush(key as usize));
+                            continue;
+                        }
+                        Err(_) => {
+                            self.sealed.truncate(start);
+                            next.push(Next::Dead(key as usize));
+                            continue;
+                        }
+                    }
+                }
                 self.offered.push(front.clone());
+                self.sealed_ranges.push(range);
                 self.fds.push(conns[key as usize].socket.as_raw_fd());
                 self.offered_keys.push(key);
             }
             match ring.as_deref_mut() {
                 Some(ring) => {
-                    if let Err(e) = ring.send_each(&self.fds, &self.offered, &mut self.results) {
+                    let sealed = &self.sealed;
+                    let bufs =
+                        self.offered
+                            .iter()
+                            .zip(&self.sealed_ranges)
+                            .map(|(plain, range)| {
+                                range.map_or(&plain[..], |(start, end)| {
+                                    &sealed[start as usize..end as usize]
+                                })
+                            });
+                    if let Err(e) = ring.send_slices(&self.fds, bufs, &mut self.results) {
                         tracing::warn!(error = %e, "the send ring failed: replies go by send(2) from now on");
                         self.ring_failed = true;
                     }
@@ -114,7 +159,7 @@ impl Replies {
                     self.results.resize(self.fds.len(), NOT_SENT);
                 }
             }
-            self.settle(conns, counts, next);
+            self.settle(conns, tls, counts, next);
             if self.ring_failed {
                 ring = None;
             }
@@ -124,14 +169,55 @@ impl Replies {
     }
 
     /// Takes one batch's results: what each socket took leaves its queue.
-    fn settle(&mut self, conns: &mut Slab<Conn>, counts: &mut TurnCounts, next: &mut Vec<Next>) {
+    fn settle(
+        &mut self,
+        conns: &mut Slab<Conn>,
+        tls: &mut TlsConns,
+        counts: &mut TurnCounts,
+        next: &mut Vec<Next>,
+    ) {
         for (i, &key) in self.offered_keys.iter().enumerate() {
             let key = key as usize;
             let Some(conn) = conns.get_mut(key) else {
                 continue;
             };
             let offered = self.offered[i].len();
-            match self.results.get(i).copied().unwrap_or(NOT_SENT) {
+            let result = self.results.get(i).copied().unwrap_or(NOT_SENT);
+            if let Some((start, end)) = self.sealed_ranges[i] {
+                let records = &self.sealed[start as usize..end as usize];
+                let Some(tls) = tls.get_mut(key) else {
+                    continue;
+                };
+                // Sealed, the reply's plaintext is spent whatever the socket took.
+                conn.out.sent_front(offered);
+                match result {
+                    n if n >= 0 => {
+                        let taken = (n as usize).min(records.len());
+                        counts.bytes_sent += taken as u64;
+                        tls.keep_unsent(&records[taken..]);
+                        if taken == records.len()
+                            && (!conn.out.is_empty() || conn.phase != Phase::Active)
+                        {
+                            next.push(Next::Flush(key));
+                        }
+                    }
+                    e if e == -libc::EAGAIN => tls.keep_unsent(records),
+                    e if e == NOT_SENT || e == -libc::EINTR => {
+                        if conn
+                            .send_sealed(records, tls, &mut counts.bytes_sent)
+                            .is_err()
+                        {
+                            next.push(Next::Dead(key));
+                        } else {
+                            next.push(Next::Flush(key));
+                        }
+                    }
+                    // Sealed records that did not go out: its stream is broken.
+                    _ => next.push(Next::Dead(key)),
+                }
+                continue;
+            }
+            match result {
                 n if n >= 0 => {
                     let taken = n as usize;
                     counts.bytes_sent += taken as u64;
@@ -154,6 +240,12 @@ impl Replies {
         self.fds.clear();
         self.offered.clear();
         self.offered_keys.clear();
+        self.sealed_ranges.clear();
+        self.sealed.clear();
+        // Large replies must not leave the loop a large buffer.
+        if self.sealed.capacity() > 4 * ARENA {
+            self.sealed = Vec::new();
+        }
     }
 }
 
@@ -199,17 +291,26 @@ mod tests {
         // behind it.
         for (i, (key, _)) in clients.iter().enumerate() {
             let conn = &mut conns[*key];
-            assert!(replies.can_hold(conn, 5));
+            assert!(replies.can_hold(conn, None, 5));
             replies.hold(*key, conn, format!("re:{i}").as_bytes());
         }
         let first = clients[0].0;
-        assert!(!replies.can_hold(&conns[first], 5), "one held reply each");
+        assert!(
+            !replies.can_hold(&conns[first], None, 5),
+            "one held reply each"
+        );
         conns[first]
             .send(b"+late", None, &mut counts.bytes_sent)
             .unwrap();
         // A repeated key (a slot reused within the turn) is offered once.
         replies.keys.push(first as u32);
-        replies.send(&mut conns, Some(&mut ring), &mut counts, &mut next);
+        replies.send(
+            &mut conns,
+            &mut TlsConns::default(),
+            Some(&mut ring),
+            &mut counts,
+            &mut next,
+        );
         assert_eq!((ring.sends, ring.enters), (6, 1), "one system call");
         assert_eq!(next, vec![Next::Flush(first)], "the late answer waits");
         assert!(conns[first].flush(None, &mut counts.bytes_sent).unwrap());
@@ -226,7 +327,13 @@ mod tests {
         while conns[stuck].socket.write(&filler).is_ok() {}
         replies.hold(stuck, &mut conns[stuck], b"waits");
         next.clear();
-        replies.send(&mut conns, Some(&mut ring), &mut counts, &mut next);
+        replies.send(
+            &mut conns,
+            &mut TlsConns::default(),
+            Some(&mut ring),
+            &mut counts,
+            &mut next,
+        );
         assert!(next.is_empty(), "{next:?}");
         assert_eq!(conns[stuck].out.queued_bytes(), 5);
         let front = conns[stuck].out.front().unwrap();
@@ -240,7 +347,13 @@ mod tests {
         for _ in 0..50 {
             replies.hold(gone, &mut conns[gone], b"bye");
             next.clear();
-            replies.send(&mut conns, Some(&mut ring), &mut counts, &mut next);
+            replies.send(
+                &mut conns,
+                &mut TlsConns::default(),
+                Some(&mut ring),
+                &mut counts,
+                &mut next,
+            );
             if next == vec![Next::Dead(gone)] {
                 dead = true;
                 break;
