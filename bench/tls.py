@@ -86,11 +86,13 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def rss_kb(pids: list[int]) -> int:
+def rss_kb(pids: list[int], field: str = "VmRSS") -> int:
+    """The processes' resident memory (VmRSS), or one part of it (RssAnon:
+    what they allocated, without the binary's and libraries' pages)."""
     total = 0
     for pid in pids:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 total += int(line.split()[1])
     return total
 
@@ -103,10 +105,10 @@ def cpu_ticks(pids: list[int]) -> int:
     return total
 
 
-def median_rss(pids: list[int], samples: int = 5) -> int:
+def median_rss(pids: list[int], samples: int = 5, field: str = "VmRSS") -> int:
     values = []
     for _ in range(samples):
-        values.append(rss_kb(pids))
+        values.append(rss_kb(pids, field))
         time.sleep(0.2)
     return sorted(values)[len(values) // 2]
 
@@ -224,7 +226,7 @@ def run_json(cmd: list[str], timeout: float) -> dict:
 
 def measure_idle(srv: Server, wsload: Path, conns: int) -> dict:
     pids = srv.pids()
-    before = median_rss(pids)
+    before, anon_before = median_rss(pids), median_rss(pids, field="RssAnon")
     hold = 6.0
     cmd = [str(wsload), "-mode", "idle", "-url", srv.url(), "-conns", str(conns), "-rate", "2000",
            "-duration", f"{hold:.0f}s", "-settle", "1s", "-source-ips", SOURCE_IPS, "-rss-samples", "1"]
@@ -235,7 +237,7 @@ def measure_idle(srv: Server, wsload: Path, conns: int) -> dict:
     # then holds them for `hold` seconds.
     time.sleep(conns / 2000 + 3.0)
     pids = srv.pids()
-    after = median_rss(pids)
+    after, anon_after = median_rss(pids), median_rss(pids, field="RssAnon")
     out, _ = client.communicate(timeout=conns / 2000 + hold + 60)
     try:
         report = json.loads(out.strip().splitlines()[-1])
@@ -246,6 +248,9 @@ def measure_idle(srv: Server, wsload: Path, conns: int) -> dict:
         "opened": opened, "failed": report.get("failed"), "dial_errors": report.get("dial_errors"),
         "rss_before_kb": before, "rss_after_kb": after, "processes": len(pids),
         "bytes_per_conn": round((after - before) * 1024 / opened, 1) if opened else None,
+        # VmRSS counts the binary's pages too, which two builds touch differently.
+        "rss_anon_before_kb": anon_before, "rss_anon_after_kb": anon_after,
+        "anon_bytes_per_conn": round((anon_after - anon_before) * 1024 / opened, 1) if opened else None,
     }
 
 
