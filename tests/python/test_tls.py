@@ -411,6 +411,19 @@ def test_a_short_ticket_key_file_stops_the_start(tmp_path):
     assert "ticket key needs at least 32" in out.stderr, out.stderr
 
 
+def upgraded_with_a_small_buffer(port: int, ctx: ssl.SSLContext, path: str) -> rawws.RawConn:
+    """A wss connection upgraded at `path` whose socket asked for a 4 KiB
+    receive buffer: while it does not read, the server's socket fills soon."""
+    conn = rawws.RawConn(port, rcvbuf=4096, timeout=20)
+    conn.sock = ctx.wrap_socket(conn.sock, server_hostname="localhost")
+    conn.send(
+        f"GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    assert conn.read_http_response(body=False).status == 101
+    return conn
+
+
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
 def test_a_tls_fan_out_goes_through_the_send_ring_and_a_full_socket_gets_the_rest_in_order(tls_server, version):
     """Each TLS subscriber's records are sealed into the loop's batch and sent
@@ -423,13 +436,7 @@ def test_a_tls_fan_out_goes_through_the_send_ring_and_a_full_socket_gets_the_res
         pytest.skip(f"io_uring unavailable here ({why}): no send ring to go through")
     srv, cert, _ = tls_server("--threads", "1", "--max-queue", "16MiB")
     ctx = client_context(cert, version)
-    stalled = rawws.RawConn(srv.port, rcvbuf=4096, timeout=10)
-    stalled.sock = ctx.wrap_socket(stalled.sock, server_hostname="localhost")
-    stalled.send(
-        b"GET /ws/wide HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    assert stalled.read_http_response(body=False).status == 101
+    stalled = upgraded_with_a_small_buffer(srv.port, ctx, "/ws/wide")
     # 6 MB for the stalled one: more than its socket's send buffer can grow to
     # (net.ipv4.tcp_wmem's most, 4 MiB), so a send through the ring meets a full
     # socket while its queue is still empty (the first one to, since it takes
@@ -510,13 +517,7 @@ def test_tls_echoes_are_held_to_the_turns_end_and_a_full_socket_gets_them_in_ord
 
     # 4.8 MB of echoes to a 4 KiB receive buffer: more than the server's
     # socket can take (net.ipv4.tcp_wmem's most is 4 MiB) before it reads.
-    stalled = rawws.RawConn(srv.port, rcvbuf=4096, timeout=20)
-    stalled.sock = ctx.wrap_socket(stalled.sock, server_hostname="localhost")
-    stalled.send(
-        b"GET /echo HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    assert stalled.read_http_response(body=False).status == 101
+    stalled = upgraded_with_a_small_buffer(srv.port, ctx, "/echo")
     # The server reads on while its answers wait (up to --max-queue), so
     # everything can be sent before anything is read. One at a time, so that
     # each echo is held alone in its turn (a second one in the same turn is

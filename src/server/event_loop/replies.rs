@@ -285,6 +285,7 @@ mod tests {
         let mut clients: Vec<_> = (0..6).map(|_| connect(&listener, &mut conns)).collect();
         let mut replies = Replies::default();
         let (mut counts, mut next) = (TurnCounts::default(), Vec::new());
+        let mut no_tls = TlsConns::default();
 
         // Every connection's reply is held; the first one's second answer
         // (made after the hold, as a heartbeat or a fan-out would be) queues
@@ -306,7 +307,7 @@ mod tests {
         replies.keys.push(first as u32);
         replies.send(
             &mut conns,
-            &mut TlsConns::default(),
+            &mut no_tls,
             Some(&mut ring),
             &mut counts,
             &mut next,
@@ -329,7 +330,7 @@ mod tests {
         next.clear();
         replies.send(
             &mut conns,
-            &mut TlsConns::default(),
+            &mut no_tls,
             Some(&mut ring),
             &mut counts,
             &mut next,
@@ -349,7 +350,7 @@ mod tests {
             next.clear();
             replies.send(
                 &mut conns,
-                &mut TlsConns::default(),
+                &mut no_tls,
                 Some(&mut ring),
                 &mut counts,
                 &mut next,
