@@ -183,6 +183,7 @@ impl SendRing {
         }
         assert!(fds.len() <= self.batch, "a batch larger than the ring");
         let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        let mut queued = 0;
         {
             let mut sq = self.ring.submission();
             for (i, (&fd, bytes)) in fds.iter().zip(bufs).enumerate() {
@@ -194,9 +195,12 @@ impl SendRing {
                 // every completion before it returns.
                 unsafe { sq.push(&entry.user_data(i as u64)) }
                     .map_err(|_| io::Error::other("send ring: submission queue full"))?;
+                queued += 1;
             }
         }
-        self.complete(fds.len(), results)
+        // Sockets the buffers ran out before were never sent to.
+        results[queued..].fill(NOT_SENT);
+        self.complete(queued, &mut results[..queued])
     }
 
     /// Submits the `count` entries queued and takes all their completions.
