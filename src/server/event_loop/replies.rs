@@ -267,6 +267,17 @@ mod tests {
         (key, client)
     }
 
+    /// The turn's end for connections without TLS.
+    fn offer_held(
+        replies: &mut Replies,
+        conns: &mut Slab<Conn>,
+        ring: &mut SendRing,
+        counts: &mut TurnCounts,
+        next: &mut Vec<Next>,
+    ) {
+        replies.send(conns, &mut TlsConns::default(), Some(ring), counts, next);
+    }
+
     fn read_exactly(client: &mut TcpStream, len: usize) -> Vec<u8> {
         client
             .set_read_timeout(Some(Duration::from_secs(2)))
@@ -285,7 +296,6 @@ mod tests {
         let mut clients: Vec<_> = (0..6).map(|_| connect(&listener, &mut conns)).collect();
         let mut replies = Replies::default();
         let (mut counts, mut next) = (TurnCounts::default(), Vec::new());
-        let mut no_tls = TlsConns::default();
 
         // Every connection's reply is held; the first one's second answer
         // (made after the hold, as a heartbeat or a fan-out would be) queues
@@ -305,13 +315,7 @@ mod tests {
             .unwrap();
         // A repeated key (a slot reused within the turn) is offered once.
         replies.keys.push(first as u32);
-        replies.send(
-            &mut conns,
-            &mut no_tls,
-            Some(&mut ring),
-            &mut counts,
-            &mut next,
-        );
+        offer_held(&mut replies, &mut conns, &mut ring, &mut counts, &mut next);
         assert_eq!((ring.sends, ring.enters), (6, 1), "one system call");
         assert_eq!(next, vec![Next::Flush(first)], "the late answer waits");
         assert!(conns[first].flush(None, &mut counts.bytes_sent).unwrap());
@@ -328,13 +332,7 @@ mod tests {
         while conns[stuck].socket.write(&filler).is_ok() {}
         replies.hold(stuck, &mut conns[stuck], b"waits");
         next.clear();
-        replies.send(
-            &mut conns,
-            &mut no_tls,
-            Some(&mut ring),
-            &mut counts,
-            &mut next,
-        );
+        offer_held(&mut replies, &mut conns, &mut ring, &mut counts, &mut next);
         assert!(next.is_empty(), "{next:?}");
         assert_eq!(conns[stuck].out.queued_bytes(), 5);
         let front = conns[stuck].out.front().unwrap();
@@ -348,13 +346,7 @@ mod tests {
         for _ in 0..50 {
             replies.hold(gone, &mut conns[gone], b"bye");
             next.clear();
-            replies.send(
-                &mut conns,
-                &mut no_tls,
-                Some(&mut ring),
-                &mut counts,
-                &mut next,
-            );
+            offer_held(&mut replies, &mut conns, &mut ring, &mut counts, &mut next);
             if next == vec![Next::Dead(gone)] {
                 dead = true;
                 break;
