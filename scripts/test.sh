@@ -93,7 +93,8 @@ fi
 if [[ ! -d tests/node/node_modules/pusher-js || tests/node/package-lock.json -nt tests/node/node_modules ]]; then
     (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
-"$PYVENV/bin/pytest" -q tests/python
+# The slowest tests are listed at the end, to keep the whole run under 30 minutes.
+"$PYVENV/bin/pytest" -q --durations=15 tests/python
 
 step "go integration tests (gorilla/websocket)"
 (cd tests/go && go test -count=1 ./...)
