@@ -17,6 +17,7 @@ use std::sync::Arc;
 use mio::net::TcpStream;
 
 use super::http::{self, Next};
+use super::send_ring::NOT_SENT;
 use super::shared::Shared;
 use super::timer::Tick;
 use bytes::Bytes;
@@ -320,6 +321,39 @@ impl Conn {
     /// sealed, they go after what is owed and ahead of anything queued later.
     pub fn send_sealed(&mut self, bytes: &[u8], tls: &mut Tls, sent: &mut u64) -> io::Result<()> {
         tls.send_sealed(Counted::new(&mut self.socket, sent), bytes)
+    }
+
+    /// Sealed `records` were offered to the socket elsewhere (a send ring),
+    /// which answered `result`: the bytes taken or a negative errno, as
+    /// `send` would, or `send_ring::NOT_SENT`. What it did not take is owed
+    /// ciphertext; an untried send is made now. `Ok(true)` once all is out;
+    /// an error means the stream is broken (sealed bytes did not go out).
+    pub fn settle_sealed(
+        &mut self,
+        records: &[u8],
+        result: i32,
+        tls: &mut Tls,
+        sent: &mut u64,
+    ) -> io::Result<bool> {
+        match result {
+            n if n >= 0 => {
+                let taken = (n as usize).min(records.len());
+                *sent += taken as u64;
+                tls.keep_unsent(&records[taken..]);
+                Ok(taken == records.len())
+            }
+            e if e == -libc::EAGAIN => {
+                tls.keep_unsent(records);
+                Ok(false)
+            }
+            e if e == NOT_SENT || e == -libc::EINTR => {
+                self.send_sealed(records, tls, sent)?;
+                Ok(tls.unsent() == 0)
+            }
+            e => Err(io::Error::from_raw_os_error(
+                e.checked_neg().unwrap_or(libc::EIO),
+            )),
+        }
     }
 
     /// Tells a TLS peer the stream ends here (close_notify), if the socket

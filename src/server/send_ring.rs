@@ -137,39 +137,10 @@ impl SendRing {
         self.complete(fds.len(), results)
     }
 
-    /// Writes each socket its own bytes (`bufs[i]` to `fds[i]`: held
-    /// replies), at most [`SendRing::batch`] of them, with one system call;
-    /// `results` as for [`SendRing::send_to_all`].
-    pub fn send_each(
-        &mut self,
-        fds: &[RawFd],
-        bufs: &[Bytes],
-        results: &mut Vec<i32>,
-    ) -> io::Result<()> {
-        assert_eq!(fds.len(), bufs.len(), "one buffer per socket");
-        self.send_slices(fds, bufs.iter().map(|b| &b[..]), results)
-    }
-
-    /// Writes each socket its own part of one buffer (`arena[start..end]`
-    /// of `ranges[i]` to `fds[i]`: a fan-out's TLS records, sealed for each
-    /// subscriber), at most [`SendRing::batch`] of them, with one system
-    /// call; `results` as for [`SendRing::send_to_all`].
-    pub fn send_ranges(
-        &mut self,
-        fds: &[RawFd],
-        arena: &[u8],
-        ranges: &[(u32, u32)],
-        results: &mut Vec<i32>,
-    ) -> io::Result<()> {
-        assert_eq!(fds.len(), ranges.len(), "one range per socket");
-        let parts = ranges
-            .iter()
-            .map(|&(start, end)| &arena[start as usize..end as usize]);
-        self.send_slices(fds, parts, results)
-    }
-
     /// Writes each socket its own bytes, the `i`th of `bufs` to `fds[i]`
-    /// (one per socket), as [`SendRing::send_each`] does.
+    /// (held replies, a fan-out's TLS records sealed for each subscriber), at
+    /// most [`SendRing::batch`] of them, with one system call; `results` as
+    /// for [`SendRing::send_to_all`].
     pub fn send_slices<'b>(
         &mut self,
         fds: &[RawFd],

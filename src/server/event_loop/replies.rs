@@ -190,30 +190,14 @@ impl Replies {
                 };
                 // Sealed, the reply's plaintext is spent whatever the socket took.
                 conn.out.sent_front(offered);
-                match result {
-                    n if n >= 0 => {
-                        let taken = (n as usize).min(records.len());
-                        counts.bytes_sent += taken as u64;
-                        tls.keep_unsent(&records[taken..]);
-                        if taken == records.len()
-                            && (!conn.out.is_empty() || conn.phase != Phase::Active)
-                        {
-                            next.push(Next::Flush(key));
-                        }
+                match conn.settle_sealed(records, result, tls, &mut counts.bytes_sent) {
+                    // Out: what waits behind it (or a close) goes as a writable socket's.
+                    Ok(true) if !conn.out.is_empty() || conn.phase != Phase::Active => {
+                        next.push(Next::Flush(key));
                     }
-                    e if e == -libc::EAGAIN => tls.keep_unsent(records),
-                    e if e == NOT_SENT || e == -libc::EINTR => {
-                        if conn
-                            .send_sealed(records, tls, &mut counts.bytes_sent)
-                            .is_err()
-                        {
-                            next.push(Next::Dead(key));
-                        } else {
-                            next.push(Next::Flush(key));
-                        }
-                    }
-                    // Sealed records that did not go out: its stream is broken.
-                    _ => next.push(Next::Dead(key)),
+                    // Out, or owed until the full socket's writable edge.
+                    Ok(_) => {}
+                    Err(_) => next.push(Next::Dead(key)),
                 }
                 continue;
             }

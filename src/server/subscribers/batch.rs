@@ -94,17 +94,12 @@ impl Batch {
         if self.keys.is_empty() {
             return;
         }
-        let lone = self.keys.len() == 1;
-        match (&mut self.ring, lone) {
-            // One socket: a `send` costs what one ring entry does.
-            (Some(_), true) | (None, _) => self.results.clear(),
-            (Some(ring), false) => {
-                if let Err(e) = ring.send_to_all(&self.fds, frames, &mut self.results) {
-                    tracing::warn!(error = %e, "the send ring failed: this loop sends with send(2) from now on");
-                    self.ring = None;
-                }
-            }
-        }
+        offer(
+            &mut self.ring,
+            &mut self.results,
+            self.keys.len(),
+            |ring, results| ring.send_to_all(&self.fds, frames, results),
+        );
         for (i, &key) in self.keys.iter().enumerate() {
             let key = key as usize;
             let Some(conn) = conns.get_mut(key) else {
@@ -185,21 +180,17 @@ impl Batch {
         if self.sealed_keys.is_empty() {
             return;
         }
-        let lone = self.sealed_keys.len() == 1;
-        match (&mut self.ring, lone) {
-            (Some(_), true) | (None, _) => self.results.clear(),
-            (Some(ring), false) => {
-                if let Err(e) = ring.send_ranges(
-                    &self.sealed_fds,
-                    &self.sealed,
-                    &self.sealed_ranges,
-                    &mut self.results,
-                ) {
-                    tracing::warn!(error = %e, "the send ring failed: this loop sends with send(2) from now on");
-                    self.ring = None;
-                }
-            }
-        }
+        let sealed = &self.sealed;
+        let parts = self
+            .sealed_ranges
+            .iter()
+            .map(|&(start, end)| &sealed[start as usize..end as usize]);
+        offer(
+            &mut self.ring,
+            &mut self.results,
+            self.sealed_keys.len(),
+            |ring, results| ring.send_slices(&self.sealed_fds, parts, results),
+        );
         for (i, (&key, &(start, end))) in
             self.sealed_keys.iter().zip(&self.sealed_ranges).enumerate()
         {
@@ -208,23 +199,12 @@ impl Batch {
             let (Some(conn), Some(tls)) = (conns.get_mut(key), tls.get_mut(key)) else {
                 continue;
             };
-            match self.results.get(i).copied().unwrap_or(NOT_SENT) {
-                NOT_SENT => {
-                    if conn
-                        .send_sealed(records, tls, &mut counts.bytes_sent)
-                        .is_err()
-                    {
-                        failed.push(Follow::Dead(key));
-                    }
-                }
-                n if n >= 0 => {
-                    let taken = (n as usize).min(records.len());
-                    counts.bytes_sent += taken as u64;
-                    tls.keep_unsent(&records[taken..]);
-                }
-                e if e == -libc::EAGAIN || e == -libc::EINTR => tls.keep_unsent(records),
-                // Sealed records that did not go out: its stream is broken.
-                _ => failed.push(Follow::Dead(key)),
+            let result = self.results.get(i).copied().unwrap_or(NOT_SENT);
+            if conn
+                .settle_sealed(records, result, tls, &mut counts.bytes_sent)
+                .is_err()
+            {
+                failed.push(Follow::Dead(key));
             }
         }
         self.sealed_keys.clear();
@@ -235,6 +215,26 @@ impl Batch {
         if self.sealed.capacity() > 2 * SEALED_PER_BATCH {
             self.sealed = Vec::new();
         }
+    }
+}
+
+/// Sends a batch of `count` sockets through the ring with `send`, which
+/// fills `results` as the ring's calls do; a lone socket or a loop without a
+/// ring leaves `results` empty (every socket not sent: a `send` of its own
+/// costs what one ring entry does). A failed ring is dropped for good.
+fn offer(
+    ring: &mut Option<SendRing>,
+    results: &mut Vec<i32>,
+    count: usize,
+    send: impl FnOnce(&mut SendRing, &mut Vec<i32>) -> std::io::Result<()>,
+) {
+    results.clear();
+    let Some(active) = ring.as_mut().filter(|_| count > 1) else {
+        return;
+    };
+    if let Err(e) = send(active, results) {
+        tracing::warn!(error = %e, "the send ring failed: this loop sends with send(2) from now on");
+        *ring = None;
     }
 }
 
