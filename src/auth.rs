@@ -49,6 +49,9 @@ pub struct Grant {
 #[derive(Debug, serde::Deserialize)]
 struct Claims {
     exp: u64,
+    /// Not before (Unix seconds): a token is refused until then.
+    #[serde(default)]
+    nbf: Option<u64>,
     channels: Vec<String>,
     #[serde(default)]
     sub: Option<String>,
@@ -67,12 +70,22 @@ impl std::fmt::Debug for Verifier {
     }
 }
 
-/// Whether `channel` is one of `granted`: an exact name, or a prefix ending in `*`.
-pub fn grants(granted: &[String], channel: &str) -> bool {
+/// Whether `channel` is one of `granted`: an exact name, or a prefix ending in `*`
+/// when `wildcards` may cover it (a Pusher app's channels are granted by name only:
+/// `*` or `4242*` must not reach into an app's namespace).
+pub fn grants(granted: &[String], channel: &str, wildcards: Wildcards) -> bool {
     granted.iter().any(|g| match g.strip_suffix('*') {
-        Some(prefix) => channel.starts_with(prefix),
+        Some(prefix) => wildcards == Wildcards::Cover && channel.starts_with(prefix),
         None => g == channel,
     })
+}
+
+/// Whether a token's prefix grants (`news*`) may cover a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wildcards {
+    Cover,
+    /// Only a grant of the channel's exact name counts.
+    ExactOnly,
 }
 
 pub fn now_secs() -> u64 {
@@ -88,6 +101,7 @@ impl Verifier {
         validation.algorithms = vec![Algorithm::HS256];
         validation.leeway = 0;
         validation.validate_exp = true;
+        validation.validate_nbf = true;
         validation.set_required_spec_claims(&["exp"]);
         Verifier {
             key: DecodingKey::from_secret(secret.as_bytes()),
@@ -96,11 +110,27 @@ impl Verifier {
     }
 
     /// Checks `token` for a subscription to `channel` at `now` (Unix seconds).
-    pub fn check(&self, token: &str, channel: &str, now: u64) -> Result<Grant, AuthError> {
+    pub fn check(
+        &self,
+        token: &str,
+        channel: &str,
+        now: u64,
+        wildcards: Wildcards,
+    ) -> Result<Grant, AuthError> {
         let bad = |why: String| AuthError::Unauthorized(format!("invalid token: {why}"));
+        let not_yet = || AuthError::Unauthorized("token not valid yet (nbf)".into());
+        if token.is_empty() {
+            return Err(bad("the token is empty".into()));
+        }
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
             |e| match e.kind() {
                 ErrorKind::ExpiredSignature => AuthError::Unauthorized("token expired".into()),
+                ErrorKind::ImmatureSignature => not_yet(),
+                ErrorKind::InvalidToken => {
+                    bad("not a JWT: three base64url parts joined by '.' are expected".into())
+                }
+                ErrorKind::Base64(_) => bad("a part is not valid base64url".into()),
+                ErrorKind::Utf8(_) => bad("a part is not UTF-8".into()),
                 ErrorKind::InvalidSignature => bad("bad signature".into()),
                 ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
                     bad("only HS256 is accepted".into())
@@ -115,7 +145,10 @@ impl Verifier {
         if claims.exp <= now {
             return Err(AuthError::Unauthorized("token expired".into()));
         }
-        if !grants(&claims.channels, channel) {
+        if claims.nbf.is_some_and(|nbf| nbf > now) {
+            return Err(not_yet());
+        }
+        if !grants(&claims.channels, channel, wildcards) {
             return Err(AuthError::Forbidden(format!(
                 "the token does not grant channel '{channel}'"
             )));
@@ -173,14 +206,14 @@ mod tests {
         let v = Verifier::new(SECRET);
         let now = now_secs();
         let t = token(json!({"exp": now + 60, "channels": ["news", "chat:*"], "sub": "alice"}));
-        let grant = v.check(&t, "chat:lobby", now).unwrap();
+        let grant = v.check(&t, "chat:lobby", now, Wildcards::Cover).unwrap();
         assert_eq!(grant.name.as_deref(), Some("alice"));
         assert_eq!(u64::from(grant.expires), now + 60);
-        assert!(v.check(&t, "news", now).is_ok());
-        let err = v.check(&t, "sports", now).unwrap_err();
+        assert!(v.check(&t, "news", now, Wildcards::Cover).is_ok());
+        let err = v.check(&t, "sports", now, Wildcards::Cover).unwrap_err();
         assert_eq!(err.status(), 403);
         assert!(
-            v.check(&t, "newsroom", now).is_err(),
+            v.check(&t, "newsroom", now, Wildcards::Cover).is_err(),
             "exact names are exact"
         );
     }
@@ -191,19 +224,21 @@ mod tests {
         let now = now_secs();
         let expired = token(json!({"exp": now - 1, "channels": ["*"]}));
         assert_eq!(
-            v.check(&expired, "x", now).unwrap_err().to_string(),
+            v.check(&expired, "x", now, Wildcards::Cover)
+                .unwrap_err()
+                .to_string(),
             "token expired"
         );
         let no_exp = token(json!({"channels": ["*"]}));
         assert!(
-            v.check(&no_exp, "x", now)
+            v.check(&no_exp, "x", now, Wildcards::Cover)
                 .unwrap_err()
                 .to_string()
                 .contains("exp")
         );
         let no_channels = token(json!({"exp": now + 60}));
         assert!(
-            v.check(&no_channels, "x", now)
+            v.check(&no_channels, "x", now, Wildcards::Cover)
                 .unwrap_err()
                 .to_string()
                 .contains("channels")
@@ -215,7 +250,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            v.check(&other_secret, "x", now)
+            v.check(&other_secret, "x", now, Wildcards::Cover)
                 .unwrap_err()
                 .to_string()
                 .contains("signature")
@@ -227,7 +262,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            v.check(&hs512, "x", now)
+            v.check(&hs512, "x", now, Wildcards::Cover)
                 .unwrap_err()
                 .to_string()
                 .contains("HS256")
@@ -238,17 +273,49 @@ mod tests {
             b64(json!({"alg": "none", "typ": "JWT"})),
             b64(json!({"exp": now + 60, "channels": ["*"]}))
         );
-        assert_eq!(v.check(&none, "x", now).unwrap_err().status(), 401);
+        assert_eq!(
+            v.check(&none, "x", now, Wildcards::Cover)
+                .unwrap_err()
+                .status(),
+            401
+        );
         let bad_sub = token(json!({"exp": now + 60, "channels": ["*"], "sub": "a b"}));
         assert!(
-            v.check(&bad_sub, "x", now)
+            v.check(&bad_sub, "x", now, Wildcards::Cover)
                 .unwrap_err()
                 .to_string()
                 .contains("sub")
         );
         for garbage in ["", "a.b.c", "not a token", "...."] {
-            assert_eq!(v.check(garbage, "x", now).unwrap_err().status(), 401);
+            let err = v.check(garbage, "x", now, Wildcards::Cover).unwrap_err();
+            assert_eq!(err.status(), 401);
+            // The reason is words, never a library's enum name.
+            assert!(!err.to_string().contains("InvalidToken"), "{err}");
         }
+        assert!(
+            v.check("", "x", now, Wildcards::Cover)
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
+        assert!(
+            v.check("not a token", "x", now, Wildcards::Cover)
+                .unwrap_err()
+                .to_string()
+                .contains("not a JWT")
+        );
+    }
+
+    #[test]
+    fn a_token_is_refused_before_its_nbf() {
+        let v = Verifier::new(SECRET);
+        let now = now_secs();
+        let later = token(json!({"exp": now + 600, "nbf": now + 300, "channels": ["*"]}));
+        let err = v.check(&later, "x", now, Wildcards::Cover).unwrap_err();
+        assert_eq!(err.status(), 401);
+        assert!(err.to_string().contains("not valid yet"), "{err}");
+        let began = token(json!({"exp": now + 600, "nbf": now - 1, "channels": ["*"]}));
+        assert!(v.check(&began, "x", now, Wildcards::Cover).is_ok());
     }
 
     #[test]
@@ -263,9 +330,14 @@ mod tests {
     #[test]
     fn wildcards() {
         let g = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(grants(&g(&["*"]), "anything"));
-        assert!(grants(&g(&["chat:*"]), "chat:"));
-        assert!(!grants(&g(&["chat:*"]), "chatter"));
-        assert!(!grants(&g(&[]), "x"));
+        let cover = Wildcards::Cover;
+        assert!(grants(&g(&["*"]), "anything", cover));
+        assert!(grants(&g(&["chat:*"]), "chat:", cover));
+        assert!(!grants(&g(&["chat:*"]), "chatter", cover));
+        assert!(!grants(&g(&[]), "x", cover));
+        // Where wildcards may not reach, only the exact name grants.
+        let exact = Wildcards::ExactOnly;
+        assert!(!grants(&g(&["*", "4242*", "4242:*"]), "4242:news", exact));
+        assert!(grants(&g(&["*", "4242:news"]), "4242:news", exact));
     }
 }

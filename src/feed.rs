@@ -161,7 +161,12 @@ pub fn tick(view: View<'_>) {
 fn message(view: View<'_>, sample: &Sample) -> Value {
     let busiest: Vec<Value> = view
         .hub
-        .busiest(BUSIEST, rules::is_reserved)
+        // An app's channels are the Pusher protocol's: their names (a user's id,
+        // a private channel's) are not the anonymous dashboard's to show.
+        .busiest(BUSIEST, |name| {
+            rules::is_reserved(name)
+                || crate::pusher::app_channel(&view.config.pusher_apps, name).is_some()
+        })
         .iter()
         .map(|c| json!({"channel": c.name(), "subscribers": c.subscribers(), "messages": c.messages()}))
         .collect();

@@ -24,7 +24,8 @@
 //!   the socket is behind), used by the server and the load generator.
 //! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file;
 //!   [`auth`]: who may subscribe (JWT tokens, allowed origins); [`proxy`]: the
-//!   client's address behind a `--trusted-proxy`.
+//!   client's address behind a `--trusted-proxy`; [`site`]: which `Host` names
+//!   and `Origin`s are the server's own (DNS rebinding, cross-site publishes).
 //! - [`stats`]: per-loop counters and the seeds' stats block; [`metrics`]: the
 //!   same counters (and a few process figures) as Prometheus text for `/metrics`.
 //! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1
@@ -53,6 +54,7 @@ pub mod proxy;
 pub mod pusher;
 pub mod rules;
 pub mod server;
+pub mod site;
 pub mod stats;
 pub mod tls;
 pub mod transport;

@@ -285,8 +285,30 @@
     return out;
   }
 
+  // The token a page was opened with: `#token=JWT` (a fragment never reaches a
+  // server, a proxy or a log), or `?token=JWT` as before. Either is taken out of
+  // the address bar and the history at once, and kept for this tab only.
+  function pageToken() {
+    var loc = global.location;
+    if (!loc) return undefined;
+    var hash = new URLSearchParams(loc.hash.replace(/^#/, ""));
+    var query = new URLSearchParams(loc.search);
+    var token = hash.get("token") || query.get("token");
+    if (token) {
+      hash.delete("token"); query.delete("token");
+      var q = query.toString(), h = hash.toString();
+      try {
+        global.history.replaceState(null, "", loc.pathname + (q ? "?" + q : "") + (h ? "#" + h : ""));
+      } catch (e) { /* no history API */ }
+      try { global.sessionStorage.setItem("throng.token", token); } catch (e) { /* private mode */ }
+      return token;
+    }
+    try { return global.sessionStorage.getItem("throng.token") || undefined; } catch (e) { return undefined; }
+  }
+
   global.Throng = {
     version: "1",
     subscribe: function (channel, options) { return new Subscription(channel, options); },
+    pageToken: pageToken,
   };
 })(typeof window !== "undefined" ? window : this);

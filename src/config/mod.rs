@@ -251,6 +251,17 @@ pub struct ServeArgs {
     )]
     pub allowed_origin: Vec<String>,
 
+    /// Host names requests may name (repeatable; port ignored; IP literals always
+    /// pass). Default: any, except that a browser on this machine reaching a
+    /// loopback socket directly must name localhost or an address (DNS rebinding)
+    #[arg(
+        long,
+        env = "THRONG_ALLOWED_HOST",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allowed_host: Vec<String>,
+
     /// A reverse proxy (address or network, repeatable) whose X-Forwarded-For is
     /// believed: the client's address from it is what the publish rule, per-IP limits
     /// and logs use. Default: none, the header is ignored
@@ -432,6 +443,9 @@ pub struct ServeConfig {
     pub token_secret: Option<String>,
     /// Origins whose browser pages may connect. Default: empty, any origin.
     pub allowed_origins: Vec<String>,
+    /// Host names a request's `Host` may be (`--allowed-host`), lower-case.
+    /// Default: empty, see [`crate::origin`].
+    pub allowed_hosts: Vec<String>,
     /// Peers whose `X-Forwarded-For` names the client (`--trusted-proxy`).
     /// Default: none, every client is its socket's peer.
     pub trusted_proxies: Vec<Network>,
@@ -527,6 +541,7 @@ impl Default for ServeConfig {
             api_key: None,
             token_secret: None,
             allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             trusted_proxies: Vec::new(),
             echo_prefix: defaults::ECHO_PREFIX.to_string(),
             pusher_apps: Vec::new(),
@@ -682,6 +697,12 @@ impl ServeArgs {
                 .into_iter()
                 .map(|o| o.trim_end_matches('/').to_string())
                 .filter(|o| !o.is_empty())
+                .collect(),
+            allowed_hosts: self
+                .allowed_host
+                .into_iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
                 .collect(),
             trusted_proxies: self.trusted_proxy,
             echo_prefix: self.echo_prefix,

@@ -23,6 +23,10 @@ pub struct Request<'a> {
     pub minor_version: u8,
     /// Held inline: a request's handful of headers costs no allocation.
     pub headers: SmallVec<[(&'a str, &'a [u8]); INLINE_HEADERS]>,
+    /// The body's length as its one `Content-Length` declares it (0 without one).
+    pub content_length: usize,
+    /// The request declares `Transfer-Encoding`: a body no length frames here.
+    pub transfer_encoding: bool,
 }
 
 impl<'a> Request<'a> {
@@ -73,6 +77,11 @@ pub enum ParseError {
 
 /// Parses a request head. `Ok(None)`: incomplete, read more. On success also
 /// returns the head's length, so bytes after it (a pipelined frame) are kept.
+///
+/// A head whose framing two parties could read two ways is refused here, so no
+/// request can hide inside another one's body (request smuggling): a line that
+/// ends in a bare LF, an HTTP/1.1 request without `Host`, `Content-Length` given
+/// twice or as anything but digits, `Content-Length` beside `Transfer-Encoding`.
 pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
@@ -80,12 +89,18 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseEr
         // The cap holds however the head arrived: in pieces or in one read.
         Ok(httparse::Status::Complete(len)) if len > MAX_REQUEST_HEAD => Err(ParseError::TooLarge),
         Ok(httparse::Status::Complete(len)) => {
-            let request = Request {
+            if has_bare_lf(&buf[..len]) {
+                return Err(malformed("every line must end in CRLF, not a bare LF"));
+            }
+            let mut request = Request {
                 method: req.method.unwrap_or(""),
                 target: req.path.unwrap_or(""),
                 minor_version: req.version.unwrap_or(1),
                 headers: req.headers.iter().map(|h| (h.name, h.value)).collect(),
+                content_length: 0,
+                transfer_encoding: false,
             };
+            frame(&mut request)?;
             Ok(Some((request, len)))
         }
         Ok(httparse::Status::Partial) => {
@@ -98,6 +113,55 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseEr
         Err(httparse::Error::TooManyHeaders) => Err(ParseError::TooLarge),
         Err(e) => Err(ParseError::Malformed(e.to_string())),
     }
+}
+
+fn malformed(why: &str) -> ParseError {
+    ParseError::Malformed(why.to_owned())
+}
+
+/// Whether a line of `head` ends in LF without the CR before it. (httparse takes
+/// both; a proxy in front may not, and then the two split requests differently.)
+fn has_bare_lf(head: &[u8]) -> bool {
+    head.iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
+}
+
+/// Checks the head's framing headers and fills in what they declare.
+fn frame(req: &mut Request<'_>) -> Result<(), ParseError> {
+    let mut lengths = 0;
+    let mut hosts = 0;
+    for (name, value) in &req.headers {
+        if name.eq_ignore_ascii_case("content-length") {
+            lengths += 1;
+            // Digits only: no sign, no list, no spaces inside (httparse has
+            // trimmed the ends).
+            if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+                return Err(malformed("Content-Length must be a number of digits"));
+            }
+            req.content_length = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| malformed("Content-Length is too large"))?;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            req.transfer_encoding = true;
+        } else if name.eq_ignore_ascii_case("host") {
+            hosts += 1;
+        }
+    }
+    if lengths > 1 {
+        return Err(malformed("Content-Length is given more than once"));
+    }
+    if lengths == 1 && req.transfer_encoding {
+        return Err(malformed("Content-Length and Transfer-Encoding together"));
+    }
+    if hosts > 1 {
+        return Err(malformed("Host is given more than once"));
+    }
+    if hosts == 0 && req.minor_version >= 1 {
+        return Err(malformed("an HTTP/1.1 request needs a Host header"));
+    }
+    Ok(())
 }
 
 pub fn reason_phrase(status: u16) -> &'static str {
@@ -119,6 +183,10 @@ pub fn reason_phrase(status: u16) -> &'static str {
         _ => "Unknown",
     }
 }
+
+/// The headers every response carries.
+pub const SECURITY_HEADERS: &[u8] =
+    b"X-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n";
 
 /// Appends a complete response that closes the connection after it.
 pub fn write_response(
@@ -157,6 +225,9 @@ pub fn write_response_conn(
     } else {
         b"\r\nConnection: close\r\n".as_slice()
     });
+    // No answer is sniffed into another type (a JSON error as a page), and none
+    // tells the next site where the reader came from.
+    out.extend_from_slice(SECURITY_HEADERS);
     for (name, value) in extra_headers {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");
@@ -199,6 +270,38 @@ mod tests {
         let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
         big.resize(MAX_REQUEST_HEAD + 10, b'a');
         assert_eq!(parse_request(&big).unwrap_err(), ParseError::TooLarge);
+    }
+    #[test]
+    fn heads_whose_framing_could_be_read_two_ways_are_refused() {
+        let refused = [
+            "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 40\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: +2\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2, 2\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0x10\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+            "GET / HTTP/1.1\nHost: x\n\n",
+            "GET / HTTP/1.1\r\nHost: x\nX: y\r\n\r\n",
+        ];
+        for raw in refused {
+            assert!(
+                matches!(parse_request(raw.as_bytes()), Err(ParseError::Malformed(_))),
+                "{raw:?}"
+            );
+        }
+        let (req, _) = parse_request(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!((req.content_length, req.transfer_encoding), (12, false));
+        let (req, _) =
+            parse_request(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .unwrap()
+                .unwrap();
+        assert!(req.transfer_encoding);
+        // HTTP/1.0 names no host.
+        assert!(parse_request(b"GET / HTTP/1.0\r\n\r\n").unwrap().is_some());
     }
     #[test]
     fn pipelined_bytes_after_the_head_are_not_consumed() {

@@ -135,6 +135,18 @@ pub fn throng_channel(app_id: &str, name: &str) -> String {
     }
 }
 
+/// The app whose namespace throng channel `channel` is in (`ID:NAME` or
+/// `ID.user:USER`), with what the Pusher channel's name makes it there. A channel
+/// of an app belongs to the Pusher protocol: throng's own endpoints, wildcard
+/// token grants and the stats feed must not open what its signatures guard.
+pub fn app_channel<'a>(apps: &'a [App], channel: &str) -> Option<(&'a App, ChannelKind)> {
+    let (namespace, name) = channel.split_once(':')?;
+    if let Some(id) = namespace.strip_suffix(USER_NAMESPACE) {
+        return app_by_id(apps, id).map(|app| (app, ChannelKind::User));
+    }
+    app_by_id(apps, namespace).map(|app| (app, ChannelKind::of(name)))
+}
+
 /// The Pusher channel name of a throng channel (what follows the app id).
 pub fn pusher_name(channel: &str) -> std::borrow::Cow<'_, str> {
     match channel.split_once(':') {
@@ -182,6 +194,17 @@ impl ChannelKind {
             ChannelKind::Presence
         } else {
             ChannelKind::Public
+        }
+    }
+
+    /// What a refusal calls a channel of this kind.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ChannelKind::Public => "public",
+            ChannelKind::Private => "private",
+            ChannelKind::Encrypted => "encrypted",
+            ChannelKind::Presence => "presence",
+            ChannelKind::User => "user",
         }
     }
 
@@ -283,6 +306,29 @@ mod tests {
         assert!(validate_channel_name("#other").is_err());
         let longest = throng_channel(&"9".repeat(MAX_APP_ID), &"x".repeat(MAX_CHANNEL_NAME));
         assert!(crate::rules::validate_channel_name(&longest).is_ok());
+    }
+
+    #[test]
+    fn an_apps_channels_are_found_with_their_kind() {
+        let apps = vec!["4242:key:secret".parse::<App>().unwrap()];
+        let kind = |c: &str| app_channel(&apps, c).map(|(a, k)| (&*a.id, k));
+        assert_eq!(
+            kind("4242:private-payroll"),
+            Some(("4242", ChannelKind::Private))
+        );
+        assert_eq!(
+            kind("4242:presence-room"),
+            Some(("4242", ChannelKind::Presence))
+        );
+        assert_eq!(
+            kind("4242:private-encrypted-x"),
+            Some(("4242", ChannelKind::Encrypted))
+        );
+        assert_eq!(kind("4242.user:bob"), Some(("4242", ChannelKind::User)));
+        assert_eq!(kind("4242:news"), Some(("4242", ChannelKind::Public)));
+        assert_eq!(kind("4243:private-x"), None);
+        assert_eq!(kind("private-x"), None);
+        assert_eq!(kind("chat:private-x"), None);
     }
 
     #[test]

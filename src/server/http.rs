@@ -75,10 +75,16 @@ pub fn serve(
                 return Next::Close;
             }
         };
+        if let Some((status, reason)) = unframeable(&request) {
+            counts.handshake_failed(HandshakeFailure::BadRequest);
+            write_error(out, status, reason, &[]);
+            return Next::Close;
+        }
         let client = proxy::client_address(peer, &request, &shared.config.trusted_proxies);
         let ctx = RouteContext {
             shared,
-            peer: client,
+            peer: client.addr,
+            local: client.is_local(),
             body: &rest[head_len..],
             head_len,
         };
@@ -88,6 +94,11 @@ pub fn serve(
                 return Next::KeepOpen { answered };
             }
             Outcome::Responded => return Next::Close,
+            // Whatever a route read of it, a kept-alive request takes its whole
+            // declared body with it: bytes it declared are never a next request.
+            Outcome::KeepAlive { consumed } if consumed < head_len + request.content_length => {
+                return Next::Close;
+            }
             Outcome::KeepAlive { consumed } => {
                 answered = true;
                 start += consumed;
@@ -99,11 +110,34 @@ pub fn serve(
                 return Next::Open {
                     opening,
                     leftover: rest[head_len..].to_vec(),
-                    client,
+                    client: client.addr,
                 };
             }
         }
     }
+}
+
+/// Why a request whose head parsed cannot be served on a kept-alive connection:
+/// its body's end would be a guess. Only `POST` carries a body here (with
+/// `Content-Length`, never chunked), so a body on anything else, or a chunked one,
+/// is refused and the connection closed. Otherwise a `GET /healthz` could carry a
+/// second request in the body a proxy forwarded as part of the first.
+fn unframeable(request: &crate::protocol::http::Request<'_>) -> Option<(u16, &'static str)> {
+    let takes_body = request.method == "POST";
+    if request.transfer_encoding {
+        return Some(if takes_body {
+            (
+                411,
+                "send the body with Content-Length, not Transfer-Encoding",
+            )
+        } else {
+            (400, "Transfer-Encoding on a request that takes no body")
+        });
+    }
+    if request.content_length > 0 && !takes_body {
+        return Some((400, "a body on a request that takes none"));
+    }
+    None
 }
 
 #[cfg(test)]
@@ -112,6 +146,66 @@ mod tests {
     use crate::server::tests_support::test_shared;
 
     const LOCAL: [u8; 4] = [127, 0, 0, 1];
+
+    /// Serves `raw` from loopback in one piece: the next step, and the answers.
+    fn serve_once(raw: &[u8]) -> (Next, String) {
+        let (shared, _polls) = test_shared(None);
+        let mut out = Vec::new();
+        let next = serve(
+            &mut Vec::new(),
+            raw,
+            &shared,
+            LOCAL.into(),
+            &mut out,
+            &mut TurnCounts::default(),
+        );
+        (next, String::from_utf8_lossy(&out).into_owned())
+    }
+
+    #[test]
+    fn a_request_hidden_in_a_body_is_never_served() {
+        let hidden = "POST /api/publish/x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+        // A body on a GET: refused and closed, the body never read as a request.
+        let smuggled = format!(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{hidden}",
+            hidden.len()
+        );
+        let (next, out) = serve_once(smuggled.as_bytes());
+        assert!(matches!(next, Next::Close), "{out}");
+        assert!(
+            out.starts_with("HTTP/1.1 400") && out.matches("HTTP/1.1").count() == 1,
+            "{out}"
+        );
+        // A chunked GET: the same.
+        let chunked = format!(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{hidden}\r\n0\r\n\r\n",
+            hidden.len()
+        );
+        let (next, out) = serve_once(chunked.as_bytes());
+        assert!(matches!(next, Next::Close));
+        assert!(
+            out.starts_with("HTTP/1.1 400") && out.matches("HTTP/1.1").count() == 1,
+            "{out}"
+        );
+        // A chunked POST: 411, closed.
+        let (next, out) = serve_once(
+            b"POST /api/publish/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        );
+        assert!(matches!(next, Next::Close));
+        assert!(
+            out.starts_with("HTTP/1.1 411") && out.matches("HTTP/1.1").count() == 1,
+            "{out}"
+        );
+        // Two lengths: 400, one answer.
+        let (next, out) = serve_once(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 40\r\n\r\nab",
+        );
+        assert!(matches!(next, Next::Close));
+        assert!(
+            out.starts_with("HTTP/1.1 400") && out.matches("HTTP/1.1").count() == 1,
+            "{out}"
+        );
+    }
 
     #[test]
     fn a_request_in_pieces_is_answered_once_whole() {

@@ -3,6 +3,7 @@
 //! open transports or touch connections: it reads the request and the shared
 //! state, and writes one whole answer.
 
+use super::subscribe::pusher_only;
 use super::{Outcome, RouteContext, ok, ok_json, ok_with, request_body};
 use crate::broker::Outgoing;
 use crate::broker::idempotency::{self, Published};
@@ -42,15 +43,45 @@ fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bo
                 }
             }
         }
-        None if ctx.peer.is_loopback() => true,
+        // A page in a browser on this machine is local too: only the server's own
+        // pages (or an --allowed-origin one) publish without a key.
+        None if ctx.local && own_site(req, ctx) => true,
+        None if ctx.local => {
+            http::write_error(
+                out,
+                403,
+                "a browser page of another site may not publish without --api-key",
+                &[],
+            );
+            false
+        }
         None => {
             http::write_error(
                 out,
                 403,
-                "publishing without --api-key is allowed from loopback peers only",
+                "publishing without --api-key is allowed from loopback peers only (and never through a proxy)",
                 &[],
             );
             false
+        }
+    }
+}
+
+/// Whether a request with no key comes from no browser page, or from one of the
+/// server's own pages (or a listed `--allowed-origin`).
+fn own_site(req: &Request<'_>, ctx: RouteContext<'_>) -> bool {
+    match req.header("origin") {
+        None => req
+            .header("sec-fetch-site")
+            .is_none_or(|site| site == b"same-origin" || site == b"none"),
+        Some(origin) => {
+            crate::site::same_site(origin, req.header("host"))
+                || ctx
+                    .shared
+                    .config
+                    .allowed_origins
+                    .iter()
+                    .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
         }
     }
 }
@@ -179,6 +210,14 @@ pub(super) fn channel_info(
 ) -> Outcome {
     if let Err(e) = validate_channel_name(channel) {
         http::write_error(out, 400, &e.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    // What an app's private channels hold is the Pusher API's to tell, signed
+    // (`/apps/ID/channels/NAME`).
+    if let Some((app, kind)) = crate::pusher::app_channel(&ctx.shared.config.pusher_apps, channel)
+        && kind != crate::pusher::ChannelKind::Public
+    {
+        http::write_error(out, 403, &pusher_only(channel, &app.id, kind), &[]);
         return Outcome::Responded;
     }
     if !ctx.shared.broker.healthy() {

@@ -16,8 +16,10 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 
 use super::shared::Shared;
+use crate::auth::{self, AuthError};
 use crate::protocol::http::{self, Request};
-use crate::stats::TurnCounts;
+use crate::site;
+use crate::stats::{HandshakeFailure, TurnCounts};
 use crate::transport::Opening;
 use crate::transport::request::truncate;
 use crate::web;
@@ -41,7 +43,10 @@ pub enum Outcome {
 #[derive(Clone, Copy)]
 pub struct RouteContext<'a> {
     pub shared: &'a Shared,
+    /// The client's address (behind a trusted proxy, the one it forwards for).
     pub peer: IpAddr,
+    /// The request comes from this machine: a loopback peer, not forwarded.
+    pub local: bool,
     /// Bytes received after the request head (the body, possibly incomplete).
     pub body: &'a [u8],
     /// Length of the request head, so a kept-alive connection knows where the next
@@ -66,6 +71,14 @@ pub fn route(
     out: &mut Vec<u8>,
     counts: &mut TurnCounts,
 ) -> Outcome {
+    if let Err(refusal) = site_allowed(req, ctx) {
+        counts.handshake_failed(match refusal {
+            AuthError::Origin => HandshakeFailure::Origin,
+            _ => HandshakeFailure::BadRequest,
+        });
+        http::write_error(out, refusal.status(), &refusal.to_string(), &[]);
+        return Outcome::Responded;
+    }
     let path = req.path();
     if path == "/" && !req.wants_upgrade() {
         return page(req, path, ctx, out);
@@ -138,13 +151,51 @@ pub fn route(
     Outcome::Responded
 }
 
+/// The site rules every endpoint keeps: an `Origin` `--allowed-origin` does not
+/// list is refused (publishes included, not only transports), and so is a `Host`
+/// the server must not answer to ([`site::host_allowed`]).
+fn site_allowed(req: &Request<'_>, ctx: RouteContext<'_>) -> Result<(), AuthError> {
+    let config = &ctx.shared.config;
+    if !auth::origin_allowed(&config.allowed_origins, req.header("origin")) {
+        return Err(AuthError::Origin);
+    }
+    let browser = req.header("sec-fetch-site").is_some();
+    site::host_allowed(
+        &config.allowed_hosts,
+        req.header("host"),
+        browser,
+        ctx.local,
+    )
+    .map_err(|e| AuthError::Forbidden(e.to_string()))
+}
+
+/// What every page adds to its answer: it runs only its own scripts, is framed
+/// by no other site, and sends no address of its own onward.
+const PAGE_HEADERS: [(&str, &str); 2] = [
+    (
+        "Content-Security-Policy",
+        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; \
+         connect-src 'self' ws: wss:; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
+         frame-ancestors 'none'",
+    ),
+    ("X-Frame-Options", "DENY"),
+];
+
 /// `GET` of one of the browser pages (the dashboard, the chat room, throng.js).
 fn page(req: &Request<'_>, path: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
     if !only_get(req, out) {
         return Outcome::Responded;
     }
     match web::serve(path) {
-        Some(Ok(served)) => ok(req, ctx, out, served.content_type, &served.body, 0),
+        Some(Ok(served)) => ok_with(
+            req,
+            ctx,
+            out,
+            served.content_type,
+            &PAGE_HEADERS,
+            &served.body,
+            0,
+        ),
         Some(Err(reason)) => {
             http::write_error(out, 500, &reason, &[]);
             Outcome::Responded
@@ -225,23 +276,9 @@ pub(super) fn request_body<'a>(
     out: &mut Vec<u8>,
     max: usize,
 ) -> Result<&'a [u8], NoBody> {
-    if req.header("transfer-encoding").is_some() {
-        http::write_error(out, 411, "send the body with Content-Length", &[]);
-        return Err(NoBody::Refused);
-    }
-    let length = match req.header("content-length") {
-        None => 0,
-        Some(v) => match std::str::from_utf8(v)
-            .ok()
-            .and_then(|s| s.trim().parse::<usize>().ok())
-        {
-            Some(n) => n,
-            None => {
-                http::write_error(out, 400, "Content-Length is not a number", &[]);
-                return Err(NoBody::Refused);
-            }
-        },
-    };
+    // The head's framing is checked where it is parsed: one Content-Length of
+    // digits, no Transfer-Encoding.
+    let length = req.content_length;
     if length > max {
         let reason = format!("the body is {length} bytes; at most {max} are taken here");
         http::write_error(out, 413, &reason, &[]);

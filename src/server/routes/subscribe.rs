@@ -4,9 +4,10 @@
 //! transport reads from its request is its own file's; this module names none.
 
 use super::Outcome;
-use crate::auth::{self, AuthError, Grant};
+use crate::auth::{self, AuthError, Grant, Wildcards};
 use crate::protocol::handshake::HandshakeError;
 use crate::protocol::http::{self, Request};
+use crate::pusher;
 use crate::server::shared::Shared;
 use crate::stats::{HandshakeFailure, TurnCounts};
 use crate::transport::request::query_param;
@@ -52,11 +53,24 @@ impl Gate for Rules<'_> {
         }
     }
 
-    /// A token comes as `?token=` or `Authorization: Bearer`.
+    /// A token comes as `?token=` or `Authorization: Bearer`. A Pusher app's
+    /// private, presence, encrypted and user channels are never opened here, with
+    /// or without a token: only the Pusher protocol, with the app's signatures,
+    /// subscribes to them; its public channels need a token that names them.
     fn admit(&self, req: &Request<'_>, channel: &str) -> Result<Option<Grant>, AuthError> {
         self.check_origin(req)?;
+        let app = pusher::app_channel(&self.shared.config.pusher_apps, channel);
+        if let Some((app, kind)) = app
+            && kind != pusher::ChannelKind::Public
+        {
+            return Err(AuthError::Forbidden(pusher_only(channel, &app.id, kind)));
+        }
         let Some(verifier) = &self.shared.verifier else {
             return Ok(None);
+        };
+        let wildcards = match app {
+            Some(_) => Wildcards::ExactOnly,
+            None => Wildcards::Cover,
         };
         let header = req
             .header("authorization")
@@ -67,12 +81,23 @@ impl Gate for Rules<'_> {
                 "a token is needed: ?token=JWT or Authorization: Bearer JWT".into(),
             )
         })?;
-        verifier.check(token, channel, auth::now_secs()).map(Some)
+        verifier
+            .check(token, channel, auth::now_secs(), wildcards)
+            .map(Some)
     }
 
     fn pusher_app(&self, key: &str) -> Option<u16> {
         crate::pusher::app_by_key(&self.shared.config.pusher_apps, key).map(|(i, _)| i)
     }
+}
+
+/// Why a Pusher app's non-public channel is refused outside the Pusher protocol.
+pub(super) fn pusher_only(channel: &str, app: &str, kind: pusher::ChannelKind) -> String {
+    format!(
+        "'{channel}' is Pusher app {app}'s {} channel: it is reached only through the \
+         Pusher protocol (/app/KEY, signed)",
+        kind.describe()
+    )
 }
 
 /// Writes a refused transport request's answer; one that asked for a transport

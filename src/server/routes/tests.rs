@@ -15,6 +15,7 @@ fn answer_from(raw: &str, peer: IpAddr, shared: &Shared) -> (Outcome, String) {
     let ctx = RouteContext {
         shared,
         peer,
+        local: peer.is_loopback(),
         body: &bytes[head..],
         head_len: head,
     };
@@ -220,6 +221,7 @@ fn failures_of(raw: &str) -> Vec<&'static str> {
     let ctx = RouteContext {
         shared: &shared,
         peer: [127, 0, 0, 1].into(),
+        local: true,
         body: &bytes[head..],
         head_len: head,
     };
