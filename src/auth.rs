@@ -1,8 +1,9 @@
 //! Who may subscribe: HS256 JSON Web Tokens (`--token-secret`) and browser origins
 //! (`--allowed-origin`).
 //!
-//! A token grants channels (`channels`: names, or prefixes ending in `*`) until it
-//! expires (`exp`, required); its `sub` is the client's name in chat. Only HS256 is
+//! A token grants channels (`channels`: names, or prefixes ending in `*`) from
+//! its `nbf` (optional) until it expires (`exp`, required); its `sub` is the
+//! client's name in chat. Only HS256 is
 //! accepted: `alg: none`, every other algorithm, a bad signature, a missing or
 //! malformed claim, an expired token are refused with the reason. This module
 //! decides; it must not touch connections, and it never logs a token.
@@ -101,7 +102,9 @@ impl Verifier {
         validation.algorithms = vec![Algorithm::HS256];
         validation.leeway = 0;
         validation.validate_exp = true;
-        validation.validate_nbf = true;
+        // `nbf` is checked below against the caller's clock, as `exp` is kept in
+        // one visible place too.
+        validation.validate_nbf = false;
         validation.set_required_spec_claims(&["exp"]);
         Verifier {
             key: DecodingKey::from_secret(secret.as_bytes()),

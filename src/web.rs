@@ -52,6 +52,44 @@ pub struct Served {
     pub body: Cow<'static, [u8]>,
 }
 
+impl Served {
+    /// The page's `Content-Security-Policy`: its own inline scripts (by their
+    /// SHA-256, so an injected one does not run) and this server's, connections to
+    /// this server only, and no site may frame it.
+    pub fn content_security_policy(&self) -> String {
+        let mut scripts = String::new();
+        for inline in inline_scripts(&self.body) {
+            use base64::Engine;
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(inline);
+            scripts.push_str(" 'sha256-");
+            scripts.push_str(&base64::engine::general_purpose::STANDARD.encode(digest));
+            scripts.push('\'');
+        }
+        format!(
+            "default-src 'self'; script-src 'self'{scripts}; style-src 'self' 'unsafe-inline'; \
+             connect-src 'self' ws: wss:; img-src 'self' data:; base-uri 'none'; \
+             form-action 'none'; frame-ancestors 'none'"
+        )
+    }
+}
+
+/// The contents of each `<script>` element without attributes (the inline ones).
+fn inline_scripts(body: &[u8]) -> impl Iterator<Item = &[u8]> {
+    const OPEN: &[u8] = b"<script>";
+    const CLOSE: &[u8] = b"</script>";
+    let mut rest = body;
+    std::iter::from_fn(move || {
+        let start = rest.windows(OPEN.len()).position(|w| w == OPEN)? + OPEN.len();
+        let len = rest[start..]
+            .windows(CLOSE.len())
+            .position(|w| w == CLOSE)?;
+        let script = &rest[start..start + len];
+        rest = &rest[start + len + CLOSE.len()..];
+        Some(script)
+    })
+}
+
 /// Whether `path` is one of the pages (a `GET` of it is answered by [`serve`]).
 pub fn is_page(path: &str) -> bool {
     PAGES.iter().any(|p| p.path == path)
@@ -85,6 +123,23 @@ pub fn serve(path: &str) -> Option<Result<Served, String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pages_policy_names_each_inline_script_by_its_hash() {
+        let served = Served {
+            content_type: HTML,
+            body: Cow::Borrowed(b"<script src=\"/throng.js\"></script><script>alert(1)</script>"),
+        };
+        let csp = served.content_security_policy();
+        // printf 'alert(1)' | openssl dgst -sha256 -binary | base64
+        assert!(
+            csp.contains("script-src 'self' 'sha256-bhHHL3z2vDgxUt0W3dWQOrprscmda2Y5pLsLg4GF+pI='"),
+            "{csp}"
+        );
+        assert!(csp.contains("frame-ancestors 'none'"));
+        let chat = serve("/chat").unwrap().unwrap();
+        assert_eq!(inline_scripts(&chat.body).count(), 1);
+    }
 
     #[test]
     fn every_page_is_embedded_and_typed() {

@@ -26,7 +26,10 @@
 //! - `server::http::serve` (buffering, keep-alive, pipelining): the same bytes served
 //!   whole or in pieces give the same responses (statuses and Connection) and end
 //!   the same way (kept open with the same pending bytes, closed, or handed to a
-//!   transport with the same bytes after the request).
+//!   transport with the same bytes after the request); and never more answers
+//!   than the requests a strict reader frames in the input (each head followed by
+//!   exactly its `Content-Length` body; nothing counted after a chunked body or a
+//!   body on a request that takes none), so no request is smuggled in a body.
 
 #![no_main]
 
@@ -170,6 +173,7 @@ fn check_route(raw: &[u8], setup: &Setup) {
     let ctx = RouteContext {
         shared: &shared,
         peer: peer(setup.remote),
+        local: !setup.remote,
         body: &raw[head_len..],
         head_len,
     };
@@ -231,7 +235,7 @@ fn check_route(raw: &[u8], setup: &Setup) {
         if setup.options.draining {
             // A draining server takes no new connection, whatever its defects.
             assert_eq!(status, Some(503));
-        } else if !origin_allowed(&req, setup.options) {
+        } else if !origin_allowed(&req, setup.options) || host_refused(&req, setup) {
             assert_eq!(status, Some(403));
         } else {
             match validate_upgrade(&req) {
@@ -240,6 +244,13 @@ fn check_route(raw: &[u8], setup: &Setup) {
             }
         }
     }
+}
+
+/// Whether the request's `Host` is refused: a browser's (`Sec-Fetch-Site`) on a
+/// loopback connection naming the server by a DNS name other than localhost.
+fn host_refused(req: &Request<'_>, setup: &Setup) -> bool {
+    let browser = req.header("sec-fetch-site").is_some();
+    throng::site::host_allowed(&[], req.header("host"), browser, !setup.remote).is_err()
 }
 
 /// Whether the request's `Origin` (if any) is one the server allows.
@@ -323,10 +334,40 @@ fn serve_pieces(raw: &[u8], cuts: &[usize], setup: &Setup) -> (Vec<(u16, bool)>,
     (statuses, end)
 }
 
+/// How many requests a strict reader finds in `raw`: heads one after another,
+/// each followed by exactly its declared body; a head that does not parse is one
+/// more (its refusal), and a body whose end is a guess (chunked, or on anything
+/// but a POST) ends the count, since nothing after it can be told apart from it.
+fn framed_requests(raw: &[u8]) -> usize {
+    let mut count = 0;
+    let mut at = 0;
+    while at < raw.len() {
+        match parse_request(&raw[at..]) {
+            Err(_) => return count + 1,
+            Ok(None) => return count,
+            Ok(Some((req, head_len))) => {
+                count += 1;
+                if req.transfer_encoding || (req.content_length > 0 && req.method != "POST") {
+                    return count;
+                }
+                at += head_len + req.content_length;
+            }
+        }
+    }
+    count
+}
+
 fn check_serve(raw: &[u8], seed: u8, setup: &Setup) {
     let whole = serve_pieces(raw, &[], setup);
     let pieces = serve_pieces(raw, &cuts(raw.len(), seed), setup);
     assert_eq!(whole, pieces, "serving in pieces changed the answers");
+    // No request hides in another's body: never more answers than framed requests.
+    assert!(
+        whole.0.len() <= framed_requests(raw),
+        "{} answers to {} framed requests",
+        whole.0.len(),
+        framed_requests(raw)
+    );
 }
 
 fuzz_target!(|input: &[u8]| {

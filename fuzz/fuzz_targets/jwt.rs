@@ -1,6 +1,7 @@
 //! Subscription tokens (`auth::Verifier::check`): whatever a client sends as a
 //! token, the answer is a grant only when the token is an HS256 JWT signed with
-//! the server's secret whose claims grant the channel and have not expired.
+//! the server's secret whose claims grant the channel, have begun (`nbf`) and have
+//! not expired.
 //!
 //! Input: a mode byte, then data. Modes:
 //! - 0: the data as the token, as sent (mostly garbage: must be refused, never panic);
@@ -18,7 +19,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
-use throng::auth::{AuthError, Verifier, grants};
+use throng::auth::{AuthError, Verifier, Wildcards, grants};
 use throng::rules::validate_client_name;
 
 const SECRET: &str = "fuzzing-secret-of-at-least-32-bytes!";
@@ -38,7 +39,12 @@ fn reference(claims: &Value) -> Option<Option<String>> {
         .iter()
         .map(|c| c.as_str().map(String::from))
         .collect::<Option<_>>()?;
-    if !grants(&channels, CHANNEL) {
+    match obj.get("nbf") {
+        None | Some(Value::Null) => {}
+        Some(nbf) if nbf.as_u64()? <= NOW => {}
+        Some(_) => return None,
+    }
+    if !grants(&channels, CHANNEL, Wildcards::Cover) {
         return None;
     }
     match obj.get("sub") {
@@ -49,7 +55,7 @@ fn reference(claims: &Value) -> Option<Option<String>> {
 }
 
 fn check(verifier: &Verifier, token: &str) -> Result<throng::auth::Grant, AuthError> {
-    let result = verifier.check(token, CHANNEL, NOW);
+    let result = verifier.check(token, CHANNEL, NOW, Wildcards::Cover);
     if let Err(e) = &result {
         assert!(matches!(e.status(), 401 | 403), "{e:?}");
         assert!(!e.to_string().is_empty());

@@ -169,6 +169,7 @@ fn open_or_400(req: &Request<'_>) -> Option<Opening> {
     let ctx = RouteContext {
         shared: &shared,
         peer: peer(false),
+        local: true,
         body: &[],
         head_len: 0,
     };

@@ -169,33 +169,30 @@ fn site_allowed(req: &Request<'_>, ctx: RouteContext<'_>) -> Result<(), AuthErro
     .map_err(|e| AuthError::Forbidden(e.to_string()))
 }
 
-/// What every page adds to its answer: it runs only its own scripts, is framed
-/// by no other site, and sends no address of its own onward.
-const PAGE_HEADERS: [(&str, &str); 2] = [
-    (
-        "Content-Security-Policy",
-        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; \
-         connect-src 'self' ws: wss:; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
-         frame-ancestors 'none'",
-    ),
-    ("X-Frame-Options", "DENY"),
-];
-
 /// `GET` of one of the browser pages (the dashboard, the chat room, throng.js).
 fn page(req: &Request<'_>, path: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> Outcome {
     if !only_get(req, out) {
         return Outcome::Responded;
     }
     match web::serve(path) {
-        Some(Ok(served)) => ok_with(
-            req,
-            ctx,
-            out,
-            served.content_type,
-            &PAGE_HEADERS,
-            &served.body,
-            0,
-        ),
+        Some(Ok(served)) => {
+            // What every page adds: it runs only its own scripts, and is framed by
+            // no other site.
+            let policy = served.content_security_policy();
+            let headers = [
+                ("Content-Security-Policy", policy.as_str()),
+                ("X-Frame-Options", "DENY"),
+            ];
+            ok_with(
+                req,
+                ctx,
+                out,
+                served.content_type,
+                &headers,
+                &served.body,
+                0,
+            )
+        }
         Some(Err(reason)) => {
             http::write_error(out, 500, &reason, &[]);
             Outcome::Responded
