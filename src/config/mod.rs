@@ -588,6 +588,11 @@ pub enum ConfigError {
         name: String,
         reason: String,
     },
+    #[error("--pusher-app {id}")]
+    AppId {
+        id: Box<str>,
+        source: crate::pusher::IdClash,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -650,6 +655,18 @@ impl ServeArgs {
                     "--pusher-app {}: another app has the same id or key",
                     app.id
                 )));
+            }
+        }
+        let namespaces = match &self.config {
+            Some(path) => namespaces_from_file(path)?,
+            None => Namespaces::default(),
+        };
+        for app in &pusher_apps {
+            if let Some(source) = crate::pusher::id_clash(&app.id, &namespaces) {
+                return Err(ConfigError::AppId {
+                    id: app.id.clone(),
+                    source,
+                });
             }
         }
         if pusher_apps.len() > usize::from(u16::MAX) {
@@ -715,10 +732,7 @@ impl ServeArgs {
                     ));
                 }
             },
-            namespaces: match &self.config {
-                Some(path) => namespaces_from_file(path)?,
-                None => Namespaces::default(),
-            },
+            namespaces,
         })
     }
 }
