@@ -170,6 +170,10 @@ fn supervise(config: &ServeConfig) -> Result<()> {
             config.workers
         );
     }
+    if !config.reuse_port {
+        // The workers share the ports with each other, so each skips this check.
+        server::check_ports_free(&config.listen)?;
+    }
     let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
     let per_worker = limit.connection_ceiling(config.listen.len() * config.threads);
     tracing::info!(
@@ -184,7 +188,12 @@ fn supervise(config: &ServeConfig) -> Result<()> {
     Ok(())
 }
 
-fn serve(config: ServeConfig) -> Result<()> {
+fn serve(mut config: ServeConfig) -> Result<()> {
+    if throng::workers::is_worker() {
+        // Its master checked that no other process holds the ports; the other
+        // workers hold them too.
+        config.reuse_port = true;
+    }
     let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
     let listeners = config.listen.len() * config.threads;
     let stats_interval = config.stats_interval;

@@ -89,6 +89,7 @@ pub mod defaults {
     pub const STATS_INTERVAL: &str = "10s";
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
+    pub const REUSE_PORT: &str = "off";
     pub const REDIS_SUBSCRIBE: &str = "channels";
     pub const REDIS_WAIT_REPLICAS: &str = "0";
     pub const IO_URING: &str = "auto";
@@ -369,6 +370,13 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
     pub workers: usize,
 
+    /// Share --listen ports another process already listens on (on|off; bare
+    /// flag: on), e.g. for a blue/green handoff: the kernel then splits new
+    /// connections between the two. Off: such a port stops the start. Each
+    /// server sharing a port must say so (--workers share theirs anyway)
+    #[arg(long, env = "THRONG_REUSE_PORT", value_name = "ON|OFF", default_value = defaults::REUSE_PORT, default_missing_value = "on", num_args = 0..=1, require_equals = false, value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub reuse_port: bool,
+
     /// How loops receive and fan out: auto (busy connections through io_uring
     /// multishot receives where the kernel has them, quiet ones through epoll;
     /// a fan-out's sends and each turn's replies batched through an io_uring
@@ -488,6 +496,11 @@ pub struct ServeConfig {
     /// above 1 a master runs that many and restarts any that dies, each holding up
     /// to its own open-files limit. Needs a Redis broker.
     pub workers: usize,
+    /// Share listen ports another process already listens on (`--reuse-port`).
+    /// Default: off, and such a port stops the start, so that a second server
+    /// started by mistake on a port does not take half of its connections. A
+    /// worker of `--workers` shares its master's ports whatever this says.
+    pub reuse_port: bool,
     /// Namespaces the config file declares (`[namespaces.NAME]`), each overriding
     /// the built-in rules and the history flags for its channels. Default: none
     /// (`chat:*` channels are chat rooms, every other channel is push-only).
@@ -549,6 +562,7 @@ impl Default for ServeConfig {
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
             broker: builtin(str::parse, defaults::BROKER),
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
+            reuse_port: builtin(parse_on_off, defaults::REUSE_PORT),
             redis_subscribe: builtin(parse_redis_subscribe, defaults::REDIS_SUBSCRIBE),
             redis_wait_replicas: builtin(
                 |s| s.parse().map_err(|e| format!("{e}")),
@@ -716,6 +730,7 @@ impl ServeArgs {
             history_ttl: self.history_ttl,
             broker: self.broker,
             workers: self.workers,
+            reuse_port: self.reuse_port,
             redis_subscribe: self.redis_subscribe,
             redis_wait_replicas: self.redis_wait_replicas,
             io_uring: self.io_uring,

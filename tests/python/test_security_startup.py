@@ -1,12 +1,16 @@
-"""What the server refuses at start (issue 44): a Pusher app id that is a
-namespace of its own (chat, throng, one the config file declares) stops the start."""
+"""What the server refuses at start (issue 44, findings 7 and 8): a Pusher app id
+that is a namespace of its own (chat, throng, one the config file declares) stops
+the start; a port another process holds is not shared unless both ask for it
+(--reuse-port)."""
 
 from __future__ import annotations
 
 import subprocess
+import time
 
-from conftest import throng_bin
+from conftest import free_port, throng_bin
 from rawws import http_request
+from test_redis import redis  # noqa: F401 (redis: the fixture)
 
 SECRET = "s3cr3t-value"
 
@@ -51,3 +55,56 @@ def test_an_app_id_the_config_file_declares_as_a_namespace_is_refused(tmp_path):
 def test_an_ordinary_app_id_starts(start_server):
     srv = start_server("--pusher-app", f"app1:key:{SECRET}")
     assert http_request(srv.port, "GET", "/healthz").status == 200
+
+
+# -- finding 8: a held port is not shared -------------------------------------
+
+
+def test_a_port_another_server_holds_is_refused(start_server):
+    first = start_server()
+    port = first.port
+    proc = serve("--listen", f"127.0.0.1:{port}")
+    assert proc.returncode != 0, proc.stderr
+    assert f"127.0.0.1:{port} is already in use by another process" in proc.stderr, proc.stderr
+    assert "--reuse-port" in proc.stderr, proc.stderr
+    assert first.proc.poll() is None, first.describe()
+
+
+def test_every_port_of_a_range_is_checked(start_server):
+    held = start_server()
+    port = held.port
+    proc = serve("--listen", f"127.0.0.1:{port}-{port}", "--listen", f"127.0.0.1:{free_port()}")
+    assert proc.returncode != 0 and "already in use" in proc.stderr, proc.stderr
+
+
+def test_a_port_a_servers_workers_hold_is_refused_to_another(start_server, redis):
+    """The workers share their master's port with each other, and with nobody else."""
+    port = free_port()
+    start_server("--listen", f"127.0.0.1:{port}", "--workers", "2", "--broker", redis.url, ports=[port])
+    for extra in [[], ["--workers", "2", "--broker", redis.url]]:
+        proc = serve("--listen", f"127.0.0.1:{port}", *extra)
+        assert proc.returncode != 0, (extra, proc.stderr)
+        assert f"127.0.0.1:{port} is already in use by another process" in proc.stderr, proc.stderr
+
+
+def test_reuse_port_shares_a_port_on_purpose(start_server):
+    first = start_server("--reuse-port")
+    second = start_server("--reuse-port", "--listen", f"127.0.0.1:{first.port}", ports=[first.port])
+    assert second.proc.poll() is None, second.describe()
+    # Both answer: the kernel spreads connections over the two.
+    pids = set()
+    deadline = time.monotonic() + 5
+    while len(pids) < 2 and time.monotonic() < deadline:
+        pids.add(http_request(first.port, "GET", "/api/stats").json()["pid"])
+    assert pids == {first.pid, second.pid}, pids
+
+
+def test_a_restart_on_the_same_port_is_not_refused(start_server):
+    """Connections in TIME_WAIT from the last run do not make the port look held."""
+    first = start_server()
+    port = first.port
+    for _ in range(5):
+        http_request(port, "GET", "/healthz")
+    first.stop()
+    again = start_server("--listen", f"127.0.0.1:{port}", ports=[port])
+    assert http_request(port, "GET", "/healthz").status == 200, again.describe()
