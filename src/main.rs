@@ -48,8 +48,14 @@ struct PubArgs {
     /// The server's HTTP address
     #[arg(long, env = "THRONG_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// Bearer key, when the server runs with --api-key
-    #[arg(long, env = "THRONG_API_KEY", value_name = "KEY")]
+    /// Bearer key, when the server runs with --api-key. A secret: on the command
+    /// line `ps` shows it to every local user, so prefer THRONG_API_KEY
+    #[arg(
+        long,
+        env = "THRONG_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
     api_key: Option<String>,
     /// Send as a binary message (default: text)
     #[arg(long)]

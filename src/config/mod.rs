@@ -234,13 +234,27 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_MAX_CONNS_PER_IP", value_name = "N")]
     pub max_conns_per_ip: Option<u32>,
 
-    /// The publish API needs `Authorization: Bearer KEY`; unset: loopback peers only
-    #[arg(long, env = "THRONG_API_KEY", value_name = "KEY")]
+    /// The publish API needs `Authorization: Bearer KEY`; unset: loopback peers
+    /// only. A secret: on the command line `ps` shows it to every local user, so
+    /// prefer THRONG_API_KEY or `api-key` in the config file
+    #[arg(
+        long,
+        env = "THRONG_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
 
     /// Subscribing needs an HS256 JWT signed with this secret (`?token=` or
-    /// `Authorization: Bearer`), with `exp` and `channels`; `sub` names a chat member
-    #[arg(long, env = "THRONG_TOKEN_SECRET", value_name = "SECRET")]
+    /// `Authorization: Bearer`), with `exp` and `channels`; `sub` names a chat
+    /// member. A secret: on the command line `ps` shows it to every local user,
+    /// so prefer THRONG_TOKEN_SECRET or `token-secret` in the config file
+    #[arg(
+        long,
+        env = "THRONG_TOKEN_SECRET",
+        value_name = "SECRET",
+        hide_env_values = true
+    )]
     pub token_secret: Option<String>,
 
     /// A browser page from another Origin gets 403 (repeatable; default: any origin)
@@ -264,12 +278,15 @@ pub struct ServeArgs {
     pub trusted_proxy: Vec<Network>,
 
     /// A Pusher Channels app, ID:KEY:SECRET (repeatable): Pusher clients connect
-    /// to /app/KEY, the signed Pusher HTTP API answers under /apps/ID. Default: none
+    /// to /app/KEY, the signed Pusher HTTP API answers under /apps/ID. Default:
+    /// none. It holds a secret: on the command line `ps` shows it to every local
+    /// user, so prefer THRONG_PUSHER_APP or `pusher-app` in the config file
     #[arg(
         long,
         env = "THRONG_PUSHER_APP",
         value_name = "ID:KEY:SECRET",
-        value_delimiter = ','
+        value_delimiter = ',',
+        hide_env_values = true
     )]
     pub pusher_app: Vec<crate::pusher::App>,
 
@@ -317,8 +334,10 @@ pub struct ServeArgs {
 
     /// Where channels live: memory (this process), redis://host[:port][/db] (every
     /// node sharing that Redis: one seq and history per channel, cluster-wide delivery)
-    /// or redis-sentinel://host:port[,host:port…]/master (the master Sentinel names)
-    #[arg(long, env = "THRONG_BROKER", value_name = "BROKER", default_value = defaults::BROKER)]
+    /// or redis-sentinel://host:port[,host:port…]/master (the master Sentinel names).
+    /// A URL with a password holds a secret: on the command line `ps` shows it to
+    /// every local user, so prefer THRONG_BROKER or `broker` in the config file
+    #[arg(long, env = "THRONG_BROKER", value_name = "BROKER", default_value = defaults::BROKER, hide_env_values = true)]
     pub broker: BrokerSpec,
 
     /// With a Redis broker: channels (each node subscribes to the channels it has

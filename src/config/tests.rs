@@ -175,3 +175,26 @@ fn app_ids_the_config_file_declares_as_namespaces_are_refused() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn flags_that_carry_secrets_say_so_and_name_their_variable() {
+    let cmd = ServeArgs::augment_args(Command::new("serve"));
+    for (id, var) in [
+        ("api_key", "THRONG_API_KEY"),
+        ("token_secret", "THRONG_TOKEN_SECRET"),
+        ("pusher_app", "THRONG_PUSHER_APP"),
+        ("broker", "THRONG_BROKER"),
+    ] {
+        let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+        assert_eq!(arg.get_env().and_then(|v| v.to_str()), Some(var), "{id}");
+        assert!(
+            arg.is_hide_env_values_set(),
+            "--help would show {var}'s value"
+        );
+        let help = arg.get_long_help().or(arg.get_help()).unwrap().to_string();
+        assert!(
+            help.contains("secret") && help.contains("`ps`") && help.contains(var),
+            "{id}: {help}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
-"""What the server refuses at start (issue 44, findings 7 and 8): a Pusher app id
-that is a namespace of its own (chat, throng, one the config file declares) stops
-the start; a port another process holds is not shared unless both ask for it
-(--reuse-port)."""
+"""What the server refuses at start, and how secrets reach it (issue 44, findings
+7-9): a Pusher app id that is a namespace of its own (chat, throng, one the config
+file declares) stops the start; a port another process holds is not shared unless
+both ask for it (--reuse-port); the flags that carry secrets say in --help how to
+keep them off the command line, and their THRONG_* variables work."""
 
 from __future__ import annotations
 
@@ -108,3 +109,38 @@ def test_a_restart_on_the_same_port_is_not_refused(start_server):
     first.stop()
     again = start_server("--listen", f"127.0.0.1:{port}", ports=[port])
     assert http_request(port, "GET", "/healthz").status == 200, again.describe()
+
+
+# -- finding 9: secrets on the command line -----------------------------------
+
+
+def test_help_says_which_flags_carry_secrets_and_hides_their_values():
+    env = {"THRONG_API_KEY": SECRET, "THRONG_TOKEN_SECRET": SECRET, "THRONG_PUSHER_APP": f"a:k:{SECRET}"}
+    out = subprocess.run(
+        [str(throng_bin()), "serve", "--help"], capture_output=True, text=True, timeout=10, env=env
+    ).stdout
+    assert SECRET not in out, out
+    for flag, var in [
+        ("--api-key", "THRONG_API_KEY"),
+        ("--token-secret", "THRONG_TOKEN_SECRET"),
+        ("--pusher-app", "THRONG_PUSHER_APP"),
+    ]:
+        text = out.split(f"      {flag} ", 1)[1].split("\n      --", 1)[0]
+        assert "secret" in text.lower() and "ps" in text and var in text, (flag, text)
+
+
+def test_help_hides_a_secret_the_config_file_gives(tmp_path):
+    cfg = tmp_path / "throng.toml"
+    cfg.write_text(f'api-key = "{SECRET}"\n')
+    out = subprocess.run(
+        [str(throng_bin()), "serve", "--config", str(cfg), "--help"], capture_output=True, text=True, timeout=10
+    ).stdout
+    assert "--api-key" in out and SECRET not in out, out
+
+
+def test_the_api_key_can_come_from_the_environment(start_server):
+    srv = start_server(env={"THRONG_API_KEY": SECRET})
+    url = "/api/publish/news"
+    assert http_request(srv.port, "POST", url, body=b"x").status == 401
+    ok = http_request(srv.port, "POST", url, body=b"x", headers=[("Authorization", f"Bearer {SECRET}")])
+    assert ok.status == 200, ok
