@@ -48,8 +48,14 @@ struct PubArgs {
     /// The server's HTTP address
     #[arg(long, env = "THRONG_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// Bearer key, when the server runs with --api-key
-    #[arg(long, env = "THRONG_API_KEY", value_name = "KEY")]
+    /// Bearer key, when the server runs with --api-key. A secret: on the command
+    /// line `ps` shows it to every local user, so prefer THRONG_API_KEY
+    #[arg(
+        long,
+        env = "THRONG_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
     api_key: Option<String>,
     /// Send as a binary message (default: text)
     #[arg(long)]
@@ -170,6 +176,10 @@ fn supervise(config: &ServeConfig) -> Result<()> {
             config.workers
         );
     }
+    if !config.reuse_port {
+        // The workers share the ports with each other, so each skips this check.
+        server::check_ports_free(&config.listen)?;
+    }
     let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
     let per_worker = limit.connection_ceiling(config.listen.len() * config.threads);
     tracing::info!(
@@ -184,7 +194,12 @@ fn supervise(config: &ServeConfig) -> Result<()> {
     Ok(())
 }
 
-fn serve(config: ServeConfig) -> Result<()> {
+fn serve(mut config: ServeConfig) -> Result<()> {
+    if throng::workers::is_worker() {
+        // Its master checked that no other process holds the ports; the other
+        // workers hold them too.
+        config.reuse_port = true;
+    }
     let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
     let listeners = config.listen.len() * config.threads;
     let stats_interval = config.stats_interval;

@@ -104,6 +104,9 @@ pub fn namespace(name: &str) -> &str {
     name.split_once(':').map_or("", |(ns, _)| ns)
 }
 
+/// The namespace the built-in rules make chat rooms (`chat:*`).
+pub const CHAT_NAMESPACE: &str = "chat";
+
 /// How a channel behaves, decided by its namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelRules {
@@ -115,7 +118,7 @@ pub struct ChannelRules {
 
 impl ChannelRules {
     pub fn for_name(name: &str) -> Self {
-        let chat = namespace(name) == "chat";
+        let chat = namespace(name) == CHAT_NAMESPACE;
         ChannelRules {
             client_publish: chat,
             join_leave: chat,
@@ -149,6 +152,11 @@ impl Namespaces {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Whether the config file declares namespace `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.contains_key(name)
     }
 
     fn declared(&self, channel: &str) -> NamespaceRules {

@@ -1,6 +1,8 @@
 //! `--workers N`: a master process that runs N worker processes of this same
 //! binary with the same flags, all listening on the same ports (SO_REUSEPORT, so
-//! the kernel spreads connections over them), and keeps them running.
+//! the kernel spreads connections over them), and keeps them running. The
+//! master checks first that no other process holds those ports
+//! (`server::check_ports_free`); a worker skips that check, its siblings hold them.
 //!
 //! It owns the workers' lives: starting them (each marked by
 //! `THRONG_WORKER_INDEX`), restarting one that dies (after a pause if it died

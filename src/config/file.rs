@@ -83,7 +83,17 @@ pub fn apply_config_file(cmd: Command, path: &Path) -> Result<Command, ConfigErr
             key: key.clone(),
         })?;
         cmd = cmd.mut_subcommand("serve", |serve| {
-            serve.mut_arg(id.as_str(), |arg| arg.default_values(values))
+            serve.mut_arg(id.as_str(), |arg| {
+                // A flag whose environment value --help hides holds a secret:
+                // the file's value is not shown as its default either.
+                let secret = arg.is_hide_env_values_set();
+                let arg = arg.default_values(values);
+                if secret {
+                    arg.hide_default_value(true)
+                } else {
+                    arg
+                }
+            })
         });
     }
     Ok(cmd)

@@ -5,7 +5,7 @@
 //! precedence command line > environment > config file > built-in default. It must
 //! not start anything: [`ServeConfig`] is plain data the server is built from.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,59 +14,8 @@ use clap::{ArgMatches, Args, FromArgMatches};
 use crate::proxy::Network;
 use crate::rules::Namespaces;
 
-/// Where to listen: one address, or one address per port of a range.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenSpec {
-    pub ip: IpAddr,
-    pub first_port: u16,
-    pub last_port: u16,
-}
-
-impl ListenSpec {
-    pub fn addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
-        (self.first_port..=self.last_port).map(|port| SocketAddr::new(self.ip, port))
-    }
-}
-
-impl std::str::FromStr for ListenSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (host, ports) = s
-            .rsplit_once(':')
-            .ok_or_else(|| format!("'{s}' is not host:port or host:first-last"))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let ip: IpAddr = match host {
-            "localhost" => IpAddr::from([127, 0, 0, 1]),
-            "" => IpAddr::from([0, 0, 0, 0]),
-            h => h
-                .parse()
-                .map_err(|_| format!("'{h}' is not an IP address (in '{s}')"))?,
-        };
-        let port = |p: &str| {
-            p.parse::<u16>()
-                .map_err(|_| format!("'{p}' is not a port number (in '{s}')"))
-        };
-        let (first_port, last_port) = match ports.split_once('-') {
-            Some((a, b)) => (port(a)?, port(b)?),
-            None => {
-                let p = port(ports)?;
-                (p, p)
-            }
-        };
-        if first_port > last_port {
-            return Err(format!("port range {first_port}-{last_port} is empty"));
-        }
-        if first_port == 0 && last_port != 0 {
-            return Err("a port range cannot start at 0".into());
-        }
-        Ok(ListenSpec {
-            ip,
-            first_port,
-            last_port,
-        })
-    }
-}
+mod specs;
+pub use specs::{BrokerSpec, ListenSpec};
 
 pub use crate::units::{parse_duration, parse_size};
 
@@ -89,6 +38,7 @@ pub mod defaults {
     pub const STATS_INTERVAL: &str = "10s";
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
+    pub const REUSE_PORT: &str = "off";
     pub const REDIS_SUBSCRIBE: &str = "channels";
     pub const REDIS_WAIT_REPLICAS: &str = "0";
     pub const IO_URING: &str = "auto";
@@ -119,48 +69,6 @@ fn parse_redis_subscribe(s: &str) -> Result<crate::broker::Subscribe, String> {
         "channels" => Ok(crate::broker::Subscribe::Channels),
         "pattern" => Ok(crate::broker::Subscribe::Pattern),
         _ => Err(format!("'{s}' is not channels or pattern")),
-    }
-}
-
-/// Which broker keeps channels: this process alone, or Redis for every node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BrokerSpec {
-    Memory,
-    /// `redis://host[:port][/db]`, the master behind Sentinel
-    /// (`redis-sentinel://[[user]:password@]host[:port][,host[:port]…]/master`) or
-    /// a Redis Cluster (`redis-cluster://host:port[,host:port…]`); as written (the
-    /// broker reads it again at start).
-    Redis(String),
-}
-
-impl std::str::FromStr for BrokerSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "memory" {
-            return Ok(BrokerSpec::Memory);
-        }
-        if s.starts_with("redis://") || s.starts_with("redis-sentinel://") {
-            crate::broker::RedisBroker::check_url(s)?;
-            return Ok(BrokerSpec::Redis(s.to_string()));
-        }
-        if let Some(rest) = s.strip_prefix("redis-cluster://") {
-            let hosts = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-            let hosts: Vec<&str> = hosts.trim_end_matches('/').split(',').collect();
-            let bad = hosts.iter().find(|h| {
-                h.rsplit_once(':')
-                    .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
-            });
-            return match bad {
-                Some(h) => Err(format!(
-                    "'{s}': a cluster node must be host:port, not '{h}'"
-                )),
-                None => Ok(BrokerSpec::Redis(s.to_string())),
-            };
-        }
-        Err(format!(
-            "'{s}' is not a broker: use memory, redis://host[:port][/db], redis-sentinel://[[user]:password@]host[:port][,host[:port]…]/master or redis-cluster://host:port[,host:port…]"
-        ))
     }
 }
 
@@ -233,13 +141,27 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_MAX_CONNS_PER_IP", value_name = "N")]
     pub max_conns_per_ip: Option<u32>,
 
-    /// The publish API needs `Authorization: Bearer KEY`; unset: loopback peers only
-    #[arg(long, env = "THRONG_API_KEY", value_name = "KEY")]
+    /// The publish API needs `Authorization: Bearer KEY`; unset: loopback peers
+    /// only. A secret: on the command line `ps` shows it to every local user, so
+    /// prefer THRONG_API_KEY or `api-key` in the config file
+    #[arg(
+        long,
+        env = "THRONG_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
 
     /// Subscribing needs an HS256 JWT signed with this secret (`?token=` or
-    /// `Authorization: Bearer`), with `exp` and `channels`; `sub` names a chat member
-    #[arg(long, env = "THRONG_TOKEN_SECRET", value_name = "SECRET")]
+    /// `Authorization: Bearer`), with `exp` and `channels`; `sub` names a chat
+    /// member. A secret: on the command line `ps` shows it to every local user,
+    /// so prefer THRONG_TOKEN_SECRET or `token-secret` in the config file
+    #[arg(
+        long,
+        env = "THRONG_TOKEN_SECRET",
+        value_name = "SECRET",
+        hide_env_values = true
+    )]
     pub token_secret: Option<String>,
 
     /// A browser page from another Origin gets 403 (repeatable; default: any origin)
@@ -274,12 +196,15 @@ pub struct ServeArgs {
     pub trusted_proxy: Vec<Network>,
 
     /// A Pusher Channels app, ID:KEY:SECRET (repeatable): Pusher clients connect
-    /// to /app/KEY, the signed Pusher HTTP API answers under /apps/ID. Default: none
+    /// to /app/KEY, the signed Pusher HTTP API answers under /apps/ID. Default:
+    /// none. It holds a secret: on the command line `ps` shows it to every local
+    /// user, so prefer THRONG_PUSHER_APP or `pusher-app` in the config file
     #[arg(
         long,
         env = "THRONG_PUSHER_APP",
         value_name = "ID:KEY:SECRET",
-        value_delimiter = ','
+        value_delimiter = ',',
+        hide_env_values = true
     )]
     pub pusher_app: Vec<crate::pusher::App>,
 
@@ -327,8 +252,10 @@ pub struct ServeArgs {
 
     /// Where channels live: memory (this process), redis://host[:port][/db] (every
     /// node sharing that Redis: one seq and history per channel, cluster-wide delivery)
-    /// or redis-sentinel://host:port[,host:port…]/master (the master Sentinel names)
-    #[arg(long, env = "THRONG_BROKER", value_name = "BROKER", default_value = defaults::BROKER)]
+    /// or redis-sentinel://host:port[,host:port…]/master (the master Sentinel names).
+    /// A URL with a password holds a secret: on the command line `ps` shows it to
+    /// every local user, so prefer THRONG_BROKER or `broker` in the config file
+    #[arg(long, env = "THRONG_BROKER", value_name = "BROKER", default_value = defaults::BROKER, hide_env_values = true)]
     pub broker: BrokerSpec,
 
     /// With a Redis broker: channels (each node subscribes to the channels it has
@@ -379,6 +306,13 @@ pub struct ServeArgs {
     /// threads; above 1 they reach each other through the broker (needs redis://)
     #[arg(long, env = "THRONG_WORKERS", value_name = "N", default_value = defaults::WORKERS)]
     pub workers: usize,
+
+    /// Share --listen ports another process already listens on (on|off; bare
+    /// flag: on), e.g. for a blue/green handoff: the kernel then splits new
+    /// connections between the two. Off: such a port stops the start. Each
+    /// server sharing a port must say so (--workers share theirs anyway)
+    #[arg(long, env = "THRONG_REUSE_PORT", value_name = "ON|OFF", default_value = defaults::REUSE_PORT, default_missing_value = "on", num_args = 0..=1, require_equals = false, value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub reuse_port: bool,
 
     /// How loops receive and fan out: auto (busy connections through io_uring
     /// multishot receives where the kernel has them, quiet ones through epoll;
@@ -502,6 +436,11 @@ pub struct ServeConfig {
     /// above 1 a master runs that many and restarts any that dies, each holding up
     /// to its own open-files limit. Needs a Redis broker.
     pub workers: usize,
+    /// Share listen ports another process already listens on (`--reuse-port`).
+    /// Default: off, and such a port stops the start, so that a second server
+    /// started by mistake on a port does not take half of its connections. A
+    /// worker of `--workers` shares its master's ports whatever this says.
+    pub reuse_port: bool,
     /// Namespaces the config file declares (`[namespaces.NAME]`), each overriding
     /// the built-in rules and the history flags for its channels. Default: none
     /// (`chat:*` channels are chat rooms, every other channel is push-only).
@@ -564,6 +503,7 @@ impl Default for ServeConfig {
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
             broker: builtin(str::parse, defaults::BROKER),
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
+            reuse_port: builtin(parse_on_off, defaults::REUSE_PORT),
             redis_subscribe: builtin(parse_redis_subscribe, defaults::REDIS_SUBSCRIBE),
             redis_wait_replicas: builtin(
                 |s| s.parse().map_err(|e| format!("{e}")),
@@ -602,6 +542,11 @@ pub enum ConfigError {
         path: PathBuf,
         name: String,
         reason: String,
+    },
+    #[error("--pusher-app {id}")]
+    AppId {
+        id: Box<str>,
+        source: crate::pusher::IdClash,
     },
     #[error("{0}")]
     Invalid(String),
@@ -667,6 +612,18 @@ impl ServeArgs {
                 )));
             }
         }
+        let namespaces = match &self.config {
+            Some(path) => namespaces_from_file(path)?,
+            None => Namespaces::default(),
+        };
+        for app in &pusher_apps {
+            if let Some(source) = crate::pusher::id_clash(&app.id, &namespaces) {
+                return Err(ConfigError::AppId {
+                    id: app.id.clone(),
+                    source,
+                });
+            }
+        }
         if pusher_apps.len() > usize::from(u16::MAX) {
             return Err(ConfigError::Invalid("too many --pusher-app".into()));
         }
@@ -720,6 +677,7 @@ impl ServeArgs {
             history_ttl: self.history_ttl,
             broker: self.broker,
             workers: self.workers,
+            reuse_port: self.reuse_port,
             redis_subscribe: self.redis_subscribe,
             redis_wait_replicas: self.redis_wait_replicas,
             io_uring: self.io_uring,
@@ -736,10 +694,7 @@ impl ServeArgs {
                     ));
                 }
             },
-            namespaces: match &self.config {
-                Some(path) => namespaces_from_file(path)?,
-                None => Namespaces::default(),
-            },
+            namespaces,
         })
     }
 }

@@ -124,3 +124,77 @@ fn brokers_are_memory_redis_or_redis_behind_sentinel() {
         "{no_master}"
     );
 }
+
+/// `serve` with these flags, no `THRONG_*` variable of the test's environment
+/// leaking in.
+fn config_from(flags: &[&str]) -> Result<ServeConfig, ConfigError> {
+    let cmd = ServeArgs::augment_args(Command::new("serve")).mut_args(|arg| arg.env(None::<&str>));
+    let matches = cmd
+        .try_get_matches_from(std::iter::once("serve").chain(flags.iter().copied()))
+        .expect("the flags parse");
+    ServeArgs::from_arg_matches(&matches)
+        .expect("the flags are ServeArgs")
+        .into_config()
+}
+
+#[test]
+fn app_ids_whose_namespace_means_something_are_refused() {
+    for (id, why) in [("chat", "chat rooms"), ("throng", "server's own feeds")] {
+        let flag = format!("{id}:key:the-secret");
+        let refused = config_from(&["--pusher-app", &flag]).unwrap_err();
+        let text = format!("{:#}", anyhow::Error::from(refused));
+        assert!(
+            text.contains(&format!("--pusher-app {id}:")) && text.contains(why),
+            "{text}"
+        );
+        assert!(!text.contains("the-secret"), "{text}");
+    }
+    assert!(config_from(&["--pusher-app", "chats:key:s", "--pusher-app", "Chat:k2:s"]).is_ok());
+}
+
+#[test]
+fn app_ids_the_config_file_declares_as_namespaces_are_refused() {
+    let dir = std::env::temp_dir().join(format!("throng-app-ns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for declared in ["room", "\"room.user\""] {
+        let path = dir.join("throng.toml");
+        std::fs::write(
+            &path,
+            format!("[namespaces.{declared}]\njoin_leave = true\n"),
+        )
+        .unwrap();
+        let path = path.to_str().unwrap();
+        let refused = config_from(&["--config", path, "--pusher-app", "room:k:s"]).unwrap_err();
+        let text = format!("{:#}", anyhow::Error::from(refused));
+        let name = declared.trim_matches('"');
+        assert!(
+            text.contains("--pusher-app room:") && text.contains(&format!("[namespaces.{name}]")),
+            "{text}"
+        );
+        assert!(config_from(&["--config", path, "--pusher-app", "other:k:s"]).is_ok());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn flags_that_carry_secrets_say_so_and_name_their_variable() {
+    let cmd = ServeArgs::augment_args(Command::new("serve"));
+    for (id, var) in [
+        ("api_key", "THRONG_API_KEY"),
+        ("token_secret", "THRONG_TOKEN_SECRET"),
+        ("pusher_app", "THRONG_PUSHER_APP"),
+        ("broker", "THRONG_BROKER"),
+    ] {
+        let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+        assert_eq!(arg.get_env().and_then(|v| v.to_str()), Some(var), "{id}");
+        assert!(
+            arg.is_hide_env_values_set(),
+            "--help would show {var}'s value"
+        );
+        let help = arg.get_long_help().or(arg.get_help()).unwrap().to_string();
+        assert!(
+            help.contains("secret") && help.contains("`ps`") && help.contains(var),
+            "{id}: {help}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Pusher Channels (protocol 7) as throng speaks it, apart from the wire: the apps
 //! (`--pusher-app ID:KEY:SECRET`), how a Pusher channel is a throng channel (one
-//! namespace per app: channel `NAME` of app `ID` is throng's `ID:NAME`), socket
+//! namespace per app: channel `NAME` of app `ID` is throng's `ID:NAME`, so an id
+//! whose namespace already means something is refused: [`id_clash`]), socket
 //! ids, what kind a channel is by its prefix, and the signatures ([`sign`]).
 //!
 //! The connection side is `transport::pusher`; the signed HTTP API is
@@ -106,6 +107,44 @@ impl FromStr for App {
     }
 }
 
+/// Why an app id cannot be used although it is well formed: its namespace
+/// (`ID:*`, and `ID.user:*` for its users' channels) already means something,
+/// and that meaning would apply to the app's channels.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdClash {
+    #[error(
+        "the app id is the namespace of chat rooms ({}:*), so anyone could publish into the app's private and presence channels; choose another id",
+        crate::rules::CHAT_NAMESPACE
+    )]
+    Chat,
+    #[error(
+        "the app id is the namespace of the server's own feeds ({}:stats), which the signed API could then publish into; choose another id",
+        crate::rules::RESERVED_NAMESPACE
+    )]
+    Reserved,
+    #[error(
+        "the config file declares [namespaces.{0}], whose rules would apply to the app's channels; choose another id or another namespace name"
+    )]
+    Declared(String),
+}
+
+/// Whether app id `id` names a namespace that already means something: the
+/// built-in chat rooms, the server's own feeds, or one `declared` in the config
+/// file (as `ID` or as its users' `ID.user`). Two apps cannot clash with each
+/// other this way: an id has no `.`, so no id is another's `ID.user`.
+pub fn id_clash(id: &str, declared: &crate::rules::Namespaces) -> Option<IdClash> {
+    if id == crate::rules::CHAT_NAMESPACE {
+        return Some(IdClash::Chat);
+    }
+    if id == crate::rules::RESERVED_NAMESPACE {
+        return Some(IdClash::Reserved);
+    }
+    [id.to_string(), user_namespace(id)]
+        .into_iter()
+        .find(|ns| declared.contains(ns))
+        .map(IdClash::Declared)
+}
+
 /// Finds an app by the key a connection URL names; with its place in `apps`.
 pub fn app_by_key<'a>(apps: &'a [App], key: &str) -> Option<(u16, &'a App)> {
     apps.iter()
@@ -125,6 +164,11 @@ pub const USER_CHANNEL_PREFIX: &str = "#server-to-user-";
 /// The namespace suffix of users' channels: `ID.user:USER` (an app id has no
 /// `.`, so no Pusher channel of the app can be one).
 const USER_NAMESPACE: &str = ".user";
+
+/// The namespace of app `app_id`'s users' channels: `ID.user`.
+pub fn user_namespace(app_id: &str) -> String {
+    format!("{app_id}{USER_NAMESPACE}")
+}
 
 /// The throng channel of Pusher channel `name` of app `app_id`: `ID:NAME`, and
 /// for a user's channel (`#server-to-user-USER`) `ID.user:USER`.
@@ -273,6 +317,27 @@ pub fn parse_socket_id(id: &str) -> Option<SocketId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn app_ids_whose_namespace_means_something_clash() {
+        use crate::rules::{NamespaceRules, Namespaces};
+        let none = Namespaces::default();
+        assert_eq!(id_clash("chat", &none), Some(IdClash::Chat));
+        assert_eq!(id_clash("throng", &none), Some(IdClash::Reserved));
+        assert_eq!(id_clash("app1", &none), None);
+        let mut declared = Namespaces::default();
+        declared.insert("room".into(), NamespaceRules::default());
+        declared.insert("app1.user".into(), NamespaceRules::default());
+        assert_eq!(
+            id_clash("room", &declared),
+            Some(IdClash::Declared("room".into()))
+        );
+        assert_eq!(
+            id_clash("app1", &declared),
+            Some(IdClash::Declared("app1.user".into()))
+        );
+        assert_eq!(id_clash("app2", &declared), None);
+    }
 
     #[test]
     fn apps_parse_and_refuse_with_the_reason() {

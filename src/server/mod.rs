@@ -2,7 +2,9 @@
 //!
 //! [`start`] binds every listen address once per I/O thread (SO_REUSEPORT, so the
 //! kernel spreads accepted connections over the threads and, later, over worker
-//! processes), runs one [`event_loop::EventLoop`] per thread, and returns a
+//! processes; an address another process already listens on is refused first
+//! unless `--reuse-port` says to share it: [`check_ports_free`]), runs one
+//! [`event_loop::EventLoop`] per thread, and returns a
 //! [`ServerHandle`] that can stop it. Tests start it on port 0 and stop it through
 //! the handle; `main` stops it on SIGINT/SIGTERM.
 //!
@@ -50,6 +52,10 @@ pub const DEFER_ACCEPT_SECS: u32 = 1;
 pub enum ServerError {
     #[error("cannot listen on {addr}")]
     Bind { addr: SocketAddr, source: io::Error },
+    #[error(
+        "{addr} is already in use by another process (pass --reuse-port to share it on purpose)"
+    )]
+    PortInUse { addr: SocketAddr },
     #[error("cannot create the event loop: {0}")]
     Poll(io::Error),
     #[error("cannot start I/O thread: {0}")]
@@ -135,6 +141,36 @@ impl Stopper {
     }
 }
 
+/// Refuses an address another process listens on. The listeners share their
+/// ports (SO_REUSEPORT, for the I/O threads and the workers), which would let a
+/// second server on the same port start and take half of its connections; a
+/// bind without SO_REUSEPORT fails while any socket listens there, so each
+/// address is tried that way first and let go. SO_REUSEADDR stays on, so the
+/// connections of an earlier run still in TIME_WAIT do not count. Port 0 is
+/// skipped (the kernel picks a free one). The caller that holds the ports
+/// already (a worker of `--workers`, whose master checked) or means to share
+/// them (`--reuse-port`) does not call this.
+pub fn check_ports_free(addrs: &[SocketAddr]) -> Result<(), ServerError> {
+    for &addr in addrs.iter().filter(|a| a.port() != 0) {
+        let probe = || -> io::Result<()> {
+            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+            socket.set_reuse_address(true)?;
+            if addr.is_ipv6() {
+                socket.set_only_v6(true)?;
+            }
+            socket.bind(&addr.into())
+        };
+        match probe() {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                return Err(ServerError::PortInUse { addr });
+            }
+            Err(source) => return Err(ServerError::Bind { addr, source }),
+        }
+    }
+    Ok(())
+}
+
 fn bind_listener(addr: SocketAddr) -> io::Result<mio::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
@@ -169,6 +205,9 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         }
         None => None,
     };
+    if !config.reuse_port {
+        check_ports_free(&config.listen)?;
+    }
     let mut per_thread: Vec<Vec<mio::net::TcpListener>> =
         (0..threads).map(|_| Vec::new()).collect();
     let mut local_addrs = Vec::with_capacity(config.listen.len());
@@ -280,5 +319,34 @@ pub(crate) mod tests_support {
         ));
         let shared = Shared::new(config, hub, broker);
         (shared, polls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_another_socket_listens_on_is_refused_and_let_go_after() {
+        // Another throng's listener (SO_REUSEPORT) and any other program's.
+        let shared = bind_listener(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let addr = shared.local_addr().unwrap();
+        assert!(matches!(
+            check_ports_free(&[addr]),
+            Err(ServerError::PortInUse { addr: a }) if a == addr
+        ));
+        let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = plain.local_addr().unwrap();
+        let refused = check_ports_free(&[other]).unwrap_err().to_string();
+        assert!(
+            refused.contains(&format!("{other} is already in use"))
+                && refused.contains("--reuse-port"),
+            "{refused}"
+        );
+        drop(shared);
+        drop(plain);
+        check_ports_free(&[addr, other]).unwrap();
+        // Port 0 is never held: the kernel picks a free port.
+        check_ports_free(&[SocketAddr::from(([127, 0, 0, 1], 0))]).unwrap();
     }
 }
