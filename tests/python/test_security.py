@@ -68,7 +68,7 @@ def status_of(port: int, kind: str, path: str) -> int:
 
 
 def test_an_apps_private_presence_and_user_channels_are_closed_to_throngs_endpoints(start_server, clients):
-    srv = start_server("--pusher-app", APP)
+    srv = start_server("--pusher-app", APP, "--trusted-proxy", "127.0.0.1")
     # The app's own client still subscribes (signed) and gets the app's events.
     c = clients(srv.port)
     c.connected()
@@ -79,7 +79,12 @@ def test_an_apps_private_presence_and_user_channels_are_closed_to_throngs_endpoi
         channel = f"{APP_ID}.user:bob" if name == "user" else f"{APP_ID}:{name}"
         for kind, path in endpoints(channel).items():
             assert status_of(srv.port, kind, path) == 403, (kind, path)
-        resp = http_request(srv.port, "GET", f"/api/channels/{channel}")
+        # What such a channel holds is told to a publisher only: from this
+        # machine (the test's) it is, from anywhere else (the trusted proxy's
+        # client below) it is not.
+        assert http_request(srv.port, "GET", f"/api/channels/{channel}").status == 200
+        resp = http_request(srv.port, "GET", f"/api/channels/{channel}",
+                            headers=[("X-Forwarded-For", "203.0.113.5")])
         assert_json_error(resp, 403, "Pusher protocol")
     # The app's public channels stay public, as Pusher's are.
     assert status_of(srv.port, "poll", endpoints(f"{APP_ID}:news")["poll"]) == 200

@@ -22,8 +22,21 @@ pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Checks the publish API's access rule; writes the refusal if there is one.
-fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bool {
+/// Why a request may not publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Denied {
+    /// `--api-key` is set and the request does not carry it.
+    Key,
+    /// No key is set, the request is local, but a browser page of another site
+    /// sent it.
+    ForeignPage,
+    /// No key is set and the request is not local (or came through a proxy).
+    Remote,
+}
+
+/// The publish API's access rule: the key when one is set, else a local request
+/// that no foreign page sent.
+fn publisher(req: &Request<'_>, ctx: RouteContext<'_>) -> Result<(), Denied> {
     match &ctx.shared.config.api_key {
         Some(key) => {
             let given = req
@@ -31,40 +44,40 @@ fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bo
                 .and_then(|v| v.strip_prefix(b"Bearer "))
                 .map(<[u8]>::trim_ascii);
             match given {
-                Some(given) if constant_time_eq(given, key.as_bytes()) => true,
-                _ => {
-                    http::write_error(
-                        out,
-                        401,
-                        "missing or wrong API key: send Authorization: Bearer KEY",
-                        &[("WWW-Authenticate", "Bearer")],
-                    );
-                    false
-                }
+                Some(given) if constant_time_eq(given, key.as_bytes()) => Ok(()),
+                _ => Err(Denied::Key),
             }
         }
         // A page in a browser on this machine is local too: only the server's own
         // pages (or an --allowed-origin one) publish without a key.
-        None if ctx.local && own_site(req, ctx) => true,
-        None if ctx.local => {
-            http::write_error(
-                out,
-                403,
-                "a browser page of another site may not publish without --api-key",
-                &[],
-            );
-            false
-        }
-        None => {
-            http::write_error(
-                out,
-                403,
-                "publishing without --api-key is allowed from loopback peers only (and never through a proxy)",
-                &[],
-            );
-            false
-        }
+        None if ctx.local && own_site(req, ctx) => Ok(()),
+        None if ctx.local => Err(Denied::ForeignPage),
+        None => Err(Denied::Remote),
     }
+}
+
+/// Checks the publish API's access rule; writes the refusal if there is one.
+fn authorized(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>) -> bool {
+    let (status, reason, headers): (u16, &str, &[(&str, &str)]) = match publisher(req, ctx) {
+        Ok(()) => return true,
+        Err(Denied::Key) => (
+            401,
+            "missing or wrong API key: send Authorization: Bearer KEY",
+            &[("WWW-Authenticate", "Bearer")],
+        ),
+        Err(Denied::ForeignPage) => (
+            403,
+            "a browser page of another site may not publish without --api-key",
+            &[],
+        ),
+        Err(Denied::Remote) => (
+            403,
+            "publishing without --api-key is allowed from loopback peers only (and never through a proxy)",
+            &[],
+        ),
+    };
+    http::write_error(out, status, reason, headers);
+    false
 }
 
 /// Whether a request with no key comes from no browser page, or from one of the
@@ -213,11 +226,17 @@ pub(super) fn channel_info(
         return Outcome::Responded;
     }
     // What an app's private channels hold is the Pusher API's to tell, signed
-    // (`/apps/ID/channels/NAME`).
+    // (`/apps/ID/channels/NAME`), or this API's to a publisher (the app's server
+    // publishes here too), never to anyone.
     if let Some((app, kind)) = crate::pusher::app_channel(&ctx.shared.config.pusher_apps, channel)
         && kind != crate::pusher::ChannelKind::Public
+        && publisher(req, ctx).is_err()
     {
-        http::write_error(out, 403, &pusher_only(channel, &app.id, kind), &[]);
+        let reason = format!(
+            "{}; its numbers are told to a publisher only (the API key, or from this machine)",
+            pusher_only(channel, &app.id, kind)
+        );
+        http::write_error(out, 403, &reason, &[]);
         return Outcome::Responded;
     }
     if !ctx.shared.broker.healthy() {
