@@ -86,6 +86,7 @@ pub mod defaults {
     pub const DRAIN_TIMEOUT: &str = "10s";
     pub const HISTORY_SIZE: &str = "100";
     pub const HISTORY_TTL: &str = "5m";
+    pub const HISTORY_MAX_BYTES: &str = "256MiB";
     pub const STATS_INTERVAL: &str = "10s";
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
@@ -314,6 +315,12 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_HISTORY_TTL", value_name = "DURATION", default_value = defaults::HISTORY_TTL, value_parser = parse_duration)]
     pub history_ttl: Duration,
 
+    /// Most history bytes all channels of this process keep together (memory
+    /// broker); past it the oldest messages of the growing and the largest
+    /// channels go first, and a returning client is told of the gap
+    #[arg(long, env = "THRONG_HISTORY_MAX_BYTES", value_name = "BYTES", default_value = defaults::HISTORY_MAX_BYTES, value_parser = parse_size)]
+    pub history_max_bytes: usize,
+
     /// Where channels live: memory (this process), redis://host[:port][/db] (every
     /// node sharing that Redis: one seq and history per channel, cluster-wide delivery)
     /// or redis-sentinel://host:port[,host:port…]/master (the master Sentinel names)
@@ -461,6 +468,13 @@ pub struct ServeConfig {
     /// How long a kept message stays, in whole seconds. Default 5 min; zero keeps
     /// none. Expired messages give their memory back.
     pub history_ttl: Duration,
+    /// What every channel's history of this process may hold together (payloads,
+    /// names and 8-byte entries; the rings may round that up to twice on the heap).
+    /// Default 256 MiB. Past it a growing channel drops its own oldest, and the
+    /// broker's housekeeping (every 10 s) cuts the largest channels to 7/8 of it;
+    /// what goes is told as a gap like expiry. The memory broker's only: with Redis
+    /// the history is Redis's.
+    pub history_max_bytes: usize,
     /// Where channels live. Default `memory` (this process only); `redis://…` shares
     /// seq, history, presence and delivery with every node on that Redis, at one
     /// Redis round trip per publish and per resuming subscribe; `redis-sentinel://…`
@@ -547,6 +561,7 @@ impl Default for ServeConfig {
                 defaults::HISTORY_SIZE,
             ),
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
+            history_max_bytes: builtin(parse_size, defaults::HISTORY_MAX_BYTES),
             broker: builtin(str::parse, defaults::BROKER),
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
             redis_subscribe: builtin(parse_redis_subscribe, defaults::REDIS_SUBSCRIBE),
@@ -697,6 +712,7 @@ impl ServeArgs {
             stats_interval: self.stats_interval,
             history_size: self.history_size,
             history_ttl: self.history_ttl,
+            history_max_bytes: self.history_max_bytes,
             broker: self.broker,
             workers: self.workers,
             redis_subscribe: self.redis_subscribe,

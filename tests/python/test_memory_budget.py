@@ -1,0 +1,52 @@
+"""What one anonymous client can make the server hold (security review, issue 44,
+finding 4): history bytes bounded across every channel (--history-max-bytes),
+chat messages bounded per connection (--chat-rate, --chat-burst), and a returning
+reader that never reads its replay let go within seconds, not ping intervals."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from rawws import OP_TEXT, Closed, channel_info, encode_frame, http_request, publish_ok, wait_subscribers
+from rawws import ws_connect as raw_connect
+
+KIB = 1024
+
+
+def stats(port: int) -> dict:
+    return http_request(port, "GET", "/api/stats").json()
+
+
+def poll_once(port: int, channel: str, since: int) -> dict:
+    resp = http_request(port, "GET", f"/poll/{channel}?since={since}&timeout=1")
+    assert resp.status == 200, resp
+    return resp.json()
+
+
+def test_history_across_channels_stays_within_its_budget_and_resume_tells_the_gap(start_server):
+    budget = 1024 * KIB
+    # Given by its variable: a build without the budget starts too (and keeps all).
+    srv = start_server(
+        "--history-size", "100", "--max-message-size", "64KiB", env={"THRONG_HISTORY_MAX_BYTES": "1MiB"}
+    )
+    # Eight channels of 40 x 20 KiB: 6.4 MiB published, six times the budget.
+    payload = "z" * (20 * KIB)
+    for room in range(8):
+        for _ in range(40):
+            publish_ok(srv.port, f"pinned-{room}", payload)
+    # The channel that grew past the budget lost its own oldest messages, and a
+    # reader coming back for all of them is told exactly which seqs are gone.
+    answer = poll_once(srv.port, "pinned-1", 0)
+    seqs = [m["seq"] for m in answer["messages"]]
+    assert answer.get("gap"), f"no gap: all {len(seqs)} messages kept, over a 1 MiB budget"
+    assert seqs and seqs == list(range(seqs[0], 41)), seqs
+    assert (answer["gap"]["from"], answer["gap"]["to"]) == (1, seqs[0] - 1), (answer["gap"], seqs[0])
+    # Those that came with the budget full keep nothing until housekeeping makes
+    # room, and say so.
+    answer = poll_once(srv.port, "pinned-7", 0)
+    assert answer["messages"] == [], answer["messages"][:1]
+    assert (answer["gap"]["from"], answer["gap"]["to"]) == (1, 40), answer["gap"]
+    assert channel_info(srv.port, "pinned-7")["last_seq"] == 40
+    held = stats(srv.port)["history_bytes"]
+    assert 0 < held <= budget, f"{held} history bytes held"
