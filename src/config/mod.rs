@@ -87,6 +87,8 @@ pub mod defaults {
     pub const HISTORY_SIZE: &str = "100";
     pub const HISTORY_TTL: &str = "5m";
     pub const HISTORY_MAX_BYTES: &str = "256MiB";
+    pub const CHAT_RATE: &str = "20/s";
+    pub const CHAT_BURST: &str = "40";
     pub const STATS_INTERVAL: &str = "10s";
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
@@ -321,6 +323,15 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_HISTORY_MAX_BYTES", value_name = "BYTES", default_value = defaults::HISTORY_MAX_BYTES, value_parser = parse_size)]
     pub history_max_bytes: usize,
 
+    /// Chat messages one connection may send per second, sustained (`N` or
+    /// `N/s`); one over it is refused with close 1008 and not published. 0: no limit
+    #[arg(long, env = "THRONG_CHAT_RATE", value_name = "N/s", default_value = defaults::CHAT_RATE, value_parser = crate::rate::parse_rate)]
+    pub chat_rate: u32,
+
+    /// Chat messages one connection may send back to back after a quiet spell
+    #[arg(long, env = "THRONG_CHAT_BURST", value_name = "N", default_value = defaults::CHAT_BURST)]
+    pub chat_burst: u32,
+
     /// Where channels live: memory (this process), redis://host[:port][/db] (every
     /// node sharing that Redis: one seq and history per channel, cluster-wide delivery)
     /// or redis-sentinel://host:port[,host:port…]/master (the master Sentinel names)
@@ -475,6 +486,10 @@ pub struct ServeConfig {
     /// what goes is told as a gap like expiry. The memory broker's only: with Redis
     /// the history is Redis's.
     pub history_max_bytes: usize,
+    /// How fast one connection may send chat messages (`--chat-rate`,
+    /// `--chat-burst`). Default 20/s, 40 at once; a rate of zero: no limit. The
+    /// loop keeps a bucket only for connections that chatted lately.
+    pub chat_rate: crate::rate::ChatRate,
     /// Where channels live. Default `memory` (this process only); `redis://…` shares
     /// seq, history, presence and delivery with every node on that Redis, at one
     /// Redis round trip per publish and per resuming subscribe; `redis-sentinel://…`
@@ -562,6 +577,13 @@ impl Default for ServeConfig {
             ),
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
             history_max_bytes: builtin(parse_size, defaults::HISTORY_MAX_BYTES),
+            chat_rate: crate::rate::ChatRate {
+                per_second: builtin(crate::rate::parse_rate, defaults::CHAT_RATE),
+                burst: builtin(
+                    |s| s.parse().map_err(|e| format!("{e}")),
+                    defaults::CHAT_BURST,
+                ),
+            },
             broker: builtin(str::parse, defaults::BROKER),
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
             redis_subscribe: builtin(parse_redis_subscribe, defaults::REDIS_SUBSCRIBE),
@@ -670,6 +692,11 @@ impl ServeArgs {
         if pusher_apps.len() > usize::from(u16::MAX) {
             return Err(ConfigError::Invalid("too many --pusher-app".into()));
         }
+        if self.chat_burst == 0 {
+            return Err(ConfigError::Invalid(
+                "--chat-burst must be at least 1".into(),
+            ));
+        }
         if self.history_ttl.subsec_nanos() != 0 {
             return Err(ConfigError::Invalid(format!(
                 "--history-ttl must be whole seconds (or 0 for no history), not {:?}",
@@ -713,6 +740,10 @@ impl ServeArgs {
             history_size: self.history_size,
             history_ttl: self.history_ttl,
             history_max_bytes: self.history_max_bytes,
+            chat_rate: crate::rate::ChatRate {
+                per_second: self.chat_rate,
+                burst: self.chat_burst,
+            },
             broker: self.broker,
             workers: self.workers,
             redis_subscribe: self.redis_subscribe,

@@ -50,3 +50,35 @@ def test_history_across_channels_stays_within_its_budget_and_resume_tells_the_ga
     assert channel_info(srv.port, "pinned-7")["last_seq"] == 40
     held = stats(srv.port)["history_bytes"]
     assert 0 < held <= budget, f"{held} history bytes held"
+
+
+def test_a_chat_member_over_its_rate_is_closed_with_the_reason_and_not_published(start_server):
+    srv = start_server()  # the defaults: 20/s, 40 at once
+    room = "chat:flood"
+    member = raw_connect(srv.port, path=f"/ws/{room}", timeout=5)
+    try:
+        wait_subscribers(srv.port, room, 1)
+        member.send(b"".join(encode_frame(OP_TEXT, f"m{i}".encode()) for i in range(100)))
+        code, reason = member.expect_close(timeout=5)
+        assert code == 1008, (code, reason)
+        assert reason == b"chat rate limit: at most 20/s, 40 at once", reason
+    finally:
+        member.close()
+    # The burst (and what refilled meanwhile) went out; the rest did not.
+    last = channel_info(srv.port, room)["last_seq"]
+    assert 40 <= last <= 42, f"{last} of 100 messages published with a burst of 40"
+
+
+def test_a_chat_member_within_its_rate_keeps_chatting(start_server):
+    srv = start_server("--chat-rate", "5/s", "--chat-burst", "10")
+    room = "chat:polite"
+    member = raw_connect(srv.port, path=f"/ws/{room}", timeout=5)
+    try:
+        wait_subscribers(srv.port, room, 1)
+        for i in range(10):
+            member.send_frame(OP_TEXT, f"m{i}".encode())
+        for i in range(10):
+            assert member.read_message(timeout=5) == (OP_TEXT, f"m{i}".encode())
+    finally:
+        member.close()
+    assert channel_info(srv.port, room)["last_seq"] == 10

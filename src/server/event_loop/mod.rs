@@ -111,6 +111,8 @@ pub struct EventLoop {
     /// The thread CPU time at which this turn's fan-out time is up (set by its
     /// first delivery).
     fan_out_until: Option<Duration>,
+    /// Its connections' chat buckets (`--chat-rate`), for those that chatted lately.
+    chat: crate::rate::ChatLimiter,
 }
 
 impl EventLoop {
@@ -125,6 +127,7 @@ impl EventLoop {
                 .register(listener, Token(LISTENER_BASE + i), Interest::READABLE)?;
         }
         let compression = shared.config.compression;
+        let chat_rate = shared.config.chat_rate;
         Ok(EventLoop {
             poll,
             accept: Acceptor::new(listeners),
@@ -152,6 +155,7 @@ impl EventLoop {
             replies: Replies::default(),
             drain: Drain::default(),
             fan_out_until: None,
+            chat: crate::rate::ChatLimiter::new(chat_rate),
         })
     }
 
@@ -408,6 +412,7 @@ impl EventLoop {
             self.subscribers.chosen_name(key),
             &mut self.buf.changes,
             conn.deflate,
+            &mut self.chat,
         );
         if !self.buf.changes.is_empty() {
             self.apply_changes(key);
