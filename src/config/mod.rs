@@ -434,7 +434,8 @@ pub struct ServeConfig {
     /// consumer and is closed with 1008. Default 1 MiB, never below one largest echo.
     /// This bounds the memory a reader that stopped reading can cost, beyond its
     /// replay of history (`since=`), which does not count while it is being written
-    /// and is itself bounded by the history limits.
+    /// and is itself bounded by the history limits, until its reader takes nothing
+    /// of it for 5 s: then it counts, and a reader past the limit is dropped.
     pub max_queue: usize,
     /// Most concurrent WebSocket connections; more handshakes get 503. Default: none
     /// (the open-files limit is the ceiling).

@@ -82,3 +82,53 @@ def test_a_chat_member_within_its_rate_keeps_chatting(start_server):
     finally:
         member.close()
     assert channel_info(srv.port, room)["last_seq"] == 10
+
+
+REPLAY_SIZE = 60 * KIB
+REPLAY_MESSAGES = 100
+
+
+def stalled_reader(port: int, transport: str, channel: str) -> socket.socket:
+    """A reader with a tiny receive buffer asking for the whole history, that never reads."""
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.settimeout(10)
+    reader.connect(("127.0.0.1", port))
+    if transport == "ws":
+        key = "dGhlIHNhbXBsZSBub25jZQ=="
+        reader.sendall(
+            (
+                f"GET /ws/{channel}?since=0 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
+    else:
+        reader.sendall(f"GET /sse/{channel}?since=0 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return reader
+
+
+def test_returning_readers_that_never_read_their_replay_are_let_go_within_seconds(start_server):
+    # The default --ping-interval (25 s): the stall is found by its own watch.
+    srv = start_server("--max-queue", "256KiB", "--history-size", str(REPLAY_MESSAGES))
+    channel = "replayed"
+    for i in range(REPLAY_MESSAGES):
+        publish_ok(srv.port, channel, f"{i:06d}|" + "r" * (REPLAY_SIZE - 7))
+    readers = [stalled_reader(srv.port, t, channel) for t in ("ws", "sse")]
+    try:
+        wait_subscribers(srv.port, channel, 2, timeout=5)
+        t0 = time.monotonic()
+        wait_subscribers(srv.port, channel, 0, timeout=12)
+        waited = time.monotonic() - t0
+        # Dropped, not closed behind the replay: the sockets end.
+        for reader in readers:
+            reader.settimeout(10)
+            try:
+                while reader.recv(1 << 16):
+                    pass
+            except (ConnectionResetError, Closed):
+                pass
+        assert stats(srv.port)["connections"]["sse"] == 0
+        assert waited < 12
+    finally:
+        for reader in readers:
+            reader.close()

@@ -113,6 +113,9 @@ pub struct EventLoop {
     fan_out_until: Option<Duration>,
     /// Its connections' chat buckets (`--chat-rate`), for those that chatted lately.
     chat: crate::rate::ChatLimiter,
+    /// Connections with a replay of history waiting for their socket, watched
+    /// for a stall (see `timers::REPLAY_STALL`).
+    catch_ups: Vec<timers::CatchUp>,
 }
 
 impl EventLoop {
@@ -156,6 +159,7 @@ impl EventLoop {
             drain: Drain::default(),
             fan_out_until: None,
             chat: crate::rate::ChatLimiter::new(chat_rate),
+            catch_ups: Vec::new(),
         })
     }
 
