@@ -5,14 +5,16 @@ issue 44, finding 4), measured from the server's /proc/PID/status.
 Two attacks on one fresh server (the release binary, a free loopback port):
 
 1. chat: one client sends 100 x 60 KB into each of eight chat rooms (a
-   WebSocket per room, as fast as it can, stopping where the server closes it)
-   and leaves. Recorded: what each room published (its last_seq), the history
+   WebSocket per room, as fast as it can, reading what the room sends back,
+   stopping where the server closes it), waits for the room's seq to settle and
+   leaves. Recorded: what each room published (its last_seq), the history
    bytes the server says it holds (/api/stats, where it tells), and VmRSS and
    RssAnon right after and --hold seconds later.
 2. replay: a push channel filled with 100 x 60 KB through the HTTP API, then
    --readers readers on each of WebSocket, SSE and long-poll ask for all of it
    (since=0) with a 4 KiB receive buffer and never read. Recorded: VmRSS and
-   RssAnon every 0.5 s for --watch seconds, their peak, and the first sample
+   RssAnon every 0.5 s for --watch seconds (90) while the readers stay, their
+   peak, and the first sample
    from which RssAnon stays within 32 MiB of what it was before the readers came
    (how long the replays stay pinned).
 
@@ -86,12 +88,32 @@ def client_frame(payload: bytes) -> bytes:
     return head + b"\0\0\0\0" + payload
 
 
+def drain(s: socket.socket) -> None:
+    """Reads and drops what the server sends (a chat room echoes to its sender too)."""
+    try:
+        while s.recv(1 << 16):
+            pass
+    except OSError:
+        pass
+
+
+def last_seq(port: int, channel: str) -> int:
+    return get_json(port, f"/api/channels/{channel}").get("last_seq") or 0
+
+
 def chat_attack(pid: int, port: int, hold: float) -> dict:
-    payload = b"c" * MESSAGE
-    frame = client_frame(payload)
+    """Each room: one connection sends its 100 frames as fast as the socket takes
+    them (reading what comes back on a thread), waits until the room's seq stops
+    moving (or the server closed it), and leaves."""
+    import threading
+
+    frame = client_frame(b"c" * MESSAGE)
     sent = []
     for room in range(ROOMS):
-        s = upgrade(port, f"/ws/chat:pin{room}")
+        channel = f"chat:pin{room}"
+        s = upgrade(port, f"/ws/{channel}")
+        reader = threading.Thread(target=drain, args=(s,), daemon=True)
+        reader.start()
         n = 0
         try:
             for _ in range(MESSAGES):
@@ -100,9 +122,20 @@ def chat_attack(pid: int, port: int, hold: float) -> dict:
         except OSError:
             pass
         sent.append(n)
+        seen, still = -1, time.monotonic()
+        while time.monotonic() - still < 1.0 and seen < MESSAGES:
+            now = last_seq(port, channel)
+            if now != seen:
+                seen, still = now, time.monotonic()
+            time.sleep(0.05)
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        reader.join(timeout=5)
         s.close()
     time.sleep(1.0)
-    published = [get_json(port, f"/api/channels/chat:pin{r}").get("last_seq") for r in range(ROOMS)]
+    published = [last_seq(port, f"chat:pin{r}") for r in range(ROOMS)]
     stats = get_json(port, "/api/stats")
     after = status(pid)
     time.sleep(hold)
@@ -169,7 +202,7 @@ def main() -> int:
     ap.add_argument("--bin", default=os.environ.get("THRONG_BIN", DEFAULT_BIN))
     ap.add_argument("--readers", type=int, default=50)
     ap.add_argument("--hold", type=float, default=5.0)
-    ap.add_argument("--watch", type=float, default=60.0)
+    ap.add_argument("--watch", type=float, default=90.0)
     ap.add_argument("--label", default="")
     ap.add_argument("flags", nargs="*", help="extra `serve` flags (after --)")
     args = ap.parse_args()
