@@ -10,9 +10,21 @@
 //! costs nothing more. Expired messages are dropped (and their memory given
 //! back once the ring empties). This module owns no lock and does no I/O: the
 //! broker holds a channel's history under the channel's own lock.
+//!
+//! Every history of a process may also count against one [`Budget`]
+//! (`--history-max-bytes`), so that no number of channels can hold more than it
+//! between them. A push that finds the process over its budget drops its own
+//! channel's oldest messages until the process is back under it, down to none
+//! (the message just pushed too): a channel that grows pays for its growth at
+//! once, in O(1) amortized, and the budget is never exceeded by more than the
+//! push under way. Room is made again by the broker's housekeeping, which cuts
+//! the largest channels down to one level ([`trim_level`]). A dropped message is
+//! dropped as an expired one is: the channel's oldest seq moves on, so a returning
+//! reader is told exactly what is gone.
 
 use std::collections::VecDeque;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -36,6 +48,77 @@ pub const MAX_FROM: usize = u8::MAX as usize;
 pub struct Tags<'a> {
     pub from: Option<&'a str>,
     pub event: Option<&'a str>,
+}
+
+/// `--history-max-bytes`'s default: 256 MiB.
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
+
+/// What one entry costs besides its ring bytes, as counted against a [`Budget`].
+const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
+
+/// The history bytes one process may hold across all its channels
+/// (`--history-max-bytes`): payloads, names and entries as stored, not the
+/// rings' rounding up (up to twice that on the heap while a channel grows).
+#[derive(Debug)]
+pub struct Budget {
+    max: usize,
+    held: AtomicUsize,
+}
+
+impl Budget {
+    pub fn new(max: usize) -> Self {
+        Budget {
+            max,
+            held: AtomicUsize::new(0),
+        }
+    }
+
+    /// The most it allows.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// What the histories counting against it hold now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    pub fn is_over(&self) -> bool {
+        self.held() > self.max
+    }
+
+    fn add(&self, n: usize) {
+        self.held.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// The level to cut channels holding `sizes` bytes down to so that together they
+/// hold at most `target`: the largest `L` with `sum(min(size, L)) <= target`
+/// (every channel below it keeps all it has). None when they already fit.
+pub fn trim_level(sizes: &mut [usize], target: usize) -> Option<usize> {
+    let total: usize = sizes.iter().sum();
+    if total <= target {
+        return None;
+    }
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    // With the k largest cut to L: k·L + the rest's sum <= target, and L no lower
+    // than the next largest (else more than k are cut).
+    let mut rest = total;
+    for k in 1..=sizes.len() {
+        rest -= sizes[k - 1];
+        let next = sizes.get(k).copied().unwrap_or(0);
+        if rest <= target {
+            let level = (target - rest) / k;
+            if level >= next {
+                return Some(level);
+            }
+        }
+    }
+    Some(0)
 }
 
 /// How much history each channel keeps.
@@ -123,9 +206,35 @@ pub struct History {
     entries: VecDeque<Entry>,
     /// The seq of `entries[0]`.
     first_seq: u64,
+    /// The process's budget this history counts against, if any: what it holds
+    /// is added there as it comes and taken off as it goes (and when dropped).
+    budget: Option<Arc<Budget>>,
+}
+
+impl Drop for History {
+    fn drop(&mut self) {
+        if let Some(budget) = &self.budget {
+            budget.sub(self.held_bytes());
+        }
+    }
 }
 
 impl History {
+    /// An empty history that counts against `budget`.
+    pub fn with_budget(budget: Arc<Budget>) -> Self {
+        History {
+            bytes: VecDeque::new(),
+            entries: VecDeque::new(),
+            first_seq: 0,
+            budget: Some(budget),
+        }
+    }
+
+    /// What it holds as counted against its budget: ring bytes and entries.
+    pub fn held_bytes(&self) -> usize {
+        self.bytes.len() + self.entries.len() * ENTRY_BYTES
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -180,6 +289,7 @@ impl History {
             DataKind::Text => len,
             DataKind::Binary => len | BINARY,
         };
+        let before = self.bytes.len();
         if let Some((name_len, name)) = from {
             len_kind |= FROM;
             self.bytes.push_back(name_len);
@@ -192,10 +302,34 @@ impl History {
         }
         self.bytes.extend(payload);
         self.entries.push_back(Entry { len_kind, at: now });
+        if let Some(budget) = &self.budget {
+            budget.add(self.bytes.len() - before + ENTRY_BYTES);
+        }
         while self.entries.len() > limits.size {
             self.pop_front();
         }
         self.expire(now, limits.ttl);
+        // Over the process's budget: this channel pays, oldest first (this
+        // message last).
+        if self.budget.as_deref().is_some_and(Budget::is_over) {
+            while !self.entries.is_empty() && self.budget.as_deref().is_some_and(Budget::is_over) {
+                self.pop_front();
+            }
+            if self.entries.is_empty() {
+                self.give_back();
+            }
+        }
+    }
+
+    /// Drops the oldest messages until at most `level` bytes are held (see
+    /// [`History::held_bytes`]); a gap they leave is told as expiry's is.
+    pub fn trim_to(&mut self, level: usize) {
+        while !self.entries.is_empty() && self.held_bytes() > level {
+            self.pop_front();
+        }
+        if self.entries.is_empty() {
+            self.give_back();
+        }
     }
 
     /// Drops messages older than `ttl` at `now`; memory goes back once none is left.
@@ -207,13 +341,18 @@ impl History {
             self.pop_front();
         }
         if self.entries.is_empty() {
-            let next = self.first_seq;
-            self.clear();
-            self.first_seq = next;
+            self.give_back();
         } else if self.bytes.capacity() > 4 * self.bytes.len().max(64) {
             self.bytes.shrink_to_fit();
             self.entries.shrink_to_fit();
         }
+    }
+
+    /// Once nothing is kept: the rings' memory goes back, the next seq stays.
+    fn give_back(&mut self) {
+        let next = self.first_seq;
+        self.clear();
+        self.first_seq = next;
     }
 
     fn pop_front(&mut self) {
@@ -221,6 +360,9 @@ impl History {
             let span = self.span(front, 0);
             self.bytes.drain(..span);
             self.first_seq += 1;
+            if let Some(budget) = &self.budget {
+                budget.sub(span + ENTRY_BYTES);
+            }
         }
     }
 
@@ -251,7 +393,12 @@ impl History {
     }
 
     fn clear(&mut self) {
-        *self = History::default();
+        if let Some(budget) = &self.budget {
+            budget.sub(self.held_bytes());
+        }
+        self.bytes = VecDeque::new();
+        self.entries = VecDeque::new();
+        self.first_seq = 0;
     }
 
     /// Every kept message with a seq above `since`, oldest first (copied out).
@@ -490,5 +637,96 @@ mod tests {
         );
         assert_eq!(kept[1].from.as_deref(), Some(longest.as_str()));
         assert_eq!(kept[1].payload, Bytes::from_static(b"b"));
+    }
+
+    fn push_n(h: &mut History, seqs: std::ops::RangeInclusive<u64>, size: usize) {
+        let limits = Limits {
+            size: 100,
+            ttl: Duration::from_secs(300),
+        };
+        for seq in seqs {
+            h.push(
+                seq,
+                &vec![b'x'; size],
+                DataKind::Text,
+                Tags::default(),
+                0,
+                limits,
+            );
+        }
+    }
+
+    #[test]
+    fn a_push_over_the_budget_drops_its_own_channels_oldest() {
+        let budget = Arc::new(Budget::new(1_000));
+        let mut other = History::with_budget(Arc::clone(&budget));
+        push_n(&mut other, 1..=1, 392);
+        let mut h = History::with_budget(Arc::clone(&budget));
+        push_n(&mut h, 1..=1, 392);
+        assert_eq!(budget.held(), 800);
+        // 1,200 held: over. The pushing channel drops its own oldest.
+        push_n(&mut h, 2..=2, 392);
+        assert_eq!((h.len(), h.oldest_seq()), (1, Some(2)));
+        assert_eq!((other.len(), budget.held()), (1, 800));
+        // A message that cannot fit is not kept either; the next seq follows on.
+        push_n(&mut h, 3..=3, 2_000);
+        assert_eq!((h.len(), h.oldest_seq()), (0, None));
+        assert_eq!(budget.held(), 400);
+        assert_eq!(h.heap_bytes(), 0);
+        push_n(&mut h, 4..=4, 92);
+        assert_eq!(seqs(&h, 0), vec![4]);
+        assert_eq!(budget.held(), 500);
+    }
+
+    #[test]
+    fn what_a_history_holds_goes_back_to_its_budget() {
+        let budget = Arc::new(Budget::new(usize::MAX));
+        let limits = Limits {
+            size: 2,
+            ttl: Duration::from_secs(10),
+        };
+        let mut h = History::with_budget(Arc::clone(&budget));
+        h.push(1, b"abc", DataKind::Text, from("c1"), 0, limits);
+        h.push(2, b"de", DataKind::Text, Tags::default(), 5, limits);
+        assert_eq!(budget.held(), h.held_bytes());
+        assert_eq!(budget.held(), (3 + 3 + 8) + (2 + 8));
+        h.push(3, b"f", DataKind::Binary, Tags::default(), 5, limits);
+        assert_eq!(budget.held(), h.held_bytes());
+        // A gap in seqs starts afresh.
+        h.push(9, b"g", DataKind::Text, Tags::default(), 5, limits);
+        assert_eq!(budget.held(), 9);
+        h.expire(20, limits.ttl);
+        assert_eq!(budget.held(), 0);
+        h.push(10, b"hi", DataKind::Text, Tags::default(), 20, limits);
+        h.trim_to(0);
+        assert_eq!((budget.held(), h.oldest_seq()), (0, None));
+        h.push(11, b"jk", DataKind::Text, Tags::default(), 20, limits);
+        assert_eq!(seqs(&h, 0), vec![11]);
+        drop(h);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn trimming_to_a_level_tells_the_gap_as_expiry_does() {
+        let mut h = History::default();
+        push_n(&mut h, 1..=5, 92);
+        h.trim_to(250);
+        assert_eq!((h.len(), h.oldest_seq()), (2, Some(4)));
+        assert_eq!(seqs(&h, 0), vec![4, 5]);
+    }
+
+    #[test]
+    fn the_trim_level_cuts_the_largest_first() {
+        assert_eq!(trim_level(&mut [10, 20], 30), None);
+        // 50 + 30 + 10 into 60: the two largest cut to 25.
+        assert_eq!(trim_level(&mut [10, 50, 30], 60), Some(25));
+        // Into 80: only the largest, to 40.
+        assert_eq!(trim_level(&mut [10, 50, 30], 80), Some(40));
+        assert_eq!(trim_level(&mut [10, 50, 30], 0), Some(0));
+        assert_eq!(trim_level(&mut [7, 7, 7], 20), Some(6));
+        let mut sizes = vec![1_000, 3, 400, 400, 2];
+        let level = trim_level(&mut sizes, 500).unwrap();
+        let kept: usize = sizes.iter().map(|&s| s.min(level)).sum();
+        assert!(kept <= 500 && kept + 5 > 500, "{level} keeps {kept}");
     }
 }

@@ -30,7 +30,8 @@
 //!   same counters (and a few process figures) as Prometheus text for `/metrics`.
 //! - [`bench`]: `throng bench`, the load generator; [`client`]: a minimal HTTP/1.1
 //!   client for the API (`throng pub`).
-//! - [`units`]: durations and byte sizes as the command lines write them.
+//! - [`units`]: durations and byte sizes as the command lines write them;
+//!   [`rate`]: how fast a connection may chat (`--chat-rate`).
 //! - [`os`]: the open-files limit and the connection ceiling it gives; [`tune`]:
 //!   `throng tune`, what N connections need from the OS, and `--apply`.
 //! - [`workers`]: `--workers N`, a master that keeps N serving processes running.
@@ -52,6 +53,7 @@ pub mod outbound;
 pub mod protocol;
 pub mod proxy;
 pub mod pusher;
+pub mod rate;
 pub mod rules;
 pub mod server;
 pub mod site;

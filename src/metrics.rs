@@ -32,6 +32,8 @@ pub struct Scrape {
     pub snapshot: Snapshot,
     /// Channels the broker knows on this node.
     pub channels: u64,
+    /// History bytes held across channels (the memory broker's).
+    pub history_bytes: Option<u64>,
     /// `broker.healthy()`.
     pub broker_up: bool,
     pub uptime: Duration,
@@ -328,6 +330,14 @@ pub fn render(scrape: &Scrape) -> String {
         Kind::Gauge,
         Value::Int(scrape.channels),
     );
+    if let Some(bytes) = scrape.history_bytes {
+        e.single(
+            "throng_history_bytes",
+            "History bytes this node holds across its channels (--history-max-bytes).",
+            Kind::Gauge,
+            Value::Int(bytes),
+        );
+    }
     e.single(
         "throng_uptime_seconds",
         "Seconds since the server started.",
@@ -497,6 +507,7 @@ mod tests {
         let scrape = Scrape {
             snapshot,
             channels: 5,
+            history_bytes: Some(1234),
             broker_up: true,
             uptime: Duration::from_millis(1500),
             process: Process {
@@ -547,6 +558,7 @@ mod tests {
             "throng_loop_turn_seconds_count 7",
             "throng_loop_turn_slowest_seconds 2",
             "throng_channels 5",
+            "throng_history_bytes 1234",
             "throng_uptime_seconds 1.5",
             "process_resident_memory_bytes 4096",
             "process_open_fds 9",
@@ -560,7 +572,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 23, "{text}");
+        assert_eq!(types.len(), 24, "{text}");
         assert_eq!(helps, types.len());
         let mut unique = types.clone();
         unique.sort_unstable();

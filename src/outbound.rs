@@ -83,7 +83,7 @@ pub struct OutQueue {
     /// (see [`Outbound::send_catch_up`]). `ahead + catch_up <= bytes`.
     catch_up: usize,
     /// Unsent bytes (here and in the kernel) when
-    /// [`Outbound::expire_stalled_catch_up`] last looked; 0: not yet.
+    /// [`Outbound::catch_up_moved`] last looked; 0: not yet.
     unsent_seen: usize,
 }
 
@@ -148,31 +148,36 @@ impl Outbound {
         self.0.as_ref().is_some_and(|q| q.catch_up > 0)
     }
 
-    /// A catch-up whose reader took nothing since the last call stops being
-    /// exempt: from now on it counts like any queued bytes. `kernel_unsent` is what
-    /// the kernel still holds for the socket (see [`crate::os::unsent_bytes`]):
-    /// progress is the two together shrinking, since a large send buffer may take
-    /// a slow reader's bytes for a long while before this queue moves. Called once
-    /// per heartbeat, so a reader that takes nothing of its replay for a whole
-    /// interval is held to the queue limit instead of holding its replay forever.
-    /// True if it expired.
-    pub fn expire_stalled_catch_up(&mut self, kernel_unsent: usize) -> bool {
+    /// Whether the reader took any of what waits since the last call (true on
+    /// the first, and while no catch-up waits). `kernel_unsent` is what the kernel
+    /// still holds for the socket (see [`crate::os::unsent_bytes`]): progress is
+    /// the two together shrinking, since a large send buffer may take a slow
+    /// reader's bytes for a long while before this queue moves. The caller looks
+    /// now and then and, after long enough without progress, calls
+    /// [`Outbound::count_catch_up`], so that a reader that takes nothing of its
+    /// replay is held to the queue limit instead of holding its replay forever.
+    pub fn catch_up_moved(&mut self, kernel_unsent: usize) -> bool {
         let Some(queue) = self.0.as_mut() else {
-            return false;
+            return true;
         };
         if queue.catch_up == 0 {
             queue.unsent_seen = 0;
-            return false;
+            return true;
         }
         let unsent = queue.bytes + kernel_unsent;
-        if queue.unsent_seen != 0 && unsent >= queue.unsent_seen {
+        let moved = queue.unsent_seen == 0 || unsent < queue.unsent_seen;
+        queue.unsent_seen = unsent;
+        moved
+    }
+
+    /// What is left of a catch-up stops being exempt: from now on it counts like
+    /// any queued bytes.
+    pub fn count_catch_up(&mut self) {
+        if let Some(queue) = self.0.as_mut() {
             queue.ahead += queue.catch_up;
             queue.catch_up = 0;
             queue.unsent_seen = 0;
-            return true;
         }
-        queue.unsent_seen = unsent;
-        false
     }
 
     /// Sends `bytes` (copied only if the socket does not take them all now).
@@ -421,22 +426,24 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_catch_up_that_stalls_for_a_whole_interval_starts_counting() {
+    fn a_catch_up_that_stalls_starts_counting_when_told() {
         let mut out = Outbound::default();
         out.send_catch_up(tight(0), b"CATCHUP", 7).unwrap();
         assert_eq!(out.counted_bytes(), 0);
         // First look: it is new. Some of it goes out before the second look.
-        assert!(!out.expire_stalled_catch_up(100));
+        assert!(out.catch_up_moved(100));
         let mut socket = tight(3);
         out.flush(&mut socket).unwrap();
-        assert!(!out.expire_stalled_catch_up(100));
+        assert!(out.catch_up_moved(100));
         // The queue did not move, but the kernel passed bytes on: progress.
-        assert!(!out.expire_stalled_catch_up(40));
+        assert!(out.catch_up_moved(40));
         assert_eq!(out.counted_bytes(), 0);
-        // Nothing more taken anywhere for a whole interval: the rest counts now.
-        assert!(out.expire_stalled_catch_up(40));
+        // Nothing more taken anywhere since: a stall.
+        assert!(!out.catch_up_moved(40));
+        assert_eq!(out.counted_bytes(), 0);
+        out.count_catch_up();
         assert_eq!((out.queued_bytes(), out.counted_bytes()), (4, 4));
-        assert!(!out.expire_stalled_catch_up(40));
+        assert!(!out.has_catch_up() && out.catch_up_moved(40));
     }
 
     #[test]

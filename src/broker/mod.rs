@@ -291,6 +291,12 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// Channels the broker knows (with subscribers, or used within the retention).
     fn channel_count(&self) -> usize;
 
+    /// History bytes this process holds across its channels (see
+    /// [`crate::history::Budget`]); None where history is kept elsewhere (Redis).
+    fn history_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Periodic housekeeping (forgetting unused channels); called every few seconds.
     fn maintain(&self);
 

@@ -35,6 +35,9 @@ pub mod defaults {
     pub const DRAIN_TIMEOUT: &str = "10s";
     pub const HISTORY_SIZE: &str = "100";
     pub const HISTORY_TTL: &str = "5m";
+    pub const HISTORY_MAX_BYTES: &str = "256MiB";
+    pub const CHAT_RATE: &str = "20/s";
+    pub const CHAT_BURST: &str = "40";
     pub const STATS_INTERVAL: &str = "10s";
     pub const BROKER: &str = "memory";
     pub const WORKERS: &str = "1";
@@ -250,6 +253,21 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_HISTORY_TTL", value_name = "DURATION", default_value = defaults::HISTORY_TTL, value_parser = parse_duration)]
     pub history_ttl: Duration,
 
+    /// Most history bytes all channels of this process keep together (memory
+    /// broker); past it the oldest messages of the growing and the largest
+    /// channels go first, and a returning client is told of the gap
+    #[arg(long, env = "THRONG_HISTORY_MAX_BYTES", value_name = "BYTES", default_value = defaults::HISTORY_MAX_BYTES, value_parser = parse_size)]
+    pub history_max_bytes: usize,
+
+    /// Chat messages one connection may send per second, sustained (`N` or
+    /// `N/s`); one over it is refused with close 1008 and not published. 0: no limit
+    #[arg(long, env = "THRONG_CHAT_RATE", value_name = "N/s", default_value = defaults::CHAT_RATE, value_parser = crate::rate::parse_rate)]
+    pub chat_rate: u32,
+
+    /// Chat messages one connection may send back to back after a quiet spell
+    #[arg(long, env = "THRONG_CHAT_BURST", value_name = "N", default_value = defaults::CHAT_BURST)]
+    pub chat_burst: u32,
+
     /// Where channels live: memory (this process), redis://host[:port][/db] (every
     /// node sharing that Redis: one seq and history per channel, cluster-wide delivery)
     /// or redis-sentinel://host:port[,host:port…]/master (the master Sentinel names).
@@ -361,7 +379,8 @@ pub struct ServeConfig {
     /// consumer and is closed with 1008. Default 1 MiB, never below one largest echo.
     /// This bounds the memory a reader that stopped reading can cost, beyond its
     /// replay of history (`since=`), which does not count while it is being written
-    /// and is itself bounded by the history limits.
+    /// and is itself bounded by the history limits, until its reader takes nothing
+    /// of it for 5 s: then it counts, and a reader past the limit is dropped.
     pub max_queue: usize,
     /// Most concurrent WebSocket connections; more handshakes get 503. Default: none
     /// (the open-files limit is the ceiling).
@@ -409,6 +428,17 @@ pub struct ServeConfig {
     /// How long a kept message stays, in whole seconds. Default 5 min; zero keeps
     /// none. Expired messages give their memory back.
     pub history_ttl: Duration,
+    /// What every channel's history of this process may hold together (payloads,
+    /// names and 8-byte entries; the rings may round that up to twice on the heap).
+    /// Default 256 MiB. Past it a growing channel drops its own oldest, and the
+    /// broker's housekeeping (every 10 s) cuts the largest channels to 7/8 of it;
+    /// what goes is told as a gap like expiry. The memory broker's only: with Redis
+    /// the history is Redis's.
+    pub history_max_bytes: usize,
+    /// How fast one connection may send chat messages (`--chat-rate`,
+    /// `--chat-burst`). Default 20/s, 40 at once; a rate of zero: no limit. The
+    /// loop keeps a bucket only for connections that chatted lately.
+    pub chat_rate: crate::rate::ChatRate,
     /// Where channels live. Default `memory` (this process only); `redis://…` shares
     /// seq, history, presence and delivery with every node on that Redis, at one
     /// Redis round trip per publish and per resuming subscribe; `redis-sentinel://…`
@@ -501,6 +531,14 @@ impl Default for ServeConfig {
                 defaults::HISTORY_SIZE,
             ),
             history_ttl: builtin(parse_duration, defaults::HISTORY_TTL),
+            history_max_bytes: builtin(parse_size, defaults::HISTORY_MAX_BYTES),
+            chat_rate: crate::rate::ChatRate {
+                per_second: builtin(crate::rate::parse_rate, defaults::CHAT_RATE),
+                burst: builtin(
+                    |s| s.parse().map_err(|e| format!("{e}")),
+                    defaults::CHAT_BURST,
+                ),
+            },
             broker: builtin(str::parse, defaults::BROKER),
             workers: builtin(|s| s.parse().map_err(|e| format!("{e}")), defaults::WORKERS),
             reuse_port: builtin(parse_on_off, defaults::REUSE_PORT),
@@ -627,6 +665,11 @@ impl ServeArgs {
         if pusher_apps.len() > usize::from(u16::MAX) {
             return Err(ConfigError::Invalid("too many --pusher-app".into()));
         }
+        if self.chat_burst == 0 {
+            return Err(ConfigError::Invalid(
+                "--chat-burst must be at least 1".into(),
+            ));
+        }
         if self.history_ttl.subsec_nanos() != 0 {
             return Err(ConfigError::Invalid(format!(
                 "--history-ttl must be whole seconds (or 0 for no history), not {:?}",
@@ -675,6 +718,11 @@ impl ServeArgs {
             stats_interval: self.stats_interval,
             history_size: self.history_size,
             history_ttl: self.history_ttl,
+            history_max_bytes: self.history_max_bytes,
+            chat_rate: crate::rate::ChatRate {
+                per_second: self.chat_rate,
+                burst: self.chat_burst,
+            },
             broker: self.broker,
             workers: self.workers,
             reuse_port: self.reuse_port,

@@ -77,6 +77,7 @@ impl Mode {
         chosen_name: Option<&str>,
         changes: &mut Vec<Change>,
         deflate: u8,
+        chat: &mut crate::rate::ChatLimiter,
     ) -> Handled {
         match self {
             Mode::Http(pending) => {
@@ -92,6 +93,7 @@ impl Mode {
                     chosen_name,
                     changes,
                     deflate,
+                    chat,
                 };
                 Handled::Transport(session.transport_mut().on_input(input, &mut ctx))
             }

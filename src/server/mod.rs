@@ -241,11 +241,10 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
         ttl: config.history_ttl,
     };
     let broker: Arc<dyn Broker> = match &config.broker {
-        BrokerSpec::Memory => Arc::new(MemoryBroker::new(
-            Arc::clone(&hub),
-            history,
-            config.namespaces.clone(),
-        )),
+        BrokerSpec::Memory => Arc::new(
+            MemoryBroker::new(Arc::clone(&hub), history, config.namespaces.clone())
+                .with_history_budget(config.history_max_bytes),
+        ),
         BrokerSpec::Redis(url) => Arc::new(RedisBroker::start(
             Arc::clone(&hub),
             url,

@@ -343,6 +343,9 @@ pub struct Ctx<'a> {
     /// The permessage-deflate window the connection negotiated (0: none): its
     /// client may send compressed messages, and its answers may be compressed.
     pub deflate: u8,
+    /// The loop's chat buckets: a chat message over its connection's rate is
+    /// refused (`--chat-rate`).
+    pub chat: &'a mut crate::rate::ChatLimiter,
 }
 
 /// A change of a connection's subscriptions that its transport asks the server

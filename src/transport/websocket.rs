@@ -516,6 +516,7 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
     let counts = &mut *ctx.counts;
     let broker = ctx.broker;
     let chosen_name = ctx.chosen_name;
+    let chat = &mut *ctx.chat;
     let mut after = After::Nothing;
     let mut echoed = 0u64;
     let mut published = 0u64;
@@ -538,6 +539,20 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                 Flow::Continue
             }
             Action::Publish => {
+                let client = state.sub.as_ref().map_or(0, |s| s.client);
+                let now = crate::rate::now_ns();
+                if !chat.allow(client, now) {
+                    // Refused as every other policy is on a WebSocket: said in
+                    // the close, never published, never dropped unsaid.
+                    let rate = chat.rate();
+                    let reason = format!(
+                        "chat rate limit: at most {}/s, {} at once",
+                        rate.per_second, rate.burst
+                    );
+                    encode_close(out, close_code::POLICY_VIOLATION, &reason);
+                    after = After::Close;
+                    return Flow::Stop;
+                }
                 let (channel, from) = state.sub.as_ref().map_or(("", None), |s| {
                     (
                         s.channel.name(),

@@ -39,6 +39,7 @@ FAMILIES = {
     "throng_loop_turn_seconds": "histogram",
     "throng_loop_turn_slowest_seconds": "gauge",
     "throng_channels": "gauge",
+    "throng_history_bytes": "gauge",
     "throng_uptime_seconds": "gauge",
     "process_resident_memory_bytes": "gauge",
     "process_open_fds": "gauge",

@@ -111,6 +111,11 @@ pub struct EventLoop {
     /// The thread CPU time at which this turn's fan-out time is up (set by its
     /// first delivery).
     fan_out_until: Option<Duration>,
+    /// Its connections' chat buckets (`--chat-rate`), for those that chatted lately.
+    chat: crate::rate::ChatLimiter,
+    /// Connections with a replay of history waiting for their socket, watched
+    /// for a stall (see `timers::REPLAY_STALL`).
+    catch_ups: Vec<timers::CatchUp>,
 }
 
 impl EventLoop {
@@ -125,6 +130,7 @@ impl EventLoop {
                 .register(listener, Token(LISTENER_BASE + i), Interest::READABLE)?;
         }
         let compression = shared.config.compression;
+        let chat_rate = shared.config.chat_rate;
         Ok(EventLoop {
             poll,
             accept: Acceptor::new(listeners),
@@ -152,6 +158,8 @@ impl EventLoop {
             replies: Replies::default(),
             drain: Drain::default(),
             fan_out_until: None,
+            chat: crate::rate::ChatLimiter::new(chat_rate),
+            catch_ups: Vec::new(),
         })
     }
 
@@ -408,6 +416,7 @@ impl EventLoop {
             self.subscribers.chosen_name(key),
             &mut self.buf.changes,
             conn.deflate,
+            &mut self.chat,
         );
         if !self.buf.changes.is_empty() {
             self.apply_changes(key);

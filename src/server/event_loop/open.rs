@@ -160,6 +160,9 @@ impl EventLoop {
             self.drop_conn(key);
             return false;
         }
+        if conn.out.has_catch_up() {
+            self.watch_catch_up(key);
+        }
         true
     }
 

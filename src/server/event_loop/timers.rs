@@ -1,6 +1,7 @@
 //! The loop's time: the clock and its wheel, every connection's deadline
 //! (handshake, ping, idle, close, linger, a long-poll's answer), token expiry, and
-//! the periodic turns (the ring's receive sweep, the broker's housekeeping). It
+//! the periodic turns (the ring's receive sweep, the watch on replays waiting for
+//! a stalled reader, the broker's housekeeping). It
 //! must not write a transport's bytes itself: a heartbeat or goodbye is the
 //! transport's, through the connection's mode.
 
@@ -19,6 +20,16 @@ pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 /// A ping sent this much after its time was held up by the loop, not the client.
 const LATE_PING: Duration = Duration::from_secs(1);
+/// A returning subscriber whose replay of history has waited this long without
+/// the reader taking a byte of it is given up: what is left of it counts against
+/// `--max-queue` from then on, and a reader past that is dropped at once (no
+/// close frame, which would wait behind the replay). Long enough for TCP's
+/// retransmissions over a lossy link (four lost in a row), short enough that a
+/// crowd of readers asking for replays they never read pins each one for
+/// seconds, not for a ping interval or two.
+pub(super) const REPLAY_STALL: Duration = Duration::from_secs(5);
+/// How often a loop looks at its waiting replays.
+const CATCH_UP_SWEEP_EVERY: Duration = Duration::from_millis(500);
 /// How often loop 0 gives the broker its housekeeping turn.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
 /// How often a loop with io_uring weighs which connections are busy enough to
@@ -45,6 +56,14 @@ pub(super) struct Clock {
     expired_done: usize,
     next_maintain: Tick,
     next_receive_sweep: Tick,
+    next_catch_up_sweep: Tick,
+}
+
+/// A connection whose replay waits for its socket, and when it last moved.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CatchUp {
+    key: u32,
+    moved_at: Tick,
 }
 
 impl Clock {
@@ -60,6 +79,7 @@ impl Clock {
             expired_done: 0,
             next_maintain: ticks(MAINTAIN_EVERY),
             next_receive_sweep: ticks(RECEIVE_SWEEP_EVERY),
+            next_catch_up_sweep: ticks(CATCH_UP_SWEEP_EVERY),
         }
     }
 
@@ -88,9 +108,63 @@ impl EventLoop {
             self.clock.next_receive_sweep = now + ticks(RECEIVE_SWEEP_EVERY);
             self.ring.sweep(&self.tally.shared);
         }
+        if now >= self.clock.next_catch_up_sweep {
+            self.clock.next_catch_up_sweep = now + ticks(CATCH_UP_SWEEP_EVERY);
+            self.sweep_catch_ups();
+        }
         if self.index == 0 && now >= self.clock.next_maintain {
             self.clock.next_maintain = now + ticks(MAINTAIN_EVERY);
             self.shared.broker.maintain();
+        }
+    }
+
+    /// Connection `key` has a replay waiting for its socket: watch it for a
+    /// stall from now on (see [`REPLAY_STALL`]).
+    pub(super) fn watch_catch_up(&mut self, key: usize) {
+        // A key reused since an earlier entry: one entry per connection.
+        self.catch_ups.retain(|c| c.key as usize != key);
+        self.catch_ups.push(CatchUp {
+            key: key as u32,
+            moved_at: self.clock.now,
+        });
+    }
+
+    /// Gives up on the replays whose readers took nothing for [`REPLAY_STALL`];
+    /// forgets those that are written (or whose connection is gone).
+    fn sweep_catch_ups(&mut self) {
+        if self.catch_ups.is_empty() {
+            return;
+        }
+        let now = self.clock.now;
+        let stall = ticks(REPLAY_STALL);
+        let max_queue = self.shared.config.max_queue;
+        let mut stalled = Vec::new();
+        let conns = &mut self.conns;
+        self.catch_ups.retain_mut(|c| {
+            let Some(conn) = conns.get_mut(c.key as usize) else {
+                return false;
+            };
+            if !conn.out.has_catch_up() {
+                return false;
+            }
+            let kernel_unsent =
+                crate::os::unsent_bytes(std::os::fd::AsRawFd::as_raw_fd(&conn.socket));
+            if conn.out.catch_up_moved(kernel_unsent) {
+                c.moved_at = now;
+                return true;
+            }
+            if now.saturating_sub(c.moved_at) < stall {
+                return true;
+            }
+            conn.out.count_catch_up();
+            if conn.out.counted_bytes() > max_queue {
+                stalled.push(c.key as usize);
+            }
+            false
+        });
+        for key in stalled {
+            self.tally.turn.slow_consumers += 1;
+            self.drop_conn(key);
         }
     }
 
@@ -203,14 +277,6 @@ impl EventLoop {
             set_deadline(&mut self.clock.wheel, key, conn, due);
             if matches!(action, BeatAction::Defer(_)) {
                 return;
-            }
-            // A replay the reader took nothing of for a whole interval counts
-            // against --max-queue from now on (send_out checks it). Only a
-            // connection with a replay waiting asks the kernel anything.
-            if conn.out.has_catch_up() {
-                let kernel_unsent =
-                    crate::os::unsent_bytes(std::os::fd::AsRawFd::as_raw_fd(&conn.socket));
-                conn.out.expire_stalled_catch_up(kernel_unsent);
             }
             // Bytes waiting for a writable edge are offered again once an
             // interval: a send the kernel refused for want of memory rather

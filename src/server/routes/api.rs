@@ -275,6 +275,8 @@ pub(super) fn stats(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec<u8>)
             "io_uring_sends": snap.ring_sends,
             "io_uring_send_calls": snap.ring_send_calls,
             "channels": ctx.shared.broker.channel_count(),
+            // History bytes held across channels (null: kept in Redis).
+            "history_bytes": ctx.shared.broker.history_bytes(),
             "frames_in": snap.frames_in,
             "messages_in": snap.messages_in,
             "messages_out": snap.messages_out,
@@ -307,6 +309,7 @@ pub(super) fn prometheus(req: &Request<'_>, ctx: RouteContext<'_>, out: &mut Vec
     let scrape = metrics::Scrape {
         snapshot: shared.stats.snapshot(),
         channels: shared.broker.channel_count() as u64,
+        history_bytes: shared.broker.history_bytes(),
         broker_up: shared.broker.healthy(),
         uptime: shared.stats.started.elapsed(),
         process: metrics::Process::read(),

@@ -45,6 +45,7 @@ fn feed_frames(
         chosen_name: None,
         changes: &mut Vec::new(),
         deflate: 0,
+        chat: &mut crate::rate::ChatLimiter::default(),
     };
     let after = feed(state, &mut input, &mut ctx);
     (out, after)
@@ -212,6 +213,7 @@ fn a_protocol_error_closes_with_its_code() {
         chosen_name: None,
         changes: &mut Vec::new(),
         deflate: 0,
+        chat: &mut crate::rate::ChatLimiter::default(),
     };
     assert_eq!(feed(&mut state, &mut input, &mut ctx), After::Close);
     assert_eq!(&out[2..4], &close_code::PROTOCOL_ERROR.to_be_bytes());
@@ -285,6 +287,7 @@ fn feed_echo(input: &mut [u8], config: &ServeConfig, deflate: u8) -> (Vec<u8>, A
         chosen_name: None,
         changes: &mut Vec::new(),
         deflate,
+        chat: &mut crate::rate::ChatLimiter::default(),
     };
     let after = feed(&mut state, input, &mut ctx);
     (out, after, counts)
@@ -388,4 +391,39 @@ fn a_compressed_message_may_come_in_fragments_with_rsv1_on_the_first_only() {
     let (out, after, _) = feed_compressed(&mut input, &config);
     assert_eq!(after, After::Close);
     assert_eq!(&out[2..4], &close_code::PROTOCOL_ERROR.to_be_bytes());
+}
+
+#[test]
+fn a_chat_member_over_its_rate_is_told_in_the_close_and_not_published() {
+    let (broker, _hub, _poll) = chat_room();
+    let config = ServeConfig::default();
+    let mut member = subscriber(&broker, "chat:r");
+    let mut input = Vec::new();
+    for word in [&b"one"[..], b"two", b"three", b"four"] {
+        encode_client_frame(&mut input, opcode::TEXT, true, word, [1, 2, 3, 4]);
+    }
+    let mut out = Vec::new();
+    let mut counts = TurnCounts::default();
+    let mut chat = crate::rate::ChatLimiter::new(crate::rate::ChatRate {
+        per_second: 1,
+        burst: 2,
+    });
+    let mut ctx = Ctx {
+        out: &mut out,
+        broker: &broker,
+        config: &config,
+        webhooks: None,
+        counts: &mut counts,
+        chosen_name: None,
+        changes: &mut Vec::new(),
+        deflate: 0,
+        chat: &mut chat,
+    };
+    assert_eq!(feed(&mut member, &mut input, &mut ctx), After::Close);
+    assert_eq!(&out[2..4], &close_code::POLICY_VIOLATION.to_be_bytes());
+    let said = String::from_utf8_lossy(&out[4..]).into_owned();
+    assert_eq!(said, "chat rate limit: at most 1/s, 2 at once");
+    // The burst went out; the third was refused, and nothing after it was read.
+    assert_eq!(broker.channel_info("chat:r").last_seq, 2);
+    assert_eq!(counts.published, 2);
 }
