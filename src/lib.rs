@@ -10,9 +10,13 @@
 //!   responses, as pure functions and a per-connection decoder (no I/O).
 //! - [`server`]: listeners, one mio event loop per I/O thread, per-connection
 //!   state, HTTP connections, routes, per-loop subscribers, admission, shutdown.
-//! - [`transport`]: the transport seam: WebSocket, SSE and long-poll, one file
-//!   each behind one trait and one registration table; their endpoints, formats,
-//!   what a connection holds while idle, heartbeat, close.
+//! - [`transport`]: the transport seam: WebSocket, SSE, long-poll and the Pusher
+//!   protocol, one file each behind one trait and one registration table; their
+//!   endpoints, formats, what a connection holds while idle, heartbeat, close.
+//! - [`pusher`]: Pusher apps, channel names and kinds (and which throng channels
+//!   are an app's), socket ids, signatures, webhooks; [`tls`]: TLS on the
+//!   listeners (rustls config and reload, the handshake over the loop's buffers,
+//!   the record layer).
 //! - [`rules`]: channel names, namespaces (chat rooms, push-only channels), client
 //!   names, and what a client's message means, as pure decisions.
 //! - [`broker`]: a channel's life: `seq`, subscribe/unsubscribe, presence, history
