@@ -176,10 +176,15 @@ pub fn origin_allowed(allowed: &[String], origin: Option<&[u8]>) -> bool {
     match origin {
         None => true,
         Some(_) if allowed.is_empty() => true,
-        Some(origin) => allowed
-            .iter()
-            .any(|a| a.as_bytes().eq_ignore_ascii_case(origin)),
+        Some(origin) => origin_listed(allowed, origin),
     }
+}
+
+/// Whether `origin` is one of the `--allowed-origin` list (case-insensitive).
+pub fn origin_listed(allowed: &[String], origin: &[u8]) -> bool {
+    allowed
+        .iter()
+        .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
 }
 
 #[cfg(test)]

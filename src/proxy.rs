@@ -179,10 +179,8 @@ fn parse_hop(hop: &[u8]) -> Option<IpAddr> {
 }
 
 fn is_port(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 5
-        && s.bytes().all(|b| b.is_ascii_digit())
-        && s.parse::<u16>().is_ok()
+    // Digits only: `u16`'s parse would also take a leading `+`.
+    s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u16>().is_ok()
 }
 
 fn is_trusted(ip: IpAddr, trusted: &[Network]) -> bool {

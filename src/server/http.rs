@@ -162,6 +162,16 @@ mod tests {
         (next, String::from_utf8_lossy(&out).into_owned())
     }
 
+    /// Serving `raw` answers exactly once, with `status`, and closes.
+    fn refused_once(raw: &[u8], status: u16) {
+        let (next, out) = serve_once(raw);
+        assert!(matches!(next, Next::Close), "{out}");
+        assert!(
+            out.starts_with(&format!("HTTP/1.1 {status}")) && out.matches("HTTP/1.1").count() == 1,
+            "{out}"
+        );
+    }
+
     #[test]
     fn a_request_hidden_in_a_body_is_never_served() {
         let hidden = "POST /api/publish/x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
@@ -170,40 +180,22 @@ mod tests {
             "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{hidden}",
             hidden.len()
         );
-        let (next, out) = serve_once(smuggled.as_bytes());
-        assert!(matches!(next, Next::Close), "{out}");
-        assert!(
-            out.starts_with("HTTP/1.1 400") && out.matches("HTTP/1.1").count() == 1,
-            "{out}"
-        );
+        refused_once(smuggled.as_bytes(), 400);
         // A chunked GET: the same.
         let chunked = format!(
             "GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{hidden}\r\n0\r\n\r\n",
             hidden.len()
         );
-        let (next, out) = serve_once(chunked.as_bytes());
-        assert!(matches!(next, Next::Close));
-        assert!(
-            out.starts_with("HTTP/1.1 400") && out.matches("HTTP/1.1").count() == 1,
-            "{out}"
-        );
+        refused_once(chunked.as_bytes(), 400);
         // A chunked POST: 411, closed.
-        let (next, out) = serve_once(
+        refused_once(
             b"POST /api/publish/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-        );
-        assert!(matches!(next, Next::Close));
-        assert!(
-            out.starts_with("HTTP/1.1 411") && out.matches("HTTP/1.1").count() == 1,
-            "{out}"
+            411,
         );
         // Two lengths: 400, one answer.
-        let (next, out) = serve_once(
+        refused_once(
             b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 40\r\n\r\nab",
-        );
-        assert!(matches!(next, Next::Close));
-        assert!(
-            out.starts_with("HTTP/1.1 400") && out.matches("HTTP/1.1").count() == 1,
-            "{out}"
+            400,
         );
     }
 

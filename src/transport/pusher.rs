@@ -156,7 +156,6 @@ pub const ENDPOINTS: &[Endpoint] = &[Endpoint {
 }];
 
 fn open(req: &Request<'_>, key: &str, gate: &dyn Gate) -> Result<Opening, Refused> {
-    gate.check_origin(req).map_err(Refused::Auth)?;
     if !req.wants_upgrade() {
         if req.method != "GET" {
             return Err(Refused::Method { counted: false });

@@ -45,10 +45,9 @@ pub struct Endpoint {
 
 /// The server's access rules, as a transport's endpoint asks them.
 pub trait Gate {
-    /// A browser page's `Origin` is one `--allowed-origin` lists (when any is).
-    fn check_origin(&self, req: &Request<'_>) -> Result<(), AuthError>;
-    /// Who may subscribe to `channel`: an allowed origin and, with
-    /// `--token-secret`, a token granting it. `Ok(None)`: no token is asked for.
+    /// Who may subscribe to `channel`: with `--token-secret`, a token granting
+    /// it. `Ok(None)`: no token is asked for. (A page's `Origin` was checked by
+    /// the router before any transport is asked.)
     fn admit(&self, req: &Request<'_>, channel: &str) -> Result<Option<Grant>, AuthError>;
     /// The place among `--pusher-app`s of the app with this key.
     fn pusher_app(&self, key: &str) -> Option<u16>;

@@ -89,12 +89,7 @@ fn own_site(req: &Request<'_>, ctx: RouteContext<'_>) -> bool {
             .is_none_or(|site| site == b"same-origin" || site == b"none"),
         Some(origin) => {
             crate::site::same_site(origin, req.header("host"))
-                || ctx
-                    .shared
-                    .config
-                    .allowed_origins
-                    .iter()
-                    .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
+                || crate::auth::origin_listed(&ctx.shared.config.allowed_origins, origin)
         }
     }
 }

@@ -71,19 +71,9 @@ pub fn route(
     out: &mut Vec<u8>,
     counts: &mut TurnCounts,
 ) -> Outcome {
-    if let Err(refusal) = site_allowed(req, ctx) {
-        counts.handshake_failed(match refusal {
-            AuthError::Origin => HandshakeFailure::Origin,
-            _ => HandshakeFailure::BadRequest,
-        });
-        http::write_error(out, refusal.status(), &refusal.to_string(), &[]);
-        return Outcome::Responded;
-    }
     let path = req.path();
-    if path == "/" && !req.wants_upgrade() {
-        return page(req, path, ctx, out);
-    }
-    let endpoint = subscribe::endpoint(path);
+    let root_page = path == "/" && !req.wants_upgrade();
+    let endpoint = subscribe::endpoint(path).filter(|_| !root_page);
     if endpoint.is_some() && ctx.shared.shutdown.load(Ordering::Relaxed) {
         // A draining server takes no new subscriber: 503 says "come back" (to
         // another node, through a proxy) to browsers, throng.js and the bench.
@@ -94,6 +84,20 @@ pub fn route(
             &[("Retry-After", "1")],
         );
         return Outcome::Responded;
+    }
+    // The one place the site rules are kept, for transports and the API alike.
+    if let Err(refusal) = site_allowed(req, ctx) {
+        if endpoint.is_some() {
+            counts.handshake_failed(match refusal {
+                AuthError::Origin => HandshakeFailure::Origin,
+                _ => HandshakeFailure::BadRequest,
+            });
+        }
+        http::write_error(out, refusal.status(), &refusal.to_string(), &[]);
+        return Outcome::Responded;
+    }
+    if root_page {
+        return page(req, path, ctx, out);
     }
     if let Some((endpoint, rest)) = endpoint {
         return subscribe::open(req, endpoint, rest, ctx.shared, out, counts);
