@@ -1,6 +1,6 @@
 //! The transport seam: how a connection is opened from a request, receives channel
 //! messages, is kept alive and closed, one file per transport (WebSocket, SSE,
-//! long-poll).
+//! long-poll, and the Pusher Channels protocol over WebSocket).
 //!
 //! A transport contributes, in its own file: its endpoints (the request paths it
 //! opens from and the parameters it reads, [`request`]), its [`Format`]s (each an
