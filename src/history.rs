@@ -8,8 +8,11 @@
 //! (`c123`) goes into the ring just ahead of its payload, after one length byte, so
 //! it costs its length plus one; a message without a sender (every push channel's)
 //! costs nothing more. Expired messages are dropped (and their memory given
-//! back once the ring empties). This module owns no lock and does no I/O: the
-//! broker holds a channel's history under the channel's own lock.
+//! back once the ring empties). A payload of [`SHARE_FROM`] bytes or more is not
+//! copied into the ring: the entry is marked and the publish's own buffer is kept
+//! beside it, so every reader given it back (a replay) shares that one buffer
+//! instead of copying it out per request. This module owns no lock and does no
+//! I/O: the broker holds a channel's history under the channel's own lock.
 //!
 //! Every history of a process may also count against one [`Budget`]
 //! (`--history-max-bytes`), so that no number of channels can hold more than it
@@ -38,6 +41,15 @@ const FROM: u32 = 1 << 30;
 /// The next marks a message kept with an event name (a Pusher event's), after the
 /// sender's name if it has one.
 const EVENT: u32 = 1 << 29;
+/// The next marks a payload kept by reference, in [`History`]'s `shared`, not
+/// in the ring.
+const SHARED: u32 = 1 << 28;
+/// Every flag an entry's length carries.
+const FLAGS: u32 = BINARY | FROM | EVENT | SHARED;
+/// Payloads this long or longer are kept by reference (shared with the
+/// publish and with every replay), shorter ones copied into the ring, where
+/// they cost less than a shared buffer's bookkeeping.
+pub const SHARE_FROM: usize = 1024;
 /// Longest sender name kept (its length is one byte); the server's are `c<id>`,
 /// at most 21 bytes. Event names have the same bound.
 pub const MAX_FROM: usize = u8::MAX as usize;
@@ -179,7 +191,16 @@ struct Entry {
 impl Entry {
     /// The payload's length.
     fn len(self) -> usize {
-        (self.len_kind & !(BINARY | FROM | EVENT)) as usize
+        (self.len_kind & !FLAGS) as usize
+    }
+
+    fn is_shared(self) -> bool {
+        self.len_kind & SHARED != 0
+    }
+
+    /// The payload's bytes in the ring: none when it is kept by reference.
+    fn ring_len(self) -> usize {
+        if self.is_shared() { 0 } else { self.len() }
     }
 
     fn has_from(self) -> bool {
@@ -204,6 +225,10 @@ impl Entry {
 pub struct History {
     bytes: VecDeque<u8>,
     entries: VecDeque<Entry>,
+    /// The payloads kept by reference, one per [`SHARED`] entry, in order.
+    shared: VecDeque<Bytes>,
+    /// Their bytes.
+    shared_bytes: usize,
     /// The seq of `entries[0]`.
     first_seq: u64,
     /// The process's budget this history counts against, if any: what it holds
@@ -225,14 +250,17 @@ impl History {
         History {
             bytes: VecDeque::new(),
             entries: VecDeque::new(),
+            shared: VecDeque::new(),
+            shared_bytes: 0,
             first_seq: 0,
             budget: Some(budget),
         }
     }
 
-    /// What it holds as counted against its budget: ring bytes and entries.
+    /// What it holds as counted against its budget: ring bytes, payloads kept
+    /// by reference, and entries.
     pub fn held_bytes(&self) -> usize {
-        self.bytes.len() + self.entries.len() * ENTRY_BYTES
+        self.bytes.len() + self.shared_bytes + self.entries.len() * ENTRY_BYTES
     }
 
     pub fn len(&self) -> usize {
@@ -250,7 +278,10 @@ impl History {
 
     /// Bytes this history holds on the heap.
     pub fn heap_bytes(&self) -> usize {
-        self.bytes.capacity() + self.entries.capacity() * std::mem::size_of::<Entry>()
+        self.bytes.capacity()
+            + self.entries.capacity() * std::mem::size_of::<Entry>()
+            + self.shared.capacity() * std::mem::size_of::<Bytes>()
+            + self.shared_bytes
     }
 
     /// Keeps message `seq` (the channel's next) with its sender and event name,
@@ -259,6 +290,34 @@ impl History {
         &mut self,
         seq: u64,
         payload: &[u8],
+        kind: DataKind,
+        tags: Tags<'_>,
+        now: u32,
+        limits: Limits,
+    ) {
+        self.keep(seq, payload, None, kind, tags, now, limits);
+    }
+
+    /// As [`History::push`], where `payload` is the publish's own buffer: a
+    /// long one is kept by reference, not copied.
+    pub fn push_bytes(
+        &mut self,
+        seq: u64,
+        payload: &Bytes,
+        kind: DataKind,
+        tags: Tags<'_>,
+        now: u32,
+        limits: Limits,
+    ) {
+        self.keep(seq, payload, Some(payload), kind, tags, now, limits);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn keep(
+        &mut self,
+        seq: u64,
+        payload: &[u8],
+        buffer: Option<&Bytes>,
         kind: DataKind,
         tags: Tags<'_>,
         now: u32,
@@ -273,7 +332,7 @@ impl History {
         let Ok(len) = u32::try_from(payload.len()) else {
             return;
         };
-        if len & (BINARY | FROM | EVENT) != 0 {
+        if len & FLAGS != 0 {
             return;
         }
         // A name longer than its length byte can say is not kept (the message is).
@@ -300,10 +359,19 @@ impl History {
             self.bytes.push_back(name_len);
             self.bytes.extend(name.as_bytes());
         }
-        self.bytes.extend(payload);
+        let mut shared = 0;
+        if payload.len() >= SHARE_FROM {
+            len_kind |= SHARED;
+            let kept = buffer.map_or_else(|| Bytes::copy_from_slice(payload), Bytes::clone);
+            shared = kept.len();
+            self.shared_bytes += shared;
+            self.shared.push_back(kept);
+        } else {
+            self.bytes.extend(payload);
+        }
         self.entries.push_back(Entry { len_kind, at: now });
         if let Some(budget) = &self.budget {
-            budget.add(self.bytes.len() - before + ENTRY_BYTES);
+            budget.add(self.bytes.len() - before + shared + ENTRY_BYTES);
         }
         while self.entries.len() > limits.size {
             self.pop_front();
@@ -345,6 +413,7 @@ impl History {
         } else if self.bytes.capacity() > 4 * self.bytes.len().max(64) {
             self.bytes.shrink_to_fit();
             self.entries.shrink_to_fit();
+            self.shared.shrink_to_fit();
         }
     }
 
@@ -359,9 +428,16 @@ impl History {
         if let Some(front) = self.entries.pop_front() {
             let span = self.span(front, 0);
             self.bytes.drain(..span);
+            let mut shared = 0;
+            if front.is_shared()
+                && let Some(payload) = self.shared.pop_front()
+            {
+                shared = payload.len();
+                self.shared_bytes -= shared;
+            }
             self.first_seq += 1;
             if let Some(budget) = &self.budget {
-                budget.sub(span + ENTRY_BYTES);
+                budget.sub(span + shared + ENTRY_BYTES);
             }
         }
     }
@@ -381,7 +457,8 @@ impl History {
     }
 
     /// How many ring bytes `entry`, starting at `offset`, takes up: its names
-    /// (each with its length byte), if any, and its payload.
+    /// (each with its length byte), if any, and its payload unless it is kept
+    /// by reference.
     fn span(&self, entry: Entry, offset: usize) -> usize {
         let mut at = offset;
         for present in [entry.has_from(), entry.has_event()] {
@@ -389,7 +466,7 @@ impl History {
                 at += 1 + self.bytes.get(at).map_or(0, |&n| usize::from(n));
             }
         }
-        at - offset + entry.len()
+        at - offset + entry.ring_len()
     }
 
     fn clear(&mut self) {
@@ -398,33 +475,44 @@ impl History {
         }
         self.bytes = VecDeque::new();
         self.entries = VecDeque::new();
+        self.shared = VecDeque::new();
+        self.shared_bytes = 0;
         self.first_seq = 0;
     }
 
-    /// Every kept message with a seq above `since`, oldest first (copied out).
+    /// Every kept message with a seq above `since`, oldest first: short
+    /// payloads copied out, long ones shared.
     pub fn after(&self, since: u64) -> Vec<Stored> {
         let skip = since.saturating_add(1).saturating_sub(self.first_seq);
         let skip = usize::try_from(skip).unwrap_or(usize::MAX);
         let mut offset = 0;
+        let mut shared = 0;
         for &entry in self.entries.iter().take(skip) {
             offset += self.span(entry, offset);
+            shared += usize::from(entry.is_shared());
         }
         let mut out = Vec::with_capacity(self.entries.len().saturating_sub(skip));
         for (i, &entry) in self.entries.iter().enumerate().skip(skip) {
             let (from, at) = self.name_at(entry.has_from(), offset);
             let (event, at) = self.name_at(entry.has_event(), at);
             offset = at;
-            let end = offset + entry.len();
-            let payload: Vec<u8> = self.bytes.range(offset..end).copied().collect();
+            let payload = if entry.is_shared() {
+                shared += 1;
+                self.shared.get(shared - 1).cloned().unwrap_or_default()
+            } else {
+                let end = offset + entry.len();
+                let copied: Vec<u8> = self.bytes.range(offset..end).copied().collect();
+                offset = end;
+                Bytes::from(copied)
+            };
             out.push(Stored {
                 seq: self.first_seq + i as u64,
-                payload: Bytes::from(payload),
+                payload,
                 kind: entry.kind(),
                 from,
                 event,
                 skip: None,
             });
-            offset = end;
         }
         out
     }
@@ -676,6 +764,48 @@ mod tests {
         push_n(&mut h, 4..=4, 92);
         assert_eq!(seqs(&h, 0), vec![4]);
         assert_eq!(budget.held(), 500);
+    }
+
+    #[test]
+    fn a_long_payload_is_kept_by_reference_and_shared_by_every_reader() {
+        let budget = Arc::new(Budget::new(usize::MAX));
+        let mut h = History::with_budget(Arc::clone(&budget));
+        let long = Bytes::from(vec![7u8; SHARE_FROM]);
+        h.push(1, b"short", DataKind::Text, from("c1"), 0, KEEP_3);
+        h.push_bytes(2, &long, DataKind::Binary, from("c2"), 0, KEEP_3);
+        h.push(
+            3,
+            &[9u8; 2 * SHARE_FROM],
+            DataKind::Text,
+            Tags::default(),
+            0,
+            KEEP_3,
+        );
+        assert_eq!(budget.held(), h.held_bytes());
+        assert_eq!(
+            h.held_bytes(),
+            (3 + 5 + 8) + (3 + SHARE_FROM + 8) + (2 * SHARE_FROM + 8)
+        );
+        let (first, second) = (h.after(0), h.after(1));
+        assert_eq!(
+            first[1].payload.as_ptr(),
+            long.as_ptr(),
+            "the publish's buffer"
+        );
+        assert_eq!(second[0].payload.as_ptr(), long.as_ptr());
+        assert_eq!(first[2].payload.as_ptr(), second[1].payload.as_ptr());
+        assert_eq!(first[0].payload, &b"short"[..]);
+        assert_eq!(first[1].from.as_deref(), Some("c2"));
+        assert_eq!(first[1].kind, DataKind::Binary);
+        assert_eq!(first[2].payload.len(), 2 * SHARE_FROM);
+        // The oldest go, shared or not, in order; what follows still lines up.
+        h.push(4, b"tail", DataKind::Text, Tags::default(), 0, KEEP_3);
+        h.push(5, b"end", DataKind::Text, Tags::default(), 0, KEEP_3);
+        assert_eq!(seqs(&h, 0), vec![3, 4, 5]);
+        assert_eq!(h.after(3)[0].payload, &b"tail"[..]);
+        assert_eq!(budget.held(), (2 * SHARE_FROM + 8) + (4 + 8) + (3 + 8));
+        drop(h);
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! connection owns no buffer at all ([`Outbound`] is one null pointer then). A
 //! catch-up (a returning subscriber's replay of history) can be marked as such
 //! while it waits, so the caller's queue limit counts only what comes on top of it
-//! ([`Outbound::counted_bytes`]). This module must not know what the bytes mean:
+//! ([`Outbound::counted_bytes`]); a long catch-up can come as a [`Feed`] that
+//! makes its bytes a slice at a time as the socket takes them, so a reader that
+//! does not read holds one slice, not a copy of the history it asked for. This
+//! module must not know what the bytes mean:
 //! framing belongs to `protocol` and the transports, deciding when a queue is too
 //! long to the caller.
 
@@ -18,6 +21,22 @@ use bytes::{Buf, Bytes};
 
 /// Most chunks handed to one `writev`.
 const MAX_IOVECS: usize = 64;
+
+/// About how many bytes a [`Feed`] makes at a time.
+pub const FEED_SLICE: usize = 64 * 1024;
+
+/// A catch-up made as it goes out (see [`Outbound::send_catch_up`]): it holds
+/// what it is made of (shared payloads) and encodes the next part only when the
+/// socket has taken the last.
+pub trait Feed: Send + std::fmt::Debug {
+    /// Appends the next bytes to `out`, stopping once it holds `budget` or
+    /// more (at a message's end, so possibly past it); `false` once nothing is
+    /// left to make.
+    fn fill(&mut self, out: &mut Vec<u8>, budget: usize) -> bool;
+
+    /// About how many bytes are left to make.
+    fn remaining(&self) -> usize;
+}
 
 /// Writes `chunks` in order with as few `writev` calls as the socket allows.
 /// Returns how many bytes it took before it would block (all of them: the sum).
@@ -85,6 +104,13 @@ pub struct OutQueue {
     /// Unsent bytes (here and in the kernel) when
     /// [`Outbound::catch_up_moved`] last looked; 0: not yet.
     unsent_seen: usize,
+    /// The rest of a catch-up, made a slice at a time once `chunks` runs dry.
+    feed: Option<Box<dyn Feed>>,
+    /// What was sent while `feed` is on: it goes out after the catch-up.
+    behind: VecDeque<Bytes>,
+    /// What `feed` has left counts against the queue limit (the catch-up
+    /// stalled, see [`Outbound::count_catch_up`]).
+    feed_counts: bool,
 }
 
 impl OutQueue {
@@ -93,7 +119,49 @@ impl OutQueue {
             return;
         }
         self.bytes += chunk.len();
-        self.chunks.push_back(chunk);
+        if self.feed.is_some() {
+            self.behind.push_back(chunk);
+        } else {
+            self.chunks.push_back(chunk);
+        }
+    }
+
+    /// Whether nothing is left: no chunk, no feed.
+    fn is_done(&self) -> bool {
+        self.chunks.is_empty() && self.feed.is_none()
+    }
+
+    /// What the feed has left to make, counted or not.
+    fn feed_remaining(&self) -> usize {
+        self.feed.as_ref().map_or(0, |f| f.remaining())
+    }
+
+    /// Once `chunks` ran dry: the feed's next slice, or, once it has made its
+    /// last, what was sent behind it. `false`: nothing more to write.
+    fn refill(&mut self) -> bool {
+        if !self.chunks.is_empty() {
+            return true;
+        }
+        let Some(feed) = self.feed.as_mut() else {
+            return false;
+        };
+        let mut slice = Vec::with_capacity(FEED_SLICE);
+        let more = feed.fill(&mut slice, FEED_SLICE);
+        if !slice.is_empty() {
+            self.bytes += slice.len();
+            if self.feed_counts {
+                self.ahead += slice.len();
+            } else {
+                self.catch_up += slice.len();
+            }
+            self.chunks.push_back(Bytes::from(slice));
+        }
+        if !more {
+            self.feed = None;
+            self.feed_counts = false;
+            self.chunks.append(&mut self.behind);
+        }
+        !self.chunks.is_empty()
     }
 
     /// Drops `n` bytes from the front: they are on the wire.
@@ -138,14 +206,17 @@ impl Outbound {
     /// Bytes waiting that count against a queue limit: all of them but what is
     /// left of a catch-up (see [`Outbound::send_catch_up`]).
     pub fn counted_bytes(&self) -> usize {
-        self.0
-            .as_ref()
-            .map_or(0, |q| q.bytes.saturating_sub(q.catch_up))
+        self.0.as_ref().map_or(0, |q| {
+            let feed = if q.feed_counts { q.feed_remaining() } else { 0 };
+            q.bytes.saturating_sub(q.catch_up) + feed
+        })
     }
 
     /// Whether part of a catch-up still waits (see [`Outbound::send_catch_up`]).
     pub fn has_catch_up(&self) -> bool {
-        self.0.as_ref().is_some_and(|q| q.catch_up > 0)
+        self.0
+            .as_ref()
+            .is_some_and(|q| q.catch_up > 0 || (q.feed.is_some() && !q.feed_counts))
     }
 
     /// Whether the reader took any of what waits since the last call (true on
@@ -160,11 +231,11 @@ impl Outbound {
         let Some(queue) = self.0.as_mut() else {
             return true;
         };
-        if queue.catch_up == 0 {
+        if queue.catch_up == 0 && (queue.feed.is_none() || queue.feed_counts) {
             queue.unsent_seen = 0;
             return true;
         }
-        let unsent = queue.bytes + kernel_unsent;
+        let unsent = queue.bytes + queue.feed_remaining() + kernel_unsent;
         let moved = queue.unsent_seen == 0 || unsent < queue.unsent_seen;
         queue.unsent_seen = unsent;
         moved
@@ -177,6 +248,7 @@ impl Outbound {
             queue.ahead += queue.catch_up;
             queue.catch_up = 0;
             queue.unsent_seen = 0;
+            queue.feed_counts = queue.feed.is_some();
         }
     }
 
@@ -198,19 +270,40 @@ impl Outbound {
     /// counting in [`Outbound::counted_bytes`], until it is written. What is sent
     /// after them counts as usual. One catch-up at a time: another one replaces
     /// what is left of the last (which then counts).
+    ///
+    /// `feed`, if any, is the rest of the catch-up, behind `bytes`: it is made
+    /// a slice at a time as the socket takes what is before it, and what is
+    /// sent meanwhile waits behind it.
     pub fn send_catch_up<W: Write>(
         &mut self,
-        socket: W,
+        mut socket: W,
         bytes: &[u8],
         catch_up: usize,
+        feed: Option<Box<dyn Feed>>,
     ) -> io::Result<()> {
+        if self.0.as_ref().is_some_and(|q| q.feed.is_some())
+            && let Some(mut feed) = feed
+        {
+            // A catch-up behind another one still being made (not a case any
+            // transport has today): this one is made whole, and waits behind.
+            let mut whole = bytes.to_vec();
+            while feed.fill(&mut whole, usize::MAX) {}
+            let catch_up = catch_up + (whole.len() - bytes.len());
+            return self.send_catch_up(socket, &whole, catch_up, None);
+        }
         let before = self.queued_bytes();
-        self.send(socket, bytes)?;
+        self.send(&mut socket, bytes)?;
         if let Some(queue) = self.0.as_mut() {
             // What of `bytes` waits is their tail, at the back of the queue.
             let waiting = (queue.bytes - before).min(catch_up);
             queue.ahead = queue.bytes - waiting;
             queue.catch_up = waiting;
+        }
+        if let Some(feed) = feed {
+            let queue = self.0.get_or_insert_with(Box::default);
+            queue.feed = Some(feed);
+            queue.feed_counts = false;
+            self.flush(socket)?;
         }
         Ok(())
     }
@@ -270,7 +363,7 @@ impl Outbound {
         };
         let offered = queue.chunks.front().map_or(0, Bytes::len);
         queue.consume(written.min(offered));
-        if queue.chunks.is_empty() {
+        if queue.is_done() {
             self.0 = None;
         } else if written < offered
             && let Some(front) = queue.chunks.front_mut()
@@ -311,7 +404,7 @@ impl Outbound {
         let Some(queue) = self.0.as_mut() else {
             return Ok(true);
         };
-        while !queue.chunks.is_empty() {
+        while queue.refill() {
             let mut batch: [&[u8]; MAX_IOVECS] = [&[]; MAX_IOVECS];
             let mut count = 0;
             for (slot, chunk) in batch.iter_mut().zip(&queue.chunks) {
@@ -341,6 +434,9 @@ impl Outbound {
         queue.ahead = 0;
         queue.catch_up = 0;
         queue.unsent_seen = 0;
+        queue.feed = None;
+        queue.feed_counts = false;
+        queue.behind.clear();
         if queue.chunks.is_empty() {
             self.0 = None;
         }
@@ -428,7 +524,7 @@ pub(crate) mod tests {
     #[test]
     fn a_catch_up_that_stalls_starts_counting_when_told() {
         let mut out = Outbound::default();
-        out.send_catch_up(tight(0), b"CATCHUP", 7).unwrap();
+        out.send_catch_up(tight(0), b"CATCHUP", 7, None).unwrap();
         assert_eq!(out.counted_bytes(), 0);
         // First look: it is new. Some of it goes out before the second look.
         assert!(out.catch_up_moved(100));
@@ -451,7 +547,8 @@ pub(crate) mod tests {
         let mut out = Outbound::default();
         let mut socket = tight(2);
         // Two bytes of head go out; the rest of the head and the catch-up wait.
-        out.send_catch_up(&mut socket, b"headCATCHUP", 7).unwrap();
+        out.send_catch_up(&mut socket, b"headCATCHUP", 7, None)
+            .unwrap();
         assert_eq!((out.queued_bytes(), out.counted_bytes()), (9, 2));
         // Live bytes on top of it count.
         let live = Bytes::from_static(b"live");
@@ -478,7 +575,7 @@ pub(crate) mod tests {
         let mut out = Outbound::default();
         out.send(tight(0), b"waiting").unwrap();
         // Wholly queued behind seven bytes that count: none of it counts.
-        out.send_catch_up(tight(0), b"oldnew", 6).unwrap();
+        out.send_catch_up(tight(0), b"oldnew", 6, None).unwrap();
         assert_eq!((out.queued_bytes(), out.counted_bytes()), (13, 7));
         let mut socket = tight(9);
         assert!(!out.flush(&mut socket).unwrap());
@@ -487,5 +584,82 @@ pub(crate) mod tests {
         out.send(tight(0), b"more").unwrap();
         out.truncate_unstarted();
         assert_eq!((out.queued_bytes(), out.counted_bytes()), (4, 4));
+    }
+
+    /// A feed of `count` numbered parts of `size` bytes each.
+    #[derive(Debug)]
+    struct Parts {
+        next: u8,
+        count: u8,
+        size: usize,
+    }
+
+    impl Feed for Parts {
+        fn fill(&mut self, out: &mut Vec<u8>, budget: usize) -> bool {
+            let start = out.len();
+            while self.next < self.count && out.len() - start < budget {
+                out.extend(std::iter::repeat_n(b'a' + self.next, self.size));
+                self.next += 1;
+            }
+            self.next < self.count
+        }
+
+        fn remaining(&self) -> usize {
+            usize::from(self.count - self.next) * self.size
+        }
+    }
+
+    #[test]
+    fn a_fed_catch_up_is_made_as_the_socket_takes_it_and_live_bytes_wait_behind_it() {
+        let mut out = Outbound::default();
+        let size = FEED_SLICE / 2 + 1;
+        let feed = Parts {
+            next: 0,
+            count: 5,
+            size,
+        };
+        let mut socket = tight(3);
+        out.send_catch_up(&mut socket, b"head", 0, Some(Box::new(feed)))
+            .unwrap();
+        // Three bytes went; one of head waits, and nothing of the feed is
+        // made until it has gone.
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (1, 1));
+        assert!(out.has_catch_up());
+        out.send(&mut socket, b"live").unwrap();
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (5, 5));
+        // The head goes: one slice (two parts) is made, the rest waits unmade.
+        socket.room = 1;
+        assert!(!out.flush(&mut socket).unwrap());
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (4 + 2 * size, 4));
+        socket.room = usize::MAX;
+        assert!(out.flush(&mut socket).unwrap());
+        let mut expected = b"head".to_vec();
+        for part in 0..5u8 {
+            expected.extend(std::iter::repeat_n(b'a' + part, size));
+        }
+        expected.extend(b"live");
+        assert_eq!(socket.taken, expected);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_stalled_feed_counts_what_it_has_left() {
+        let mut out = Outbound::default();
+        let feed = Parts {
+            next: 0,
+            count: 10,
+            size: FEED_SLICE,
+        };
+        out.send_catch_up(tight(0), b"", 0, Some(Box::new(feed)))
+            .unwrap();
+        // One slice made, nine left, none of it counted.
+        assert_eq!((out.queued_bytes(), out.counted_bytes()), (FEED_SLICE, 0));
+        assert!(out.catch_up_moved(0));
+        assert!(!out.catch_up_moved(0));
+        out.count_catch_up();
+        assert_eq!(out.counted_bytes(), 10 * FEED_SLICE);
+        assert!(!out.has_catch_up());
+        out.truncate_unstarted();
+        assert!(out.is_empty());
     }
 }

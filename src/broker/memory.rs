@@ -256,12 +256,16 @@ impl MemoryBroker {
     fn publish_in(&self, log: &mut Log, message: Outgoing<'_>) -> Result<u64, BrokerError> {
         log.last_used = Instant::now();
         let seq = log.seq + 1;
+        // The payload's one copy: shared by the hub's message and history.
+        let mut buffer = None;
         if let Some(local) = &log.local {
             self.hub
                 .deliver(local, Audience::Everyone, None, || Body::Data {
                     seq,
                     epoch: log.epoch,
-                    payload: bytes::Bytes::copy_from_slice(message.payload),
+                    payload: buffer
+                        .insert(bytes::Bytes::copy_from_slice(message.payload))
+                        .clone(),
                     kind: message.kind,
                     from: message.from.map(Box::from),
                     event: message.event.map(Box::from),
@@ -272,14 +276,19 @@ impl MemoryBroker {
         let limits = log.limits;
         if limits.enabled() {
             let now = history::now_secs();
-            log.history.push(
-                seq,
-                message.payload,
-                message.kind,
-                message.tags(),
-                now,
-                limits,
-            );
+            let tags = message.tags();
+            match &buffer {
+                Some(payload) => {
+                    let kind = message.kind;
+                    log.history
+                        .push_bytes(seq, payload, kind, tags, now, limits);
+                }
+                None => {
+                    let payload = message.payload;
+                    log.history
+                        .push(seq, payload, message.kind, tags, now, limits);
+                }
+            }
         }
         Ok(seq)
     }

@@ -370,11 +370,16 @@ impl Conn {
         &mut self,
         bytes: &[u8],
         catch_up: usize,
+        feed: Option<Box<dyn crate::outbound::Feed>>,
         tls: Option<&mut Tls>,
         sent: &mut u64,
     ) -> std::io::Result<()> {
-        self.out
-            .send_catch_up(Wire::new(&mut self.socket, tls, sent), bytes, catch_up)
+        self.out.send_catch_up(
+            Wire::new(&mut self.socket, tls, sent),
+            bytes,
+            catch_up,
+            feed,
+        )
     }
 
     /// Writes what is queued (sealed bytes owed first); `Ok(true)` once

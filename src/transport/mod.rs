@@ -17,6 +17,7 @@
 
 pub mod poll;
 pub mod pusher;
+pub mod replay;
 pub mod request;
 pub mod sse;
 pub mod websocket;
@@ -31,8 +32,9 @@ use crate::hub::{Channel, Message};
 use crate::protocol::deflate::{self, Agreement};
 use crate::rules::ChannelRules;
 use crate::stats::OPEN_KINDS;
-use crate::stats::TurnCounts;
+use crate::stats::{LoopCounters, TurnCounts};
 
+pub use replay::Replayed;
 pub use request::{Endpoint, Gate, Refused};
 
 /// How a subscriber receives messages: one encoding of a [`Message`] each.
@@ -166,6 +168,9 @@ pub struct Deflater<'a> {
     pub window_bits: u8,
     pub compression: Compression,
     pub counts: &'a mut TurnCounts,
+    /// The loop's own counters, where a replay made later counts (none: such
+    /// slices go uncounted, as in unit tests).
+    pub shared: Option<&'a Arc<LoopCounters>>,
 }
 
 /// A connection a route hands to a transport.
@@ -399,16 +404,17 @@ pub trait Transport {
     fn write_welcome(&self, _out: &mut Vec<u8>, _count: u64, _chosen_name: Option<&str>) {}
 
     /// Appends what a returning subscriber missed (and, where the transport can say
-    /// so, the epoch and any gap), ahead of every live message. `Close`: that was
-    /// the whole answer (a long-poll's). Its frames are compressed as `deflater`
-    /// says, where the transport's frames can be.
+    /// so, the epoch and any gap), ahead of every live message. `Written(Close)`:
+    /// that was the whole answer (a long-poll's); `Fed`: the rest is made as the
+    /// socket takes it. Its frames are compressed as `deflater` says, where the
+    /// transport's frames can be.
     fn write_replay(
         &mut self,
         out: &mut Vec<u8>,
         replay: Replay,
         resume: Resume,
         deflater: &mut Deflater<'_>,
-    ) -> After;
+    ) -> Replayed;
 
     /// Whether the client is expected to send something now and then (a pong at
     /// least), so silence past `--idle-timeout` means it is gone. An event stream's

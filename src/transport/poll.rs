@@ -91,8 +91,8 @@ impl Transport for Box<PollState> {
         replay: Replay,
         resume: Resume,
         _: &mut super::Deflater<'_>,
-    ) -> After {
-        write_replay(out, self, replay, resume)
+    ) -> super::Replayed {
+        super::Replayed::Written(write_replay(out, self, replay, resume))
     }
 
     /// Its heartbeat is its empty answer, after which it closes.
@@ -211,8 +211,14 @@ pub fn encode(message: &Message) -> Option<Bytes> {
     Some(Bytes::from(out))
 }
 
+/// Most payload bytes one answer from history carries (always at least one
+/// message): a reader is told `next` as the last seq carried and gets the rest
+/// by polling again, so a request that is never read pins at most this much.
+pub const ANSWER_BYTES: usize = 256 * 1024;
+
 /// Answers at once when history holds something newer than `since` (or a gap must
-/// be told); otherwise notes what to answer on timeout and waits.
+/// be told), with at most [`ANSWER_BYTES`] of it; otherwise notes what to
+/// answer on timeout and waits.
 pub fn write_replay(
     out: &mut Vec<u8>,
     state: &mut PollState,
@@ -225,8 +231,18 @@ pub fn write_replay(
         state.epoch = replay.epoch;
         return After::Nothing;
     }
-    let next = replay.messages.last().map_or(replay.last_seq, |m| m.seq);
-    let messages = replay.messages.iter().map(|m| Item {
+    let mut carried = 0;
+    let mut taken = 0;
+    for m in &replay.messages {
+        if taken > 0 && carried + m.payload.len() > ANSWER_BYTES {
+            break;
+        }
+        carried += m.payload.len();
+        taken += 1;
+    }
+    let messages = &replay.messages[..taken];
+    let next = messages.last().map_or(replay.last_seq, |m| m.seq);
+    let messages = messages.iter().map(|m| Item {
         seq: m.seq,
         payload: &m.payload,
         kind: m.kind,

@@ -253,8 +253,8 @@ impl Transport for Box<PusherState> {
         _replay: Replay,
         _resume: Resume,
         _: &mut super::Deflater<'_>,
-    ) -> After {
-        After::Nothing
+    ) -> super::Replayed {
+        super::Replayed::Written(After::Nothing)
     }
 
     fn expects_input(&self) -> bool {

@@ -14,12 +14,14 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 
+use super::replay::ReplayFeed;
 use super::request::{Endpoint, Gate, Path, Refused, admit_get, resume_param};
 use super::{After, CloseReason, Format, Handover, Opening, Subscribe, Subscription, Transport};
-use crate::broker::{GapReason, Replay, Resume};
+use crate::broker::{GapReason, Replay, Resume, Stored};
 use crate::hub::{Body, Message};
 use crate::protocol::DataKind;
 use crate::protocol::http::Request;
+use crate::stats::TurnCounts;
 
 /// How long a browser waits before reconnecting, in milliseconds (`retry:`).
 const RETRY_MS: u32 = 2000;
@@ -73,12 +75,12 @@ impl Transport for SseState {
         out: &mut Vec<u8>,
         replay: Replay,
         resume: Resume,
-        _: &mut super::Deflater<'_>,
-    ) -> After {
-        if let Some(sub) = &self.sub {
-            write_replay(out, sub, replay, resume);
+        deflater: &mut super::Deflater<'_>,
+    ) -> super::Replayed {
+        if self.sub.is_none() {
+            return super::Replayed::Written(After::Nothing);
         }
-        After::Nothing
+        write_replay(out, replay, resume, deflater)
     }
 
     fn write_heartbeat(&self, out: &mut Vec<u8>) -> After {
@@ -206,8 +208,14 @@ pub fn encode(message: &Message) -> Option<Bytes> {
 }
 
 /// A returning client's catch-up: the gap if it cannot be given everything, then
-/// every message history holds for it, with the same ids as live ones.
-pub fn write_replay(out: &mut Vec<u8>, _sub: &Subscription, replay: Replay, resume: Resume) {
+/// every message history holds for it, with the same ids as live ones (past the
+/// first slice, made as the socket takes them: [`super::replay`]).
+pub fn write_replay(
+    out: &mut Vec<u8>,
+    replay: Replay,
+    resume: Resume,
+    deflater: &mut super::Deflater<'_>,
+) -> super::Replayed {
     let (replay, gap) = replay.for_resume(resume);
     if let Some(gap) = gap {
         let body = serde_json::json!({
@@ -218,9 +226,12 @@ pub fn write_replay(out: &mut Vec<u8>, _sub: &Subscription, replay: Replay, resu
         });
         json_event(out, "gap", &body);
     }
-    for m in &replay.messages {
-        message_event(out, m.seq, replay.epoch, &m.payload, m.kind);
-    }
+    let epoch = replay.epoch;
+    let encode = move |out: &mut Vec<u8>, m: &Stored, _: &mut TurnCounts| {
+        message_event(out, m.seq, epoch, &m.payload, m.kind);
+    };
+    let shared = deflater.shared.cloned();
+    ReplayFeed::new(replay.messages, shared, encode).start(out, deflater.counts)
 }
 
 /// Reads `Last-Event-ID` (or `since=` with an optional epoch): `SEQ` or `SEQ:EPOCH`.

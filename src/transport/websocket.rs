@@ -6,14 +6,17 @@
 //! module turns both into bytes in the caller's output buffer. It must not own the
 //! socket, keep time, or decide routes.
 
+use std::sync::Arc;
+
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::replay::ReplayFeed;
 use super::request::{Endpoint, Gate, Path, Refused, query_param, resume_param, truncate};
 use super::{
     After, CloseReason, Compression, Ctx, Deflater, Format, Handover, Opening, Subscribe,
     Subscription, Transport, json_data,
 };
-use crate::broker::{GapReason, Outgoing, Replay, Resume};
+use crate::broker::{GapReason, Outgoing, Replay, Resume, Stored};
 use crate::history::Tags;
 use crate::hub::{Body, Message};
 use crate::protocol::deflate::{self, Agreement};
@@ -24,6 +27,7 @@ use crate::protocol::{
     encode_frame, encode_header, opcode,
 };
 use crate::rules::{self, Action, Role, validate_channel_name, validate_client_name};
+use crate::stats::TurnCounts;
 
 /// An open WebSocket: a decoder only while a frame or message is half received,
 /// and the channel it subscribes to, if any. With permessage-deflate nothing more
@@ -274,11 +278,11 @@ impl Transport for WsState {
         replay: Replay,
         resume: Resume,
         deflater: &mut Deflater<'_>,
-    ) -> After {
-        if let Some(sub) = &self.sub {
-            write_replay(out, sub, replay, resume, deflater);
+    ) -> super::Replayed {
+        match &self.sub {
+            Some(sub) => write_replay(out, sub, replay, resume, deflater),
+            None => super::Replayed::Written(After::Nothing),
         }
-        After::Nothing
     }
 
     fn expects_input(&self) -> bool {
@@ -329,14 +333,15 @@ pub fn write_welcome(out: &mut Vec<u8>, sub: &Subscription, count: u64, chosen: 
 /// the seqs of this epoch they cannot be given); then every message history holds
 /// for them, raw or json (with `"from"` for a chat message, as live), in seq order.
 /// The messages are compressed for a connection that negotiated permessage-deflate
-/// (this once per subscriber: a replay is its own).
+/// (this once per subscriber: a replay is its own). Past the first slice they
+/// are framed as the socket takes them ([`super::replay`]).
 pub fn write_replay(
     out: &mut Vec<u8>,
     sub: &Subscription,
     replay: Replay,
     resume: Resume,
     deflater: &mut Deflater<'_>,
-) {
+) -> super::Replayed {
     let (replay, gap) = replay.for_resume(resume);
     let name = sub.channel.name();
     let json = sub.format == Format::WsJson;
@@ -361,21 +366,31 @@ pub fn write_replay(
             out.extend_from_slice(&frame_bytes(opcode::TEXT, body.to_string().as_bytes()));
         }
     }
-    for m in &replay.messages {
+    let channel = Arc::clone(&sub.channel);
+    let (window_bits, compression) = (deflater.window_bits, deflater.compression);
+    let encode = move |out: &mut Vec<u8>, m: &Stored, counts: &mut TurnCounts| {
+        let mut deflater = Deflater {
+            window_bits,
+            compression,
+            counts,
+            shared: None,
+        };
         if json {
             let tags = Tags {
                 from: m.from.as_deref(),
                 event: m.event.as_deref(),
             };
-            let frame = json_message_frame(name, m.seq, &m.payload, m.kind, tags);
+            let frame = json_message_frame(channel.name(), m.seq, &m.payload, m.kind, tags);
             match split_frame(&frame) {
-                Some((op, payload)) => write_message_frame(out, op, &[payload], deflater),
+                Some((op, payload)) => write_message_frame(out, op, &[payload], &mut deflater),
                 None => out.extend_from_slice(&frame),
             }
         } else {
-            write_message_frame(out, m.kind.opcode(), &[&m.payload], deflater);
+            write_message_frame(out, m.kind.opcode(), &[&m.payload], &mut deflater);
         }
-    }
+    };
+    let shared = deflater.shared.cloned();
+    ReplayFeed::new(replay.messages, shared, encode).start(out, deflater.counts)
 }
 
 /// A heartbeat: an empty ping.
@@ -532,6 +547,7 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                     window_bits,
                     compression,
                     counts: &mut *counts,
+                    shared: None,
                 };
                 write_message_frame(out, op, parts, &mut deflater);
                 echoed += 1;

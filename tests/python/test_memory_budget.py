@@ -1,7 +1,9 @@
 """What one anonymous client can make the server hold (security review, issue 44,
 finding 4): history bytes bounded across every channel (--history-max-bytes),
-chat messages bounded per connection (--chat-rate, --chat-burst), and a returning
-reader that never reads its replay let go within seconds, not ping intervals."""
+chat messages bounded per connection (--chat-rate, --chat-burst), a returning
+reader that never reads its replay let go within seconds, not ping intervals,
+replays that are not copied per reader, and long-poll answers from history of a
+bounded size."""
 
 from __future__ import annotations
 
@@ -24,6 +26,30 @@ def poll_once(port: int, channel: str, since: int) -> dict:
     return resp.json()
 
 
+def poll_all(port: int, channel: str, since: int, last: int) -> tuple[list[dict], dict | None, int]:
+    """Polls from `since` following `next` until seq `last` is in: every message,
+    the first answer's gap, and how many answers it took."""
+    messages: list[dict] = []
+    answer = poll_once(port, channel, since)
+    gap = answer.get("gap")
+    answers = 1
+    while True:
+        messages += answer["messages"]
+        if not answer["messages"] or answer["next"] >= last:
+            return messages, gap, answers
+        answer = poll_once(port, channel, answer["next"])
+        answers += 1
+
+
+def rss_anon(pid: int) -> int:
+    """The process's private resident memory, in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * KIB
+    raise AssertionError("no RssAnon")
+
+
 def test_history_across_channels_stays_within_its_budget_and_resume_tells_the_gap(start_server):
     budget = 1024 * KIB
     # Given by its variable: a build without the budget starts too (and keeps all).
@@ -37,11 +63,11 @@ def test_history_across_channels_stays_within_its_budget_and_resume_tells_the_ga
             publish_ok(srv.port, f"pinned-{room}", payload)
     # The channel that grew past the budget lost its own oldest messages, and a
     # reader coming back for all of them is told exactly which seqs are gone.
-    answer = poll_once(srv.port, "pinned-1", 0)
-    seqs = [m["seq"] for m in answer["messages"]]
-    assert answer.get("gap"), f"no gap: all {len(seqs)} messages kept, over a 1 MiB budget"
+    messages, gap, _ = poll_all(srv.port, "pinned-1", 0, 40)
+    seqs = [m["seq"] for m in messages]
+    assert gap, f"no gap: all {len(seqs)} messages kept, over a 1 MiB budget"
     assert seqs and seqs == list(range(seqs[0], 41)), seqs
-    assert (answer["gap"]["from"], answer["gap"]["to"]) == (1, seqs[0] - 1), (answer["gap"], seqs[0])
+    assert (gap["from"], gap["to"]) == (1, seqs[0] - 1), (gap, seqs[0])
     # Those that came with the budget full keep nothing until housekeeping makes
     # room, and say so.
     answer = poll_once(srv.port, "pinned-7", 0)
@@ -132,3 +158,49 @@ def test_returning_readers_that_never_read_their_replay_are_let_go_within_second
     finally:
         for reader in readers:
             reader.close()
+
+
+def test_stalled_replays_are_not_copied_per_reader(start_server):
+    # 100 x 60 KiB kept (5.9 MiB); sixty readers ask for all of it and never read.
+    # Each once made its own copy of the whole replay, framed, and held it until
+    # given up on: 60 x 5.9 MiB. Now a reader holds the kept messages by
+    # reference and one slice of frames at a time.
+    srv = start_server("--max-queue", "256KiB", "--history-size", str(REPLAY_MESSAGES))
+    channel = "replayed-many"
+    for i in range(REPLAY_MESSAGES):
+        publish_ok(srv.port, channel, f"{i:06d}|" + "r" * (REPLAY_SIZE - 7))
+    before = rss_anon(srv.pid)
+    readers = [stalled_reader(srv.port, ("ws", "sse")[i % 2], channel) for i in range(60)]
+    try:
+        wait_subscribers(srv.port, channel, len(readers), timeout=10)
+        grown = rss_anon(srv.pid) - before
+        whole = len(readers) * REPLAY_MESSAGES * REPLAY_SIZE
+        assert grown < whole / 8, f"{grown >> 20} MiB more held for {len(readers)} stalled readers"
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def test_a_poll_answer_from_history_is_bounded_and_the_next_poll_goes_on(start_server):
+    srv = start_server("--history-size", str(REPLAY_MESSAGES))
+    channel = "polled-long"
+    for i in range(REPLAY_MESSAGES):
+        publish_ok(srv.port, channel, f"{i:06d}|" + "p" * (REPLAY_SIZE - 7))
+    first = poll_once(srv.port, channel, 0)
+    carried = sum(len(m["data"]) for m in first["messages"])
+    assert first["messages"] and carried <= 256 * KIB, f"{carried} bytes in one answer"
+    assert first["next"] == first["messages"][-1]["seq"] < REPLAY_MESSAGES, first["next"]
+    assert "gap" not in first
+    # Following `next` gives every message once, in order, with nothing lost.
+    messages, gap, answers = poll_all(srv.port, channel, 0, REPLAY_MESSAGES)
+    assert [m["seq"] for m in messages] == list(range(1, REPLAY_MESSAGES + 1))
+    assert [m["data"][:6] for m in messages] == [f"{i:06d}" for i in range(REPLAY_MESSAGES)]
+    assert gap is None and answers > 1
+    # One message longer than the bound still goes, alone.
+    big = "b" * (300 * KIB)
+    srv2 = start_server("--max-message-size", "1MiB")
+    publish_ok(srv2.port, "polled-big", big)
+    publish_ok(srv2.port, "polled-big", "small")
+    answer = poll_once(srv2.port, "polled-big", 0)
+    assert [m["seq"] for m in answer["messages"]] == [1] and answer["next"] == 1
+    assert answer["messages"][0]["data"] == big

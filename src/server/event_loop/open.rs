@@ -15,7 +15,7 @@ use crate::protocol::http::write_error;
 use crate::server::conn::Mode;
 use crate::server::timer::{Tick, ticks};
 use crate::stats::{HandshakeFailure, LoopCounters};
-use crate::transport::{After, Change, Deflater, Opening, Subscribe};
+use crate::transport::{After, Change, Deflater, Opening, Replayed, Subscribe};
 
 impl EventLoop {
     /// Opens `opening` on connection `key` for `client` (its peer, or whom a
@@ -136,22 +136,29 @@ impl EventLoop {
             window_bits: conn.deflate,
             compression: self.shared.config.compression,
             counts: &mut self.tally.turn,
+            shared: Some(&self.tally.shared),
         };
-        if transport.write_replay(&mut self.buf.out, replay, resume, &mut deflater) == After::Close
-        {
-            // Answered from history at once (a long-poll).
-            self.send_out(key, After::Close);
-            return false;
-        }
+        let feed = match transport.write_replay(&mut self.buf.out, replay, resume, &mut deflater) {
+            Replayed::Written(After::Close) => {
+                // Answered from history at once (a long-poll).
+                self.send_out(key, After::Close);
+                return false;
+            }
+            Replayed::Written(After::Nothing) => None,
+            Replayed::Fed(feed) => Some(feed),
+        };
         // The replay goes out now, ahead of anything live. It is at most
         // --history-size messages, and a socket that cannot take it at once is
         // not a slow consumer for that: only what comes on top of it counts
-        // against --max-queue.
+        // against --max-queue. Past its first slice it is framed as the socket
+        // takes it, so a reader that reads nothing holds the kept messages
+        // (shared with history), not a copy of them as frames.
         let catch_up = self.buf.out.len() - start;
         let tls = self.tls.get_mut(key);
         let sent = conn.send_catch_up(
             &self.buf.out,
             catch_up,
+            feed,
             tls,
             &mut self.tally.turn.bytes_sent,
         );

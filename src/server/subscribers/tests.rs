@@ -544,7 +544,7 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
     // A catch-up far larger than the queue limit and than the socket's buffers.
     let max_queue = 4096;
     let replay = vec![b'r'; 16 << 20];
-    conn.send_catch_up(&replay, replay.len(), None, &mut 0)
+    conn.send_catch_up(&replay, replay.len(), None, None, &mut 0)
         .unwrap();
     assert!(conn.out.queued_bytes() > max_queue);
     let (mut counts, mut follow) = (TurnCounts::default(), Vec::new());

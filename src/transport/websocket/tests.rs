@@ -156,6 +156,7 @@ fn a_replayed_chat_message_says_who_sent_it_in_json_only() {
         window_bits: 0,
         compression: ServeConfig::default().compression,
         counts: &mut counts,
+        shared: None,
     };
     let mut out = Vec::new();
     write_replay(&mut out, sub, replay(), resume, &mut plain);
@@ -180,6 +181,7 @@ fn a_replayed_chat_message_says_who_sent_it_in_json_only() {
             level: 6,
         },
         counts: &mut counts,
+        shared: None,
     };
     let long = Replay {
         messages: vec![stored(1, "hi ".repeat(100).leak().as_bytes(), None)],
