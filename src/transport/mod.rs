@@ -1,6 +1,7 @@
 //! The transport seam: how a connection is opened from a request, receives channel
 //! messages, is kept alive and closed, one file per transport (WebSocket, SSE,
-//! long-poll, and the Pusher Channels protocol over WebSocket).
+//! long-poll, and the Pusher Channels protocol over WebSocket), and [`replay`], the
+//! shared way a stream transport's long replay is framed as the socket takes it.
 //!
 //! A transport contributes, in its own file: its endpoints (the request paths it
 //! opens from and the parameters it reads, [`request`]), its [`Format`]s (each an
