@@ -181,20 +181,29 @@ class Server:
 def _start(request, flags, env=None, ports=None, wait=True, cwd=None) -> Server:
     flags = [str(f) for f in flags]
     listen_given = "--listen" in flags
-    if ports is None:
-        ports = [free_port()]
     binary = throng_bin()
     if not binary.exists():
         pytest.fail(f"throng binary not found at {binary} (set THRONG_BIN or build with cargo build --release)")
-    srv = Server(flags, env, ports, listen_given, cwd)
-    request.node.__dict__.setdefault("_throng_servers", []).append(srv)
-    if wait:
+    # A port chosen free may be taken by another test's process (tests run in
+    # parallel) before this server binds it: the server refuses it and exits,
+    # and a server on a port this test chose itself is tried on another one.
+    chosen = ports is None
+    for attempt in range(3):
+        if chosen:
+            ports = [free_port()]
+        srv = Server(flags, env, ports, listen_given, cwd)
+        request.node.__dict__.setdefault("_throng_servers", []).append(srv)
+        if not wait:
+            return srv
         try:
             srv.wait_ready()
+            return srv
         except Exception:
             srv.stop()
+            if chosen and attempt < 2 and "already in use" in srv.stderr():
+                continue
             raise
-    return srv
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture

@@ -28,6 +28,9 @@ from rawws import (
 )
 from rawws import ws_connect as raw_connect
 
+# Runs alone: it measures the server's resident memory and floods it.
+pytestmark = pytest.mark.serial
+
 # Client source addresses for tests that open thousands of sockets (loopback /8).
 SOURCES = [f"127.0.0.{i}" for i in range(2, 255)]
 

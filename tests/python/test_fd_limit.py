@@ -9,8 +9,13 @@ import resource
 import subprocess
 import time
 
+import pytest
+
 from conftest import free_port, tcp_connectable, throng_bin
 from rawws import http_exchange
+
+# Runs alone: it opens sockets up to the process's open-files limit.
+pytestmark = pytest.mark.serial
 
 
 def test_more_clients_than_descriptors(tmp_path):

@@ -6,21 +6,20 @@ publish to subscribers, and closes that must reach the client."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
-import re
-import shutil
 import socket
-import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 import rawws
+from io_uring_probe import io_uring_unavailable
 from rawws import RawConn
 from wsutil import run, ws_connect
+
+# Runs alone: it counts the server's system calls.
+pytestmark = pytest.mark.serial
 
 MODES = ["auto", "off"]
 
@@ -34,27 +33,6 @@ def uses_io_uring(pid: int) -> bool:
         except OSError:
             continue
     return False
-
-
-def io_uring_unavailable() -> str | None:
-    """Why this machine cannot make an io_uring instance, or None if it can: the
-    kernel.io_uring_disabled sysctl, then io_uring_setup itself (an old kernel,
-    or a seccomp filter such as a container's, refuses it)."""
-    try:
-        with open("/proc/sys/kernel/io_uring_disabled") as f:
-            disabled = f.read().strip()
-        if disabled != "0":
-            return f"kernel.io_uring_disabled is {disabled}"
-    except OSError:
-        pass  # a kernel older than the sysctl: ask the system call
-    libc = ctypes.CDLL(None, use_errno=True)
-    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
-    fd = libc.syscall(425, 1, params)  # io_uring_setup(1 entry)
-    if fd < 0:
-        err = ctypes.get_errno()
-        return f"io_uring_setup failed: {os.strerror(err)}"
-    os.close(fd)
-    return None
 
 
 def kernel_has_io_uring() -> bool:
@@ -374,27 +352,3 @@ def test_a_busy_connection_closed_by_its_peer_is_released(start_server):
         raise AssertionError(f"left open: {conns}")
 
     run(main(), timeout=60)
-
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_the_rings_own_unit_tests_pass_where_io_uring_is():
-    """src/server/uring.rs tests the receive ring in two unit tests that need one,
-    src/server/send_ring.rs the send ring in two, server::subscribers a
-    fan-out through it in one, and server::event_loop::replies the held replies
-    through it in one: `cargo test` ignores them (they cannot run, and
-    must not pass, without io_uring); here, where io_uring can be made, they are
-    run and must pass."""
-    why = io_uring_unavailable()
-    if why:
-        pytest.skip(f"io_uring unavailable here ({why}): the ring's unit tests cannot run")
-    cargo = shutil.which("cargo")
-    assert cargo, "cargo is not on PATH (scripts/test.sh runs with it)"
-    cmd = [cargo, "test", "--release", "--lib", "--", "--ignored", "server::uring", "server::send_ring",
-           "through_the_send_ring", "event_loop::replies"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-    out = f"$ {' '.join(cmd)}\n--- stdout ---\n{p.stdout[-6000:]}\n--- stderr ---\n{p.stderr[-6000:]}"
-    assert p.returncode == 0, out
-    results = re.findall(r"test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored", p.stdout)
-    assert results == [("ok", "6", "0", "0")], out

@@ -10,8 +10,13 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
+
 from rawws import OP_TEXT, Closed, channel_info, encode_frame, http_request, publish_ok, wait_subscribers
 from rawws import ws_connect as raw_connect
+
+# Runs alone: it measures the server's resident memory.
+pytestmark = pytest.mark.serial
 
 KIB = 1024
 

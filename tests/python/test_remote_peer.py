@@ -17,10 +17,11 @@ import pytest
 from conftest import free_port
 from rawws import http_request
 
-pytestmark = pytest.mark.skipif(
+# Runs alone: it builds network namespaces with fixed names.
+pytestmark = [pytest.mark.serial, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
     reason="needs root and the ip command to build a network namespace",
-)
+)]
 
 
 def sh(*args: str) -> None:

@@ -13,12 +13,17 @@ import socket
 import time
 import warnings
 
+import pytest
+
 from conftest import vm_rss_kb
 from rawws import (
     OP_CLOSE, OP_PING, OP_TEXT, Closed, channel_info, http_request, parse_close, publish_ok, wait_subscribers,
 )
 from rawws import ws_connect as raw_connect
 from wsutil import run, ws_connect
+
+# Runs alone: it measures the server's resident memory.
+pytestmark = pytest.mark.serial
 
 N_MESSAGES = 2000
 MSG_SIZE = 10 * 1024

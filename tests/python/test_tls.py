@@ -430,7 +430,7 @@ def test_a_tls_fan_out_goes_through_the_send_ring_and_a_full_socket_gets_the_res
     with the others through the send ring (counted in /api/stats). A subscriber
     whose socket is full takes part of its records or none: the rest is kept as
     ciphertext it owes and reaches it, in order and decryptable, once it reads."""
-    from test_io_uring import io_uring_unavailable
+    from io_uring_probe import io_uring_unavailable
 
     if why := io_uring_unavailable():
         pytest.skip(f"io_uring unavailable here ({why}): no send ring to go through")
@@ -490,7 +490,7 @@ def test_tls_echoes_are_held_to_the_turns_end_and_a_full_socket_gets_them_in_ord
     does not read fills its socket: the held echo that meets it is taken in
     part or not at all, the rest is kept as ciphertext owed, and every echo
     reaches it in order, each record intact, once it reads."""
-    from test_io_uring import io_uring_unavailable
+    from io_uring_probe import io_uring_unavailable
 
     if why := io_uring_unavailable():
         pytest.skip(f"io_uring unavailable here ({why}): no send ring to go through")

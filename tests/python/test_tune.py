@@ -16,6 +16,9 @@ import pytest
 
 from conftest import free_port, throng_bin
 
+# Runs alone: it changes machine-wide sysctls.
+pytestmark = pytest.mark.serial
+
 SYSCTLS = [
     "fs.file-max",
     "fs.nr_open",
