@@ -116,6 +116,13 @@ pub struct ConnRef {
     pub key: usize,
 }
 
+/// Whether a presence channel's user came or went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PresenceChange {
+    Joined,
+    Left,
+}
+
 /// What a [`Message`] carries.
 #[derive(Debug)]
 pub enum Body {
@@ -133,11 +140,16 @@ pub enum Body {
         /// A connection that must not get it (see `broker::Outgoing::skip`).
         skip: Option<SocketId>,
     },
-    /// A Pusher presence channel's user came (its first connection) or went (its
-    /// last): `data` is the event's JSON text. Shown only to Pusher subscribers.
+    /// A presence channel's user came (its first connection) or went (its
+    /// last), as data each protocol with presence encodes its own way (the
+    /// Pusher protocol's `member_added` and `member_removed`); the others do
+    /// not show it.
     Presence {
-        event: &'static str,
-        data: Bytes,
+        change: PresenceChange,
+        user_id: Box<str>,
+        /// What the user said of itself, JSON text (with a join; `None` with a
+        /// leave).
+        user_info: Option<Box<str>>,
         /// The joining connection, which learns the members otherwise.
         skip: Option<SocketId>,
     },

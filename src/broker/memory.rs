@@ -16,7 +16,7 @@ use super::{
     PresenceMember, Replay, Resume, Subscribed, new_epoch,
 };
 use crate::history::{self, Budget, History, Limits};
-use crate::hub::{Audience, Body, Channel, ConnRef, Hub, SocketId};
+use crate::hub::{Audience, Body, Channel, ConnRef, Hub, PresenceChange, SocketId};
 use crate::rules::Namespaces;
 
 const SHARDS: usize = 64;
@@ -180,8 +180,9 @@ impl MemoryBroker {
     fn presence_event(
         &self,
         channel: &Arc<Channel>,
-        event: &'static str,
-        data: String,
+        change: PresenceChange,
+        user_id: &str,
+        user_info: Option<&str>,
         skip: Option<SocketId>,
     ) {
         // Delivered under the channel's lock, in order with its messages; one
@@ -190,8 +191,9 @@ impl MemoryBroker {
         let _ = self
             .hub
             .deliver(channel, Audience::Everyone, None, || Body::Presence {
-                event,
-                data: data.into(),
+                change,
+                user_id: user_id.into(),
+                user_info: user_info.map(Box::from),
                 skip,
             });
     }
@@ -368,11 +370,11 @@ impl Broker for MemoryBroker {
         }
         let members = presence.map(|(user, (mut members, added))| {
             if added {
-                let data = super::member_added_data(user.user_id, user.user_info);
                 self.presence_event(
                     &hub_channel,
-                    "pusher_internal:member_added",
-                    data,
+                    PresenceChange::Joined,
+                    user.user_id,
+                    Some(user.user_info),
                     Some(user.socket),
                 );
                 if let Some(watch) = watch {
@@ -409,8 +411,8 @@ impl Broker for MemoryBroker {
                 entry.conns -= 1;
                 if entry.conns == 0 {
                     users.remove(user.user_id);
-                    let data = super::member_removed_data(user.user_id);
-                    self.presence_event(channel, "pusher_internal:member_removed", data, None);
+                    let (id, left) = (user.user_id, PresenceChange::Left);
+                    self.presence_event(channel, left, id, None, None);
                     if let Some(watch) = self.watch.get() {
                         watch.member_removed(channel.name(), user.user_id);
                     }

@@ -96,17 +96,6 @@ pub struct PresenceMember<'a> {
 /// A presence channel's members: user id and `user_info` (JSON text).
 pub type Members = Vec<(String, String)>;
 
-/// The `data` of Pusher's `member_added`.
-pub fn member_added_data(user_id: &str, user_info: &str) -> String {
-    let id = serde_json::Value::from(user_id);
-    format!("{{\"user_id\":{id},\"user_info\":{user_info}}}")
-}
-
-/// The `data` of Pusher's `member_removed`.
-pub fn member_removed_data(user_id: &str) -> String {
-    serde_json::json!({ "user_id": user_id }).to_string()
-}
-
 /// What the Redis broker counts for `/metrics` of failover honesty.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FailoverCounts {

@@ -24,7 +24,7 @@ use super::{
     Subscription, Transport, json_data,
 };
 use crate::broker::{BrokerError, Members, Outgoing, Replay, Resume};
-use crate::hub::{Body, Channel, Message, SocketId};
+use crate::hub::{Body, Channel, Message, PresenceChange, SocketId};
 use crate::protocol::http::Request;
 use crate::protocol::{DataKind, Event, Flow, encode_close, encode_frame, opcode};
 use crate::pusher::{self, ChannelKind, sign};
@@ -337,11 +337,22 @@ fn write_subscription_error(
     encode_frame(out, opcode::TEXT, body.to_string().as_bytes());
 }
 
+/// The `data` of Pusher's `member_added` (`{"user_id","user_info"}`) or, with
+/// no `user_info`, `member_removed` (`{"user_id"}`).
+fn member_data(user_id: &str, user_info: Option<&str>) -> String {
+    let id = Value::from(user_id);
+    match user_info {
+        Some(info) => format!("{{\"user_id\":{id},\"user_info\":{info}}}"),
+        None => format!("{{\"user_id\":{id}}}"),
+    }
+}
+
 /// A message as Pusher subscribers get it: `{"event","channel","data"}` with the
 /// payload as the data string (an event published without a name is
 /// `"message"`); `None` for channel events, which Pusher clients do not see.
 pub fn encode(message: &Message) -> Option<Bytes> {
     let channel = pusher::pusher_name(message.channel.name());
+    let presence;
     let (payload, kind, event, user_id) = match &message.body {
         Body::Data {
             payload,
@@ -355,7 +366,19 @@ pub fn encode(message: &Message) -> Option<Bytes> {
             event.as_deref().unwrap_or("message"),
             from.as_deref(),
         ),
-        Body::Presence { event, data, .. } => (data, DataKind::Text, *event, None),
+        Body::Presence {
+            change,
+            user_id,
+            user_info,
+            ..
+        } => {
+            presence = Bytes::from(member_data(user_id, user_info.as_deref()));
+            let event = match change {
+                PresenceChange::Joined => "pusher_internal:member_added",
+                PresenceChange::Left => "pusher_internal:member_removed",
+            };
+            (&presence, DataKind::Text, event, None)
+        }
         Body::Event { .. } | Body::CloseAll | Body::NewEpoch { .. } => return None,
     };
     let mut body = Vec::with_capacity(payload.len() + channel.len() + event.len() + 48);

@@ -235,14 +235,25 @@ fn presence_member(key: usize, user_id: &str) -> Member<'_> {
     }
 }
 
-/// The presence events taken from the inbox: (event, data, skip).
-fn presence_events(hub: &Hub) -> Vec<(&'static str, String, Option<SocketId>)> {
+/// A presence event as taken from the inbox.
+type Presence = (PresenceChange, String, Option<String>, Option<SocketId>);
+
+/// The presence events taken from the inbox.
+fn presence_events(hub: &Hub) -> Vec<Presence> {
     taken(hub)
         .iter()
         .filter_map(|m| match &m.body {
-            Body::Presence { event, data, skip } => {
-                Some((*event, String::from_utf8_lossy(data).into_owned(), *skip))
-            }
+            Body::Presence {
+                change,
+                user_id,
+                user_info,
+                skip,
+            } => Some((
+                *change,
+                user_id.to_string(),
+                user_info.as_deref().map(str::to_string),
+                *skip,
+            )),
             _ => None,
         })
         .collect()
@@ -261,8 +272,9 @@ fn presence_users_come_with_their_first_connection_and_go_with_their_last() {
     assert_eq!(
         presence_events(&hub),
         vec![(
-            "pusher_internal:member_added",
-            r#"{"user_id":"ann","user_info":{"n":1}}"#.to_string(),
+            PresenceChange::Joined,
+            "ann".to_string(),
+            Some(r#"{"n":1}"#.to_string()),
             Some(SocketId::local(1))
         )]
     );
@@ -289,11 +301,7 @@ fn presence_users_come_with_their_first_connection_and_go_with_their_last() {
     broker.unsubscribe(&ann1.channel, presence_member(2, "ann"));
     assert_eq!(
         presence_events(&hub),
-        vec![(
-            "pusher_internal:member_removed",
-            r#"{"user_id":"ann"}"#.to_string(),
-            None
-        )]
+        vec![(PresenceChange::Left, "ann".to_string(), None, None)]
     );
     assert_eq!(broker.presence_members("p").unwrap().len(), 1);
 }

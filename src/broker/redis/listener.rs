@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::connection::{REDIS_TIMEOUT, unavailable};
-use super::wire::{Decoded, Incoming, PUBSUB_PREFIX, WAKE_PREFIX, parse_incoming};
+use super::wire::{Decoded, Incoming, PUBSUB_PREFIX, WAKE_PREFIX, parse_incoming, parse_member};
 use super::{BrokerError, Shared, Subscribe, lock};
 use crate::history::Tags;
 use crate::hub::{Audience, Body, Channel};
@@ -268,12 +268,21 @@ impl Listener {
                     count,
                 });
             }
-            Some(Incoming::Presence { event, skip, data }) => {
-                // Pusher subscribers only; lost only to a loop far behind, which is
-                // closing its slow subscribers anyway.
+            Some(Incoming::Presence {
+                change,
+                skip,
+                member,
+            }) => {
+                let Some((user_id, user_info)) = parse_member(member) else {
+                    tracing::warn!(channel = name, "a presence event with no user id: ignored");
+                    return;
+                };
+                // Shown by protocols with presence; lost only to a loop far
+                // behind, which is closing its slow subscribers anyway.
                 let _ = hub.deliver(&channel, Audience::Everyone, None, || Body::Presence {
-                    event,
-                    data: Bytes::copy_from_slice(data),
+                    change,
+                    user_id,
+                    user_info,
                     skip,
                 });
             }

@@ -11,9 +11,9 @@ use std::collections::HashMap;
 
 use super::connection::query_pipeline;
 use super::keys::{Keys, key_life};
-use super::wire::{encode_presence, presence_head};
+use super::wire::{encode_presence, member_json, presence_head};
 use super::{BrokerError, Shared, lock};
-use crate::broker::{Members, PresenceMember, member_added_data, member_removed_data};
+use crate::broker::{Members, PresenceMember};
 
 pub(super) const JOIN_LUA: &str = include_str!("users_join.lua");
 pub(super) const LEAVE_LUA: &str = include_str!("users_leave.lua");
@@ -37,7 +37,7 @@ impl Shared {
         let added = encode_presence(
             true,
             Some(member.socket),
-            &member_added_data(member.user_id, member.user_info),
+            &member_json(member.user_id, Some(member.user_info)),
         );
         let (result, before): (i64, Vec<String>) = self.with_connection(|con| {
             self.users_join
@@ -80,7 +80,7 @@ impl Shared {
             }
         }
         let keys = Keys::of(channel);
-        let removed = encode_presence(false, None, &member_removed_data(member.user_id));
+        let removed = encode_presence(false, None, &member_json(member.user_id, None));
         let result = self.with_connection(|con| {
             self.users_leave
                 .key(&keys.users)

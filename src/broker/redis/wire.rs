@@ -7,7 +7,7 @@
 
 use super::Outgoing;
 use crate::history::Tags;
-use crate::hub::{ConnRef, SocketId};
+use crate::hub::{ConnRef, PresenceChange, SocketId};
 use crate::protocol::DataKind;
 
 /// What a node's own messages start with on the pubsub channel; anything else came
@@ -144,11 +144,12 @@ pub(super) enum Incoming<'a> {
         client: &'a str,
         count: u64,
     },
-    /// A Pusher presence channel's user came or went (`data`: the event's JSON).
+    /// A presence channel's user came or went (`member`: its JSON on the
+    /// wire, see [`member_json`]).
     Presence {
-        event: &'static str,
+        change: PresenceChange,
         skip: Option<SocketId>,
-        data: &'a [u8],
+        member: &'a [u8],
     },
     /// Every subscriber of the channel is to be closed.
     CloseAll,
@@ -158,10 +159,32 @@ pub(super) enum Incoming<'a> {
 
 /// A Pusher presence event as published: `P`, `a` (added) or `r` (removed), the
 /// connection it leaves out (`NODE CLIENT`, or `- -`), then its data.
-pub(super) fn encode_presence(added: bool, skip: Option<SocketId>, data: &str) -> Vec<u8> {
+pub(super) fn encode_presence(added: bool, skip: Option<SocketId>, member: &str) -> Vec<u8> {
     let mut message = presence_head(added, skip);
-    message.extend_from_slice(data.as_bytes());
+    message.extend_from_slice(member.as_bytes());
     message
+}
+
+/// A presence member as the nodes tell each other of it (and the Lua scripts
+/// store it): `{"user_id":ID,"user_info":INFO}` with a join, `{"user_id":ID}`
+/// with a leave. `user_info` is JSON text already.
+pub(super) fn member_json(user_id: &str, user_info: Option<&str>) -> String {
+    let id = serde_json::Value::from(user_id);
+    match user_info {
+        Some(info) => format!("{{\"user_id\":{id},\"user_info\":{info}}}"),
+        None => format!("{{\"user_id\":{id}}}"),
+    }
+}
+
+/// The user id and `user_info` (JSON text) of a member as [`member_json`]
+/// wrote it; `None` for anything else.
+pub(super) fn parse_member(member: &[u8]) -> Option<(Box<str>, Option<Box<str>>)> {
+    let value: serde_json::Value = serde_json::from_slice(member).ok()?;
+    let id = value.get("user_id")?.as_str()?.into();
+    let info = value
+        .get("user_info")
+        .map(|i| i.to_string().into_boxed_str());
+    Some((id, info))
 }
 
 /// What a presence event's message starts with (its data follows).
@@ -196,9 +219,9 @@ pub(super) fn parse_incoming(bytes: &[u8]) -> Option<Incoming<'_>> {
         b'K' => Some(Incoming::CloseAll),
         b'P' => {
             let mut parts = head.split(' ');
-            let event = match parts.next()? {
-                "a" => "pusher_internal:member_added",
-                "r" => "pusher_internal:member_removed",
+            let change = match parts.next()? {
+                "a" => PresenceChange::Joined,
+                "r" => PresenceChange::Left,
                 _ => return None,
             };
             let skip = match (parts.next()?, parts.next()?) {
@@ -209,9 +232,9 @@ pub(super) fn parse_incoming(bytes: &[u8]) -> Option<Incoming<'_>> {
                 }),
             };
             Some(Incoming::Presence {
-                event,
+                change,
                 skip,
-                data: body,
+                member: body,
             })
         }
         b'E' => {
@@ -338,6 +361,22 @@ mod tests {
     }
 
     #[test]
+    fn a_member_on_the_wire_reads_back_as_it_was_written() {
+        let joined = member_json("ann \"a\"", Some(r#"{"n":[1,2]}"#));
+        assert_eq!(joined, r#"{"user_id":"ann \"a\"","user_info":{"n":[1,2]}}"#);
+        let (id, info) = parse_member(joined.as_bytes()).unwrap();
+        assert_eq!(
+            (&*id, info.as_deref()),
+            ("ann \"a\"", Some(r#"{"n":[1,2]}"#))
+        );
+        let left = member_json("ann", None);
+        assert_eq!(parse_member(left.as_bytes()), Some(("ann".into(), None)));
+        for bad in [&b"{}"[..], b"not json", br#"{"user_id":7}"#] {
+            assert_eq!(parse_member(bad), None);
+        }
+    }
+
+    #[test]
     fn presence_events_encode_and_parse() {
         let joiner = SocketId {
             node: 12,
@@ -347,9 +386,9 @@ mod tests {
         assert_eq!(
             parse_incoming(&added),
             Some(Incoming::Presence {
-                event: "pusher_internal:member_added",
+                change: PresenceChange::Joined,
                 skip: Some(joiner),
-                data: br#"{"user_id":"u"}"#,
+                member: br#"{"user_id":"u"}"#,
             })
         );
         let mut removed = presence_head(false, None);
@@ -357,9 +396,9 @@ mod tests {
         assert_eq!(
             parse_incoming(&removed),
             Some(Incoming::Presence {
-                event: "pusher_internal:member_removed",
+                change: PresenceChange::Left,
                 skip: None,
-                data: b"{}",
+                member: b"{}",
             })
         );
         let mut bad = MAGIC.to_vec();
