@@ -173,7 +173,7 @@ pub struct Stored {
     pub event: Option<Box<str>>,
     /// The connection it leaves out (kept by the Redis broker, which gives kept
     /// messages to live subscribers after a reconnect; never here).
-    pub skip: Option<crate::hub::SocketId>,
+    pub skip: Option<crate::ids::SocketId>,
 }
 
 /// One kept message's place in the byte ring: with [`FROM`] set, a length byte

@@ -20,6 +20,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use mio::Waker;
 
+pub use crate::ids::{SocketId, this_node};
 use crate::protocol::DataKind;
 
 const SHARDS: usize = 64;
@@ -80,33 +81,6 @@ impl Channel {
     fn lock(&self) -> MutexGuard<'_, Vec<LoopShare>> {
         self.loops.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// A connection as every node of a cluster names it (a Pusher socket id,
-/// `NODE.CLIENT`): the tag of the process that holds it and its client id. A
-/// message may name one to leave it out (the sender of a client event, a
-/// publisher's own socket).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SocketId {
-    pub node: u32,
-    pub client: u32,
-}
-
-impl SocketId {
-    /// Client `client` of this process.
-    pub fn local(client: u32) -> SocketId {
-        SocketId {
-            node: this_node(),
-            client,
-        }
-    }
-}
-
-/// This process's tag in socket ids: random, so tags differ between nodes,
-/// `--workers` and runs.
-pub fn this_node() -> u32 {
-    static TAG: OnceLock<u32> = OnceLock::new();
-    *TAG.get_or_init(|| (crate::broker::new_epoch() % 1_000_000_000) as u32)
 }
 
 /// Identifies one connection of one loop, to leave it out of its own join event.

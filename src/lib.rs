@@ -23,7 +23,8 @@
 //!   (in this process, or shared by every node through Redis); [`history`]: a
 //!   channel's kept messages; [`hub`]: the local,
 //!   transport-neutral hand-off
-//!   of each message to the event loops with subscribers.
+//!   of each message to the event loops with subscribers; [`ids`]: what names a
+//!   connection across the cluster (socket ids, node tags) and history epochs.
 //! - [`outbound`]: the one write path (writev, a queue of shared chunks only while
 //!   the socket is behind), used by the server and the load generator.
 //! - [`config`]: `serve` flags, `THRONG_*` variables and the TOML config file;
@@ -51,6 +52,7 @@ pub mod config;
 pub mod feed;
 pub mod history;
 pub mod hub;
+pub mod ids;
 pub mod metrics;
 pub mod os;
 pub mod outbound;

@@ -11,12 +11,13 @@
 //! trait and the types both share; it must not touch sockets, connections or wire
 //! formats.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use crate::history::Stored;
-use crate::hub::{Channel, ConnRef, DeliverError, SocketId};
+use crate::hub::{Channel, ConnRef, DeliverError};
+use crate::ids::SocketId;
+pub(crate) use crate::ids::new_epoch;
 use crate::protocol::DataKind;
 
 pub mod idempotency;
@@ -314,23 +315,4 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     fn delivers_before_subscribe_returns(&self) -> bool {
         false
     }
-}
-
-/// A new history epoch: unique within this process and, with the start time mixed
-/// in, all but certainly different from any epoch of an earlier run.
-pub(crate) fn new_epoch() -> u64 {
-    static SEED: OnceLock<u64> = OnceLock::new();
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let seed = *SEED.get_or_init(|| {
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        nanos ^ u64::from(std::process::id()).rotate_left(32)
-    });
-    // splitmix64: consecutive counts give unrelated-looking epochs.
-    let count = COUNT.fetch_add(1, Ordering::Relaxed);
-    let mut z = seed.wrapping_add(count.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }

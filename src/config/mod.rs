@@ -408,7 +408,7 @@ pub struct ServeConfig {
     /// Default: off.
     pub permessage_deflate: bool,
     /// How it compresses (`--deflate-min-size`, `--deflate-level`).
-    pub compression: crate::transport::Compression,
+    pub compression: crate::protocol::deflate::Compression,
     /// Pusher Channels apps (`--pusher-app`). Default: none.
     pub pusher_apps: Vec<crate::pusher::App>,
     /// Pusher clients may send client events (`--pusher-client-events on`).
@@ -517,7 +517,7 @@ impl Default for ServeConfig {
             pusher_client_events: false,
             pusher_max_presence_members: 100,
             permessage_deflate: builtin(parse_on_off, defaults::PERMESSAGE_DEFLATE),
-            compression: crate::transport::Compression {
+            compression: crate::protocol::deflate::Compression {
                 min_size: builtin(parse_size, defaults::DEFLATE_MIN_SIZE),
                 level: builtin(
                     |s| s.parse().map_err(|e| format!("{e}")),
@@ -710,7 +710,7 @@ impl ServeArgs {
             pusher_client_events: self.pusher_client_events,
             pusher_max_presence_members: self.pusher_max_presence_members,
             permessage_deflate: self.permessage_deflate,
-            compression: crate::transport::Compression {
+            compression: crate::protocol::deflate::Compression {
                 min_size: self.deflate_min_size,
                 level: self.deflate_level,
             },

@@ -22,9 +22,20 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt::Write as _;
 
-use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
+use flate2::{Compress, Decompress, FlushCompress, FlushDecompress, Status};
 
 use super::close_code;
+
+/// How WebSocket messages are compressed for the connections that negotiated
+/// permessage-deflate (`--deflate-min-size`, `--deflate-level`): a setting of
+/// the server, read by the transports that compress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compression {
+    /// Frames whose payload is shorter go uncompressed.
+    pub min_size: usize,
+    /// zlib's level, 0..=9.
+    pub level: u32,
+}
 
 /// The extension's registered name (§5).
 pub const EXTENSION_NAME: &str = "permessage-deflate";
@@ -400,7 +411,7 @@ pub fn compress(
         let (_, compressor) = slot.get_or_insert_with(|| {
             (
                 level,
-                Compress::new_with_window_bits(Compression::new(level), false, window_bits),
+                Compress::new_with_window_bits(flate2::Compression::new(level), false, window_bits),
             )
         });
         // Also undoes whatever a failed earlier call left behind.

@@ -30,6 +30,7 @@ use bytes::Bytes;
 use crate::broker::{Broker, BrokerError, Members, Replay, Resume};
 use crate::config::ServeConfig;
 use crate::hub::{Channel, Message};
+pub use crate::protocol::deflate::Compression;
 use crate::protocol::deflate::{self, Agreement};
 use crate::rules::ChannelRules;
 use crate::stats::OPEN_KINDS;
@@ -150,16 +151,6 @@ pub(crate) fn json_data(out: &mut Vec<u8>, payload: &[u8], kind: crate::protocol
             out.extend_from_slice(b"\",\"encoding\":\"base64\"");
         }
     }
-}
-
-/// How WebSocket messages are compressed for the connections that negotiated
-/// permessage-deflate (`--deflate-min-size`, `--deflate-level`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Compression {
-    /// Frames whose payload is shorter go uncompressed.
-    pub min_size: usize,
-    /// zlib's level, 0..=9.
-    pub level: u32,
 }
 
 /// How one connection's messages may be compressed: the permessage-deflate window

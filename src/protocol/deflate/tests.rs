@@ -472,7 +472,7 @@ fn the_budget_is_inclusive() {
 fn inflates_what_other_compressors_send() {
     let payload = json_like(5000);
     // A stream ended with BFINAL (flate2's finish), as §7.2.1 allows a sender.
-    let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), Compression::default());
+    let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
     enc.write_all(&payload).expect("write");
     let mut finished = enc.finish().expect("finish");
     let mut out = Vec::new();
@@ -485,7 +485,7 @@ fn inflates_what_other_compressors_send() {
     assert!(out == payload);
 
     // Several sync-flushed pieces in one message, from a 9-bit compressor.
-    let mut c = Compress::new_with_window_bits(Compression::fast(), false, 9);
+    let mut c = Compress::new_with_window_bits(flate2::Compression::fast(), false, 9);
     let mut data = Vec::with_capacity(payload.len() * 2);
     for piece in payload.chunks(700) {
         c.compress_vec(piece, &mut data, FlushCompress::Sync)
