@@ -26,7 +26,7 @@ use crate::hub::Channel;
 use crate::outbound::Outbound;
 use crate::stats::{Counted, TurnCounts};
 use crate::tls::connection::{Tls, TlsWriter};
-use crate::transport::{After, Change, CloseReason, Ctx, Session, Subscription};
+use crate::transport::{After, Change, CloseReason, Ctx, Hooks, Session, Subscription};
 
 /// A tick value meaning "no deadline" / "no wheel entry".
 pub const NEVER: Tick = Tick::MAX;
@@ -88,7 +88,7 @@ impl Mode {
                     out,
                     broker: &*shared.broker,
                     config: &shared.config,
-                    webhooks: shared.webhooks.as_deref(),
+                    hooks: shared.webhooks.as_deref().map(|h| h as &dyn Hooks),
                     counts,
                     chosen_name,
                     changes,

@@ -105,7 +105,8 @@ pub struct Shared {
     pub verifier: Option<Verifier>,
     /// The next client id (a chat member's name is `c<id>`).
     next_client: AtomicU32,
-    /// Pusher webhooks, when an app has any.
+    /// Pusher webhooks, when an app has any: the transports hear of them as
+    /// their [`crate::transport::Hooks`].
     pub webhooks: Option<Arc<crate::pusher::webhook::Webhooks>>,
     /// With `--tls-cert`: what new TLS handshakes use (SIGHUP replaces it).
     pub tls: Option<Arc<crate::tls::config::Certificates>>,
@@ -142,6 +143,21 @@ impl Shared {
 
     pub fn next_client_id(&self) -> u32 {
         self.next_client.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A Pusher app's webhooks hear of client events through the transports'
+/// neutral hook (here, where the server knows both).
+impl crate::transport::Hooks for crate::pusher::webhook::Webhooks {
+    fn client_event(
+        &self,
+        channel: &str,
+        event: &str,
+        data: &str,
+        socket: &str,
+        user_id: Option<&str>,
+    ) {
+        crate::pusher::webhook::Webhooks::client_event(self, channel, event, data, socket, user_id);
     }
 }
 

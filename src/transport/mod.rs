@@ -323,14 +323,33 @@ pub enum CloseReason {
     Terminated,
 }
 
+/// Told of what a client did that someone outside the server may want to hear
+/// of; a transport calls it after the broker took what the client sent. The
+/// server wires in the implementation (a Pusher app's webhooks): no transport
+/// names it.
+pub trait Hooks: Send + Sync {
+    /// A client published `event` with `data` on `channel` itself (a Pusher
+    /// client event): `socket` names its connection as its protocol does,
+    /// `user_id` is its presence user, if any.
+    fn client_event(
+        &self,
+        channel: &str,
+        event: &str,
+        data: &str,
+        socket: &str,
+        user_id: Option<&str>,
+    );
+}
+
 /// What a transport may use while handling a connection's input.
 pub struct Ctx<'a> {
     /// Answers to this connection, written out once the input is handled.
     pub out: &'a mut Vec<u8>,
     pub broker: &'a dyn Broker,
     pub config: &'a ServeConfig,
-    /// Pusher webhooks, when an app has any (client events note theirs here).
-    pub webhooks: Option<&'a crate::pusher::webhook::Webhooks>,
+    /// Who hears of what clients do besides its channel's subscribers (a
+    /// Pusher app's webhooks), when anyone does.
+    pub hooks: Option<&'a dyn Hooks>,
     pub counts: &'a mut TurnCounts,
     /// The name this chat client chose (`name=`), if it did.
     pub chosen_name: Option<&'a str>,

@@ -729,7 +729,7 @@ fn client_event(
     match ctx.broker.publish(&channel, outgoing) {
         Ok(_) => {
             ctx.counts.published += 1;
-            if let Some(hooks) = ctx.webhooks {
+            if let Some(hooks) = ctx.hooks {
                 let socket = pusher::socket_id(state.client);
                 hooks.client_event(&channel, event, &payload, &socket, user_id);
             }
