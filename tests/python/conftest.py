@@ -4,6 +4,11 @@ The binary comes from $THRONG_BIN (default: <repo>/target/release/throng).
 Every server is started on free loopback port(s) and stopped by PID
 (SIGTERM, wait, SIGKILL fallback). Its stdout/stderr go to files and are
 attached to the report of a failing test.
+
+Tests run in parallel (pytest-xdist, scripts/test.sh): nothing here may assume
+it has the machine to itself. A test that measures memory or CPU, or holds a
+machine-wide resource (a network namespace, a sysctl, a fixed port), marks its
+module `pytestmark = pytest.mark.serial` and then runs after the rest, alone.
 """
 
 from __future__ import annotations
