@@ -94,15 +94,15 @@ export THRONG_BIN="$ROOT/target/release/throng"
 step "cargo test (unit tests)"
 cargo test --release
 
-# The rings' own unit tests (src/server/uring.rs and send_ring.rs, a fan-out and
+# The rings' own unit tests (src/server/uring/mod.rs and send_ring.rs, a fan-out and
 # the held replies through the send ring) are #[ignore]d by `cargo test`: they
 # cannot run, and must not pass, without io_uring. Where it can be made they run
 # here, and all six must pass.
 step "io_uring rings' unit tests"
 if why=$(python3 tests/python/io_uring_probe.py); then
     ring_log=$(mktemp)
-    cargo test --release --lib -- --ignored server::uring server::send_ring \
-        through_the_send_ring event_loop::replies | tee "$ring_log"
+    cargo test --release --lib -- --ignored server::uring through_the_send_ring \
+        event_loop::replies | tee "$ring_log"
     if ! grep -q "test result: ok. 6 passed; 0 failed; 0 ignored" "$ring_log"; then
         echo "expected the six io_uring unit tests to run and pass"
         exit 1

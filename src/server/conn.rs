@@ -17,9 +17,9 @@ use std::sync::Arc;
 use mio::net::TcpStream;
 
 use super::http::{self, Next};
-use super::send_ring::NOT_SENT;
 use super::shared::Shared;
 use super::timer::Tick;
+use super::uring::send_ring::NOT_SENT;
 use bytes::Bytes;
 
 use crate::hub::Channel;

@@ -19,7 +19,6 @@ pub mod conn;
 pub mod event_loop;
 pub mod http;
 pub mod routes;
-pub mod send_ring;
 pub mod shared;
 pub mod subscribers;
 pub mod timer;

@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use slab::Slab;
 
 use crate::server::conn::{Conn, Phase, TlsConns};
-use crate::server::send_ring::{NOT_SENT, SendRing};
+use crate::server::uring::send_ring::{NOT_SENT, SendRing};
 use crate::stats::TurnCounts;
 use crate::tls::connection::Tls;
 
@@ -240,7 +240,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::server::send_ring::SendOp;
+    use crate::server::uring::send_ring::SendOp;
 
     fn connect(listener: &TcpListener, conns: &mut Slab<Conn>) -> (usize, TcpStream) {
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
@@ -272,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs io_uring: run by tests/python/test_io_uring.py"]
+    #[ignore = "needs io_uring: run by scripts/test.sh"]
     fn held_replies_go_out_in_one_enter_in_order_and_a_full_socket_keeps_its_own_copy() {
         let mut ring = SendRing::new(SendOp::Send, 8).expect("io_uring here");
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

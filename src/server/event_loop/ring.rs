@@ -13,7 +13,7 @@ use mio::{Events, Interest, Poll, Token};
 use super::{EVENTS_PER_POLL, EventLoop};
 use crate::config::ServeConfig;
 use crate::server::conn::{Conn, Phase};
-use crate::server::send_ring::{self, SendOp, SendRing};
+use crate::server::uring::send_ring::{self, SendOp, SendRing};
 use crate::server::uring::{Completion, Uring, Via};
 use crate::stats::LoopCounters;
 

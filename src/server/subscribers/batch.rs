@@ -17,7 +17,7 @@ use slab::Slab;
 
 use super::Follow;
 use crate::server::conn::{Conn, TlsConns};
-use crate::server::send_ring::{NOT_SENT, SendRing};
+use crate::server::uring::send_ring::{NOT_SENT, SendRing};
 use crate::stats::TurnCounts;
 use crate::tls::connection::Tls;
 
@@ -253,10 +253,10 @@ mod tests {
     use crate::stats::TurnCounts;
 
     #[test]
-    #[ignore = "needs io_uring: run by tests/python/test_io_uring.py"]
+    #[ignore = "needs io_uring: run by scripts/test.sh"]
     fn a_fan_out_through_the_send_ring_reaches_everyone_in_order_and_queues_what_a_full_socket_left()
      {
-        use crate::server::send_ring::{SendOp, SendRing};
+        use crate::server::uring::send_ring::{SendOp, SendRing};
         for op in [SendOp::Send, SendOp::SendMsg] {
             let ring = SendRing::new(op, 8).expect("io_uring here");
             let (_poll, hub, broker) = broker(0);

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 
 use super::conn::{Conn, Phase, TlsConns};
-use super::send_ring::SendRing;
+use super::uring::send_ring::SendRing;
 use crate::broker::{Broker, BrokerError, Member, Members, PresenceMember, Replay};
 use crate::hub::Body;
 use crate::hub::{Channel, ConnRef, Delivery, Inbox, SocketId};

@@ -228,7 +228,7 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs io_uring: run by tests/python/test_io_uring.py"]
+    #[ignore = "needs io_uring: run by scripts/test.sh"]
     fn one_enter_sends_the_shared_frames_to_every_socket_in_order() {
         for op in [SendOp::Send, SendOp::SendMsg] {
             let mut ring = ring(op);
@@ -252,7 +252,7 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs io_uring: run by tests/python/test_io_uring.py"]
+    #[ignore = "needs io_uring: run by scripts/test.sh"]
     fn a_full_socket_answers_eagain_or_part_and_a_closed_one_an_error() {
         let mut ring = ring(SendOp::Send);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
