@@ -10,6 +10,8 @@
 #   --seconds N   how long each target runs (default 30)
 #   --record      keep a record of the run (the default from --seconds 600 on)
 #   --no-record   keep none, even for a long run
+#   --parallel P  how many targets run at once, each on a core (default: the
+#                 cores, or 1 for a recorded run)
 #   TARGET        frame_decoder, http_request, names_and_queries, jwt (default: all)
 #
 # A recorded run writes bench/results/fuzz-STAMP.json (UTC stamp) and its .md: the
@@ -36,6 +38,7 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 ALL_TARGETS=(frame_decoder http_request names_and_queries jwt)
 SECONDS_EACH=30
 RECORD=auto
+PARALLEL=
 TARGETS=()
 ORIG_ARGS=("$@")
 while (($#)); do
@@ -57,6 +60,11 @@ while (($#)); do
             SECONDS_EACH=${1#--seconds=}
             shift
             ;;
+        --parallel)
+            [[ $# -ge 2 ]] || { usage >&2; exit 2; }
+            PARALLEL=$2
+            shift 2
+            ;;
         -h | --help)
             usage
             exit 0
@@ -77,6 +85,10 @@ done
 if [[ $RECORD == auto ]]; then
     if ((SECONDS_EACH >= 600)); then RECORD=yes; else RECORD=no; fi
 fi
+if [[ -z $PARALLEL ]]; then
+    if [[ $RECORD == yes ]]; then PARALLEL=1; else PARALLEL=$(nproc 2>/dev/null || echo 1); fi
+fi
+[[ $PARALLEL =~ ^[1-9][0-9]*$ ]] || { echo "--parallel needs a whole number > 0" >&2; exit 2; }
 for t in "${TARGETS[@]}"; do
     [[ -f fuzz/fuzz_targets/$t.rs ]] || { echo "no fuzz target '$t' (have: ${ALL_TARGETS[*]})" >&2; exit 2; }
 done
@@ -120,34 +132,51 @@ done
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 corpus_size() { echo "$(find "$1" -type f | wc -l) $(find "$1" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')"; }
+# fuzz_one TARGET: one target's run; its output goes to $WORK/TARGET.out and its
+# row (for the record) to $WORK/TARGET.tsv, so targets can run side by side.
+fuzz_one() {
+    local t=$1 inputs_before bytes_before inputs_after bytes_after started ended status=0
+    {
+        step "fuzz $t for ${SECONDS_EACH}s"
+        mkdir -p "$CORPUS_DIR/$t" "fuzz/artifacts/$t"
+        # The seeds join the working corpus (one already grown keeps what it found).
+        [[ -d fuzz/corpus/$t ]] && cp -Rn "fuzz/corpus/$t/." "$CORPUS_DIR/$t/"
+        read -r inputs_before bytes_before < <(corpus_size "$CORPUS_DIR/$t")
+        echo "corpus $CORPUS_DIR/$t: $inputs_before inputs"
+        local args=(-max_total_time="$SECONDS_EACH" -timeout=10 -print_final_stats=1)
+        [[ -f fuzz/dict/$t.dict ]] && args+=(-dict="$ROOT/fuzz/dict/$t.dict")
+        # libFuzzer adds the new inputs it finds to the (first) corpus directory given.
+        started=$(date +%s.%N)
+        cargo +nightly fuzz run --fuzz-dir "$ROOT/fuzz" -O "$t" "$CORPUS_DIR/$t" -- \
+            "${args[@]}" >"$WORK/$t.log" 2>&1 || status=$?
+        ended=$(date +%s.%N)
+        if ((status == 0)); then
+            grep -E '^(Done |stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb))' \
+                "$WORK/$t.log" || tail -n 5 "$WORK/$t.log"
+        else
+            tail -n 60 "$WORK/$t.log"
+            echo "FAILED: $t"
+            grep -hoE 'Test unit written to [^ ]+' "$WORK/$t.log" || true
+        fi
+        read -r inputs_after bytes_after < <(corpus_size "$CORPUS_DIR/$t")
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$status" "$started" "$ended" \
+            "$inputs_before" "$bytes_before" "$inputs_after" "$bytes_after" "$WORK/$t.log" >"$WORK/$t.tsv"
+    } >"$WORK/$t.out" 2>&1
+}
+# Each target is one libFuzzer process on one core: PARALLEL of them run side by
+# side, each still fuzzed for --seconds on a core of its own, so a smoke of four
+# targets takes half the wall time on two cores and each target gets the same
+# work. A recorded run (exec/s is compared across runs) runs them one at a time.
+for t in "${TARGETS[@]}"; do
+    while (($(jobs -rp | wc -l) >= PARALLEL)); do wait -n || true; done
+    fuzz_one "$t" &
+done
+wait
 failed=()
 for t in "${TARGETS[@]}"; do
-    step "fuzz $t for ${SECONDS_EACH}s"
-    mkdir -p "$CORPUS_DIR/$t" "fuzz/artifacts/$t"
-    # The seeds join the working corpus (one already grown keeps what it found).
-    [[ -d fuzz/corpus/$t ]] && cp -Rn "fuzz/corpus/$t/." "$CORPUS_DIR/$t/"
-    read -r inputs_before bytes_before < <(corpus_size "$CORPUS_DIR/$t")
-    echo "corpus $CORPUS_DIR/$t: $inputs_before inputs"
-    args=(-max_total_time="$SECONDS_EACH" -timeout=10 -print_final_stats=1)
-    [[ -f fuzz/dict/$t.dict ]] && args+=(-dict="$ROOT/fuzz/dict/$t.dict")
-    # libFuzzer adds the new inputs it finds to the (first) corpus directory given.
-    started=$(date +%s.%N)
-    status=0
-    cargo +nightly fuzz run --fuzz-dir "$ROOT/fuzz" -O "$t" "$CORPUS_DIR/$t" -- \
-        "${args[@]}" >"$WORK/$t.log" 2>&1 || status=$?
-    ended=$(date +%s.%N)
-    if ((status == 0)); then
-        grep -E '^(Done |stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb))' \
-            "$WORK/$t.log" || tail -n 5 "$WORK/$t.log"
-    else
-        tail -n 60 "$WORK/$t.log"
-        echo "FAILED: $t" >&2
-        grep -hoE 'Test unit written to [^ ]+' "$WORK/$t.log" >&2 || true
-        failed+=("$t")
-    fi
-    read -r inputs_after bytes_after < <(corpus_size "$CORPUS_DIR/$t")
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$status" "$started" "$ended" \
-        "$inputs_before" "$bytes_before" "$inputs_after" "$bytes_after" "$WORK/$t.log" >>"$WORK/runs.tsv"
+    cat "$WORK/$t.out"
+    cat "$WORK/$t.tsv" >>"$WORK/runs.tsv"
+    [[ $(cut -f2 "$WORK/$t.tsv") == 0 ]] || failed+=("$t")
 done
 
 if [[ $RECORD == yes ]]; then

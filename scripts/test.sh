@@ -137,6 +137,7 @@ step "go integration tests (gorilla/websocket)"
 # A short run of each cargo-fuzz target over its kept corpus (fuzz/, see
 # docs/RELIABILITY.md): libFuzzer needs a nightly compiler, which scripts/fuzz.sh
 # installs with rustup when it is missing, and cargo-fuzz from crates.io.
+# The targets run side by side, one per core (scripts/fuzz.sh --parallel).
 step "fuzz smoke: 30 s per cargo-fuzz target"
 scripts/fuzz.sh --seconds 30
 
