@@ -12,13 +12,14 @@ and the raw file.
 
 Which run is "today": for each topic, scenario and figure, the newest run (by its
 provenance date) that measured throng itself. Not today:
-  - a file whose only servers are throng builds (`throng` against `throng-base`,
-    `throng1`, `throng-base-tls`): an A/B of two builds; its pairs go to the A/B table;
+  - a file whose only servers are throng (`throng` against `throng-base`,
+    `throng-base-tls`: another build; `throng1`: --threads 1): an A/B; its pairs go
+    to the A/B table;
   - a run of another throng build than the one of its interleaved series: the
     build named by THRONG_BASE_BIN, a `--label before...`, a binary called
     `...base...` or `...before...`, or a `/tmp/throng-SHA` whose commit is an
     ancestor of another build measured from the same checkout (git decides).
-A throng-base row is never a peer. Files without provenance are skipped and counted.
+Another throng is never a peer. Files without provenance are skipped and counted.
 
 The output is deterministic (sorted; no time of generation), so running it again
 without new results changes nothing. docs/BENCHMARKS.md says how and why each
@@ -41,8 +42,11 @@ ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_OUT = ROOT / "docs" / "FIGURES.md"
 
-# Server names that are another build of throng: one side of an A/B, never a peer.
-AB_NAMES = {"throng-base", "throng1", "throng-base-tls"}
+# Server names that are throng too: another build (`throng-base`, `throng-base-tls`:
+# THRONG_BASE_BIN) or another setting (`throng1`: --threads 1). One side of an A/B,
+# never a peer.
+def is_other_throng(name: str, subject: str) -> bool:
+    return name.startswith("throng") and name != subject
 
 
 @dataclass
@@ -89,13 +93,13 @@ def dig(obj, *keys):
 
 
 def add(out: list[Measure], topic, scenario, figure, unit, values: dict[str, float | None], subject: str):
-    """One Measure from a {server: value} map: `subject` is throng, AB_NAMES are
-    the A/B side, everything else is a peer."""
+    """One Measure from a {server: value} map: `subject` is throng, another throng
+    is the A/B side, everything else is a peer."""
     mine = values.get(subject)
     if mine is None:
         return
-    peers = {n: v for n, v in values.items() if n != subject and n not in AB_NAMES and v is not None}
-    ab = {n: v for n, v in values.items() if n in AB_NAMES and v is not None}
+    peers = {n: v for n, v in values.items() if not n.startswith("throng") and v is not None}
+    ab = {n: v for n, v in values.items() if is_other_throng(n, subject) and v is not None}
     out.append(Measure(topic, scenario, figure, unit, mine, peers, ab))
 
 
@@ -606,10 +610,11 @@ def render(runs: list[Run], skipped: Counter, untabulated: Counter) -> str:
                          f"{when(run)} | {commit_cell(run)} | `{run.path}` |")
         lines.append("")
 
-    lines += ["## A/B: one throng build against another", "",
-              "The newest A/B of each scenario: `throng` is the build under test, `throng-base`,",
-              "`throng1` or `throng-base-tls` the other build (THRONG_BASE_BIN in the run's command",
-              "names it). **ratio** is throng's figure divided by the other build's.", "",
+    lines += ["## A/B: throng against another throng", "",
+              "The newest A/B of each scenario: `throng` is the build and setting under test;",
+              "`throng-base` and `throng-base-tls` another build (THRONG_BASE_BIN in the run's",
+              "command names it), `throng1` the same build with `--threads 1`. **ratio** is",
+              "throng's figure divided by the other's, in the same file.", "",
               "| topic | scenario | figure | throng | ratio | date | commit | raw file |",
               "|---|---|---|---|---|---|---|---|"]
     for key, (run, m) in sorted(ab.items(), key=lambda kv: (topic_rank(kv[0][0]), natural(kv[0][1]), kv[0][2])):
