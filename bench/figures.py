@@ -415,9 +415,8 @@ def build_of(d, prov: dict) -> str | None:
         argv = shlex.split(prov.get("command", ""))
     except ValueError:
         argv = []
-    for flag in ("--bin",):
-        if flag in argv[:-1]:
-            return argv[argv.index(flag) + 1]
+    if "--bin" in argv[:-1]:
+        return argv[argv.index("--bin") + 1]
     for word in argv:
         if word.startswith("THRONG_BIN="):
             return word.split("=", 1)[1]
@@ -456,12 +455,18 @@ def load(results: Path) -> tuple[list[Run], Counter, Counter]:
     return runs, skipped, untabulated
 
 
+class GitCannotSay(RuntimeError):
+    """git could not tell which of two builds is the older: the page would differ."""
+
+
 def git_is_ancestor(old: str, new: str) -> bool:
     try:
         r = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", old, new],
-                           capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise GitCannotSay(f"git merge-base --is-ancestor {old} {new}: {e}") from e
+    if r.returncode not in (0, 1):  # 1: not an ancestor; anything else: git does not know
+        raise GitCannotSay(f"git merge-base --is-ancestor {old} {new}: {r.stderr.strip()}")
     return r.returncode == 0
 
 
@@ -557,7 +562,8 @@ def render(runs: list[Run], skipped: Counter, untabulated: Counter) -> str:
         by_commit[r.commit].append(r)
     older_build = Counter()
     today: dict[tuple, tuple[Run, Measure]] = {}
-    beside_peer: dict[tuple, tuple[Run, Measure]] = {}  # the newest that had a peer in it
+    # Per scenario and peer, the newest run that had that peer in it.
+    beside_peer: dict[tuple, dict[str, tuple[Run, Measure]]] = defaultdict(dict)
     ab: dict[tuple, tuple[Run, Measure]] = {}
     for run in sorted(runs, key=lambda r: (r.date, r.path)):
         other = measured_another_build(run, by_commit[run.commit], label_of(run))
@@ -570,8 +576,8 @@ def render(runs: list[Run], skipped: Counter, untabulated: Counter) -> str:
             if other or (m.ab and not m.peers):
                 continue
             today[key] = (run, m)
-            if m.peers:
-                beside_peer[key] = (run, m)
+            for peer in m.peers:
+                beside_peer[key][peer] = (run, m)
 
     lines = [
         "# Figures today",
@@ -587,8 +593,8 @@ def render(runs: list[Run], skipped: Counter, untabulated: Counter) -> str:
         "Each row is the newest run of its scenario that measured throng itself. **ratio** is",
         "throng's figure divided by each peer's in the same file (below 1: throng needs less, for",
         "CPU, memory and latency); a peer is another server (uWebSockets `uws`, Nchan, Sockudo,",
-        "nginx, ...), never another throng build. When the newest run had no peer in it, the",
-        "newest one that had follows it. The date is the run's (UTC); the commit is the checkout",
+        "nginx, ...), never another throng build. When an older run had a peer the newest has",
+        "not, the newest run with that peer follows. The date is the run's (UTC); the commit is the checkout",
         "it was made from, `(dirty)` when that had uncommitted changes, and the binary's commit",
         "when the run names a `/tmp/throng-SHA` build. A/B runs of two throng builds are in the",
         "last table.",
@@ -597,10 +603,11 @@ def render(runs: list[Run], skipped: Counter, untabulated: Counter) -> str:
     topics: dict[str, list[tuple[tuple, Run, Measure]]] = defaultdict(list)
     for key, (run, m) in today.items():
         topics[m.topic].append((key, run, m))
-        # The newest run has no peer in it but an older one had: show that one too,
-        # so the comparison is not lost.
-        if not m.peers and key in beside_peer:
-            topics[m.topic].append((key, *beside_peer[key]))
+        # A peer an older run had and the newest has not: show the newest run with
+        # that peer too, so the comparison is not lost.
+        older = {r.path: (r, om) for peer, (r, om) in beside_peer[key].items() if peer not in m.peers}
+        for path in sorted(older):
+            topics[m.topic].append((key, *older[path]))
     for topic in sorted(topics, key=topic_rank):
         lines += [f"## {topic}", "", "| scenario | figure | throng | ratio | date | commit | raw file |",
                   "|---|---|---|---|---|---|---|"]
