@@ -556,6 +556,12 @@ def topic_rank(topic: str) -> tuple[int, str]:
     return len(TOPIC_ORDER), topic
 
 
+def row(run: Run, m: Measure, figure: str) -> str:
+    unit = f" {m.unit}" if m.unit else ""
+    return (f"| {m.scenario} | {figure} | {fmt(m.throng)}{unit} | {ratios(m.throng, m.peers)} | "
+            f"{when(run)} | {commit_cell(run)} | `{run.path}` |")
+
+
 def render(runs: list[Run], skipped: Counter, untabulated: Counter) -> str:
     by_commit: dict[str | None, list[Run]] = defaultdict(list)
     for r in runs:
@@ -593,28 +599,28 @@ def render(runs: list[Run], skipped: Counter, untabulated: Counter) -> str:
         "Each row is the newest run of its scenario that measured throng itself. **ratio** is",
         "throng's figure divided by each peer's in the same file (below 1: throng needs less, for",
         "CPU, memory and latency); a peer is another server (uWebSockets `uws`, Nchan, Sockudo,",
-        "nginx, ...), never another throng build. When an older run had a peer the newest has",
-        "not, the newest run with that peer follows. The date is the run's (UTC); the commit is the checkout",
-        "it was made from, `(dirty)` when that had uncommitted changes, and the binary's commit",
-        "when the run names a `/tmp/throng-SHA` build. A/B runs of two throng builds are in the",
-        "last table.",
+        "nginx, ...), never another throng. When an older run had a peer the newest has not,",
+        "the newest run with that peer follows, marked \"an older run\". The date is the run's",
+        "(UTC); the commit is the checkout it was made from, `(dirty)` when that had uncommitted",
+        "changes, and the binary's commit when the run names a `/tmp/throng-SHA` build. A/B runs",
+        "of throng against another throng are in the last table.",
         "",
     ]
-    topics: dict[str, list[tuple[tuple, Run, Measure]]] = defaultdict(list)
+    # Per topic: (sort key, row). Today's row first; then, newest first, a row from
+    # an older run for each peer the newest run has not, so that comparison stays.
+    topics: dict[str, list[tuple[tuple, str]]] = defaultdict(list)
     for key, (run, m) in today.items():
-        topics[m.topic].append((key, run, m))
-        # A peer an older run had and the newest has not: show the newest run with
-        # that peer too, so the comparison is not lost.
-        older = {r.path: (r, om) for peer, (r, om) in beside_peer[key].items() if peer not in m.peers}
-        for path in sorted(older):
-            topics[m.topic].append((key, *older[path]))
+        topics[m.topic].append(((natural(key[1]), key[2], 0), row(run, m, m.figure)))
+        missing = sorted({p for p in beside_peer[key] if p not in m.peers})
+        older = {beside_peer[key][p][0].path: beside_peer[key][p] for p in missing}
+        for n, (r, om) in enumerate(sorted(older.values(), key=lambda e: e[0].date, reverse=True), 1):
+            with_peers = ", ".join(p for p in missing if p in om.peers)
+            figure = f"{om.figure} (an older run, with {with_peers})"
+            topics[m.topic].append(((natural(key[1]), key[2], n), row(r, om, figure)))
     for topic in sorted(topics, key=topic_rank):
         lines += [f"## {topic}", "", "| scenario | figure | throng | ratio | date | commit | raw file |",
                   "|---|---|---|---|---|---|---|"]
-        for key, run, m in sorted(topics[topic], key=lambda e: (natural(e[0][1]), e[0][2], e[1].date)):
-            unit = f" {m.unit}" if m.unit else ""
-            lines.append(f"| {m.scenario} | {m.figure} | {fmt(m.throng)}{unit} | {ratios(m.throng, m.peers)} | "
-                         f"{when(run)} | {commit_cell(run)} | `{run.path}` |")
+        lines += [text for _, text in sorted(topics[topic])]
         lines.append("")
 
     lines += ["## A/B: throng against another throng", "",
