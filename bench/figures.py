@@ -111,6 +111,11 @@ def by_server(servers) -> dict[str, dict]:
     return {}
 
 
+# Topics two extractors share.
+TLS_TOPIC = "TLS: wss:// and https:// (`bench/tls.py`, `bench/tls_idle.py`)"
+PUSHER_TOPIC = "Pusher protocol (`bench/pusher.py`, `bench/webhooks.py`)"
+
+
 # ---- extractors: one per result kind, each returns the Measures of one file ----
 
 
@@ -159,7 +164,7 @@ def tls(d) -> list[Measure]:
     srv = by_server(d.get("servers"))
     srv.pop("throng", None)  # plain ws:// throng: the same build without TLS, not a peer
     a = d.get("args", {})
-    t = "TLS: wss:// and https:// (`bench/tls.py`)"
+    t = TLS_TOPIC
     s = "throng-tls"
     add(out, t, f"idle, {a.get('idle_conns')} connections", "server RSS per idle connection", "B",
         {n: num(dig(v, "idle", "bytes_per_conn")) for n, v in srv.items()}, s)
@@ -195,7 +200,7 @@ def deflate(d) -> list[Measure]:
 
 def pusher(d) -> list[Measure]:
     out: list[Measure] = []
-    t = "Pusher protocol (`bench/pusher.py`)"
+    t = PUSHER_TOPIC
     acc: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in d.get("rounds", []):
         server, phase = r.get("server"), r.get("phase")
@@ -339,7 +344,7 @@ def webhooks(d) -> list[Measure]:
         if num(r.get("server_cpu_us_per_conn")) is not None:
             by_case[str(r.get("case"))].append(num(r["server_cpu_us_per_conn"]))
     for case, vals in sorted(by_case.items()):
-        add(out, "Pusher protocol (`bench/pusher.py`)", f"webhooks `{case}`, {dig(d, 'settings', 'conns')} connections",
+        add(out, PUSHER_TOPIC, f"webhooks `{case}`, {dig(d, 'settings', 'conns')} connections",
             "server CPU per connection (median of rounds)", "µs", {"throng": statistics.median(vals)}, "throng")
     return out
 
@@ -348,7 +353,7 @@ def tls_idle(d) -> list[Measure]:
     out: list[Measure] = []
     for r in d.get("runs") or []:
         total = r.get("total_bytes_per_conn") or {}
-        add(out, "TLS: wss:// and https:// (`bench/tls.py`)",
+        add(out, TLS_TOPIC,
             f"idle TLS session on the heap, {r.get('version')} ({r.get('provider')})", "bytes per connection", "B",
             {"throng": num(total.get("throng_session")), "rustls buffered": num(total.get("rustls_buffered"))},
             "throng")
@@ -390,6 +395,11 @@ NOT_TABULATED = {
     "sends-profile": "profiles (strace, perf): where time goes, not a figure",
     "million-tally": "a derived table of the million runs, read in docs/BENCHMARKS.md",
     "deflate-levels": "a grid of levels by message sizes for tuning `--deflate-level`, in its .md beside the .json",
+}
+# Kinds whose raw files all predate provenance: where the journal has their figures.
+OLDER_KINDS = {
+    "burst": "§18", "cluster": "§8", "million-nchan": "§18", "nchan": "§7",
+    "nchan-cluster": "§9", "restart": "§8", "transports": "§7",
 }
 # The order of the topics on the page.
 TOPIC_ORDER = ["Engine", "Fan-out", "TLS", "permessage", "A million", "Past one Redis", "Pusher", "One port",
@@ -637,19 +647,23 @@ def render(runs: list[Run], skipped: Counter, untabulated: Counter) -> str:
                      f"{when(run)} | {commit_cell(run)} | `{run.path}` |")
     lines.append("")
 
-    lines += ["## What is not here", ""]
-    if skipped:
-        lines.append("Raw JSON files skipped because they have no provenance (from before "
-                     "`bench/provenance.py`, or not a result): "
-                     + ", ".join(f"{k} {n}" for k, n in sorted(skipped.items())) + ".")
-        lines.append("")
-    if older_build:
-        lines.append("Runs of an older build in an interleaved series (counted, not today): "
-                     + ", ".join(f"{k} {n}" for k, n in sorted(older_build.items())) + ".")
-        lines.append("")
-    for kind, n in sorted(untabulated.items()):
-        lines.append(f"- `{kind}` ({n} files): {NOT_TABULATED.get(kind, 'no extractor in bench/figures.py yet')}.")
+    lines += ["## What is not here", "",
+              "Raw JSON files skipped, per kind, because they have no provenance block (made before",
+              "`bench/provenance.py`, or not a raw result: a derived summary); a kind with no file",
+              "left says where docs/BENCHMARKS.md has its figures:", ""]
+    tabulated = {r.kind for r in runs}
+    for kind, n in sorted(skipped.items()):
+        where = f"; its figures: BENCHMARKS.md {OLDER_KINDS[kind]}" if kind in OLDER_KINDS and kind not in tabulated else ""
+        lines.append(f"- `{kind}`: {n}{where}")
     lines.append("")
+    if older_build:
+        lines += ["Runs of the older build of an interleaved series, counted and never today: "
+                  + ", ".join(f"`{k}` {n}" for k, n in sorted(older_build.items())) + ".", ""]
+    if untabulated:
+        lines += ["Kinds read but not tabulated:", ""]
+        for kind, n in sorted(untabulated.items()):
+            lines.append(f"- `{kind}` ({n}): {NOT_TABULATED.get(kind, 'no extractor in bench/figures.py yet')}.")
+        lines.append("")
     return "\n".join(lines)
 
 
