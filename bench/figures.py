@@ -458,7 +458,11 @@ def load(results: Path) -> tuple[list[Run], Counter, Counter]:
         if kind not in EXTRACTORS:
             untabulated[kind] += 1
             continue
-        measures = EXTRACTORS[kind](d)
+        try:
+            measures = EXTRACTORS[kind](d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            # A new shape of result: say which file, rather than leave its figures out.
+            raise SystemExit(f"bench/figures.py: cannot read {path.name} as a {kind} result: {e!r}") from e
         rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
         runs.append(Run(rel, kind, prov.get("commit"), bool(prov.get("dirty")), prov["date"],
                         prov.get("command", ""), build_of(d, prov), measures))
