@@ -24,6 +24,7 @@ use crate::hub::{Audience, Body, Hub};
 use crate::protocol::DataKind;
 use crate::rules;
 use crate::stats::{OPEN_KINDS, ServerStats, Snapshot};
+use crate::timing::FEED_INTERVAL;
 use crate::transport::Kind;
 
 /// What the feed reads: this node's parts, lent by the server.
@@ -38,8 +39,6 @@ pub struct View<'a> {
 
 /// The channel the dashboard subscribes to.
 pub const FEED_CHANNEL: &str = "throng:stats";
-/// How often a sample is taken.
-pub const INTERVAL: Duration = Duration::from_secs(1);
 /// Samples kept: five minutes.
 const KEEP: usize = 300;
 /// Channels listed as the busiest.
@@ -124,7 +123,7 @@ impl Feed {
                 json!({"time_ms": s.time_ms, "connections": s.connections(), "totals": s.totals()})
             })
             .collect();
-        json!({"interval_ms": INTERVAL.as_millis() as u64, "samples": samples})
+        json!({"interval_ms": FEED_INTERVAL.as_millis() as u64, "samples": samples})
     }
 }
 
@@ -199,9 +198,9 @@ pub fn run(stop: &AtomicBool, view: View<'_>) {
         let now = std::time::Instant::now();
         if now >= next {
             tick(view);
-            next += INTERVAL;
+            next += FEED_INTERVAL;
             if next < now {
-                next = now + INTERVAL;
+                next = now + FEED_INTERVAL;
             }
         }
         std::thread::sleep(nap.min(next.saturating_duration_since(now)));

@@ -40,6 +40,9 @@
 //! - [`os`]: the open-files limit and the connection ceiling it gives; [`tune`]:
 //!   `throng tune`, what N connections need from the OS, and `--apply`.
 //! - [`workers`]: `--workers N`, a master that keeps N serving processes running.
+//! - [`timing`]: the server's fixed timers (timeouts, sweeps, the Redis node
+//!   TTL, back-offs), each with why it has its value, and the hidden
+//!   `--test-time-scale` that shortens the ones tests wait on.
 //! - [`feed`]: the dashboard's once-a-second view of this node (`throng:stats`,
 //!   `/api/stats/history`); [`web`]: the embedded browser pages (`/`, `/chat`,
 //!   `/throng.js`).
@@ -64,6 +67,7 @@ pub mod rules;
 pub mod server;
 pub mod site;
 pub mod stats;
+pub mod timing;
 pub mod tls;
 pub mod transport;
 pub mod tune;

@@ -213,6 +213,14 @@ fn serve(mut config: ServeConfig) -> Result<()> {
         signal_hook::consts::SIGHUP,
     ])
     .context("cannot install signal handlers")?;
+    // Before any loop or thread reads a timer.
+    throng::timing::set_test_time_scale(config.test_time_scale)?;
+    if config.test_time_scale != 1.0 {
+        tracing::warn!(
+            "testing only: the server's timers run at {} of their time (--test-time-scale)",
+            config.test_time_scale
+        );
+    }
     let handle = server::start(config.clone()).context("cannot start the server")?;
 
     for range in listen_ranges(handle.local_addrs()) {

@@ -18,14 +18,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::timing::{WORKER_RESTART_PAUSE, WORKER_YOUNG, WORKERS_TICK};
+
 /// Set in a worker's environment to its index: the process serves instead of
 /// supervising, whatever `--workers` says.
 pub const WORKER_ENV: &str = "THRONG_WORKER_INDEX";
-/// A worker that dies sooner than this after its start waits before the next try.
-const YOUNG: Duration = Duration::from_secs(2);
-const RESTART_PAUSE: Duration = Duration::from_secs(1);
-/// How often the master looks at its workers.
-const TICK: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkersError {
@@ -140,8 +137,8 @@ pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
                 Ok(Some(status)) => {
                     let w = workers.swap_remove(i);
                     tracing::warn!(worker = w.index, %status, "worker died; starting it again");
-                    let at = if w.started.elapsed() < YOUNG {
-                        Instant::now() + RESTART_PAUSE
+                    let at = if w.started.elapsed() < WORKER_YOUNG {
+                        Instant::now() + WORKER_RESTART_PAUSE
                     } else {
                         Instant::now()
                     };
@@ -163,14 +160,14 @@ pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
                     Ok(w) => workers.push(w),
                     Err(e) => {
                         tracing::warn!(error = %e, "restart failed; trying again");
-                        restarts.push((index, now + RESTART_PAUSE));
+                        restarts.push((index, now + WORKER_RESTART_PAUSE));
                     }
                 }
             } else {
                 j += 1;
             }
         }
-        std::thread::sleep(TICK);
+        std::thread::sleep(WORKERS_TICK);
     }
     tracing::info!("shutting down: draining {} worker(s)", workers.len());
     signal_all(&workers, libc::SIGTERM);
@@ -183,7 +180,7 @@ pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
             signal_all(&workers, libc::SIGKILL);
             killed = true;
         }
-        std::thread::sleep(TICK);
+        std::thread::sleep(WORKERS_TICK);
     }
     tracing::info!("all workers stopped");
     Ok(())

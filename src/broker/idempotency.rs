@@ -7,12 +7,9 @@
 //! must not publish.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// How long a key is remembered after its first publish: longer than any
-/// client's retries take (Centrifugo and Stripe-style APIs keep theirs minutes
-/// to hours), short enough that memory stays bounded by the publish rate.
-pub const REMEMBERED_FOR: Duration = Duration::from_secs(300);
+use crate::timing::IDEMPOTENCY_REMEMBERED_FOR;
 
 /// Most keys one channel remembers at once in the memory broker; past it the
 /// oldest is forgotten first.
@@ -92,7 +89,7 @@ impl Remembered {
         while self
             .order
             .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) >= REMEMBERED_FOR)
+            .is_some_and(|(at, _)| now.duration_since(*at) >= IDEMPOTENCY_REMEMBERED_FOR)
         {
             self.forget_oldest();
         }
@@ -124,10 +121,10 @@ mod tests {
         let mut r = Remembered::default();
         let t0 = Instant::now();
         r.remember("k", 7, t0);
-        assert_eq!(r.seq_of("k", t0 + Duration::from_secs(299)), Some(7));
+        assert_eq!(r.seq_of("k", t0 + std::time::Duration::from_secs(299)), Some(7));
         assert_eq!(r.seq_of("other", t0), None);
-        assert_eq!(r.seq_of("k", t0 + REMEMBERED_FOR), None);
-        assert!(r.is_empty(t0 + REMEMBERED_FOR));
+        assert_eq!(r.seq_of("k", t0 + IDEMPOTENCY_REMEMBERED_FOR), None);
+        assert!(r.is_empty(t0 + IDEMPOTENCY_REMEMBERED_FOR));
     }
 
     #[test]

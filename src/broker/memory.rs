@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 
 use super::idempotency::{Published, Remembered};
 use super::{
-    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, Member, Members, Outgoing,
-    PresenceMember, Replay, Resume, Subscribed, new_epoch,
+    Broker, BrokerError, ChannelInfo, ChannelWatch, Member, Members, Outgoing, PresenceMember,
+    Replay, Resume, Subscribed, new_epoch,
 };
 use crate::history::{self, Budget, History, Limits};
 use crate::hub::{Audience, Body, Channel, ConnRef, Hub, PresenceChange, SocketId};
 use crate::rules::Namespaces;
+use crate::timing::channel_retention;
 
 const SHARDS: usize = 64;
 
@@ -514,7 +515,7 @@ impl Broker for MemoryBroker {
     }
 
     fn maintain(&self) {
-        self.sweep(CHANNEL_RETENTION);
+        self.sweep(channel_retention());
     }
 
     fn set_watch(&self, watch: Arc<dyn ChannelWatch>) {

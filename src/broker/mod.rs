@@ -12,7 +12,6 @@
 //! formats.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use crate::history::Stored;
 use crate::hub::{Channel, ConnRef, DeliverError};
@@ -26,9 +25,6 @@ mod redis;
 
 pub use memory::MemoryBroker;
 pub use redis::{RedisBroker, Subscribe};
-
-/// How long an unused channel (no subscribers, no publishes) keeps its `seq`.
-pub(crate) const CHANNEL_RETENTION: Duration = Duration::from_secs(300);
 
 /// Why the broker did not do what was asked; a refused publish delivered nothing
 /// and used no `seq`.
@@ -239,7 +235,7 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError>;
 
     /// Publishes as [`Broker::publish`] does, unless a publish on `channel` with
-    /// the same idempotency `key` came within [`idempotency::REMEMBERED_FOR`]:
+    /// the same idempotency `key` came within [`crate::timing::IDEMPOTENCY_REMEMBERED_FOR`]:
     /// then nothing is published again and the first publish's seq comes back.
     fn publish_once(
         &self,

@@ -346,6 +346,17 @@ pub struct ServeArgs {
     /// Print the stats block this often; 0 = never
     #[arg(long, env = "THRONG_STATS_INTERVAL", value_name = "DURATION", default_value = defaults::STATS_INTERVAL, value_parser = parse_duration)]
     pub stats_interval: Duration,
+
+    /// Testing only, hidden: multiplies the timers tests wait on (`timing`'s
+    /// scaled ones: the Redis node TTL and keeper, close and linger timeouts,
+    /// housekeeping, webhook retries) by this factor, above 0 and at most 1
+    #[arg(long, env = "THRONG_TEST_TIME_SCALE", value_name = "FACTOR", default_value = "1", value_parser = parse_time_scale, hide = true)]
+    pub test_time_scale: f64,
+}
+
+fn parse_time_scale(s: &str) -> Result<f64, String> {
+    let factor: f64 = s.parse().map_err(|e| format!("'{s}': {e}"))?;
+    crate::timing::check_test_time_scale(factor).map_err(|e| e.to_string())
 }
 
 /// Validated settings the server runs on. `Default` gives the built-in defaults
@@ -421,6 +432,9 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// How often the stats block is printed. Default 10 s; zero: never.
     pub stats_interval: Duration,
+    /// Testing only (`--test-time-scale`, hidden): the factor on `timing`'s
+    /// scaled timers. Default 1, the timers as they are.
+    pub test_time_scale: f64,
     /// Messages each channel keeps for clients that come back. Default 100; zero
     /// keeps none. A kept message costs its payload, an 8-byte entry and ring rounding
     /// (about 55 bytes for a 32-byte payload, measured).
@@ -526,6 +540,7 @@ impl Default for ServeConfig {
             },
             drain_timeout: builtin(parse_duration, defaults::DRAIN_TIMEOUT),
             stats_interval: builtin(parse_duration, defaults::STATS_INTERVAL),
+            test_time_scale: 1.0,
             history_size: builtin(
                 |s| s.parse().map_err(|e| format!("{e}")),
                 defaults::HISTORY_SIZE,
@@ -716,6 +731,7 @@ impl ServeArgs {
             },
             drain_timeout: self.drain_timeout,
             stats_interval: self.stats_interval,
+            test_time_scale: self.test_time_scale,
             history_size: self.history_size,
             history_ttl: self.history_ttl,
             history_max_bytes: self.history_max_bytes,

@@ -17,30 +17,21 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
 use super::App;
 use crate::broker::ChannelWatch;
+use crate::timing::{
+    WEBHOOK_BATCH_WINDOW, WEBHOOK_REQUEST_TIMEOUT, WEBHOOK_RETRY_DELAYS, webhook_retry_delay,
+};
 
 /// Events waiting for one URL; what comes while it is full is dropped and
 /// counted.
 pub const QUEUE: usize = 10_000;
 /// Most events in one request.
 pub const MAX_BATCH: usize = 100;
-/// How long a batch waits for more events once it has one.
-pub const BATCH_WINDOW: Duration = Duration::from_millis(50);
-/// Waits between tries of one batch: it is given up after the last.
-pub const RETRY_DELAYS: [Duration; 5] = [
-    Duration::from_secs(1),
-    Duration::from_secs(2),
-    Duration::from_secs(4),
-    Duration::from_secs(8),
-    Duration::from_secs(16),
-];
-/// How long one request may take.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A kind of webhook event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -357,14 +348,14 @@ impl Sender {
     fn run(self, rx: Receiver<Event>) {
         let agent = ureq::Agent::new_with_config(
             ureq::Agent::config_builder()
-                .timeout_global(Some(REQUEST_TIMEOUT))
+                .timeout_global(Some(WEBHOOK_REQUEST_TIMEOUT))
                 .http_status_as_error(false)
                 .max_redirects(0)
                 .build(),
         );
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
-            let until = Instant::now() + BATCH_WINDOW;
+            let until = Instant::now() + WEBHOOK_BATCH_WINDOW;
             while batch.len() < MAX_BATCH {
                 match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
                     Ok(event) => batch.push(event),
@@ -390,7 +381,7 @@ impl Sender {
             }
         };
         let signature = super::sign::sign(&self.secret, &body);
-        let mut delays = RETRY_DELAYS.iter();
+        let mut delays = (0..).map_while(webhook_retry_delay);
         loop {
             let outcome = agent
                 .post(&*self.url)
@@ -411,7 +402,7 @@ impl Sender {
                 tracing::error!(
                     url = &*self.url,
                     events = n,
-                    tries = RETRY_DELAYS.len() + 1,
+                    tries = WEBHOOK_RETRY_DELAYS.len() + 1,
                     reason = why,
                     "webhook given up"
                 );
@@ -419,7 +410,7 @@ impl Sender {
             };
             self.counts.retries.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(url = &*self.url, reason = why, retry_in = ?delay, "webhook failed; retrying");
-            std::thread::sleep(*delay);
+            std::thread::sleep(delay);
         }
     }
 }

@@ -9,16 +9,16 @@
 
 use std::time::{Duration, Instant};
 
-/// Wheel resolution: timeouts fire at most this late.
-pub const TICK: Duration = Duration::from_millis(20);
-/// Slots in the wheel (must be a power of two); the horizon is SLOTS × TICK (~82 s).
+use crate::timing::WHEEL_TICK;
+
+/// Slots in the wheel (must be a power of two); the horizon is SLOTS × WHEEL_TICK (~82 s).
 const SLOTS: usize = 4096;
 
 /// Time in ticks since the loop started; u32 lasts 2.7 years at 20 ms.
 pub type Tick = u32;
 
 pub fn ticks(d: Duration) -> Tick {
-    let t = d.as_millis() / TICK.as_millis();
+    let t = d.as_millis() / WHEEL_TICK.as_millis();
     Tick::try_from(t).unwrap_or(Tick::MAX / 2)
 }
 
@@ -80,7 +80,7 @@ impl TimerWheel {
 
     /// Time until the next tick, for the poll timeout.
     pub fn until_next_tick(&self) -> Duration {
-        let next = TICK * (self.done + 1);
+        let next = WHEEL_TICK * (self.done + 1);
         next.saturating_sub(self.start.elapsed())
     }
 }

@@ -22,6 +22,13 @@ from rawws import http_request
 from test_pusher import APP, APP_ID, KEY, NODE_DIR, SECRET, clients, eventually, sdk, user  # noqa: F401
 from test_redis import Redis, wait_healthy
 
+# The tests that wait on the server's timers (webhook retries, the Redis keeper
+# and node TTL) run them at a tenth (--test-time-scale, testing only): retries
+# after 0.1 s and 0.2 s, a keeper tick of 0.1 s, a node TTL of 3 s.
+TIME_SCALE = 0.1
+SCALED = ("--test-time-scale", str(TIME_SCALE))
+KEEPER_TICK = 1.0 * TIME_SCALE
+
 
 class Receiver:
     """An app's webhook endpoint: keeps every request; answers 500 to the first
@@ -148,7 +155,7 @@ def test_occupancy_presence_and_client_events_reach_the_webhook_signed(start_ser
 def test_a_failing_endpoint_is_retried_and_the_server_goes_on(start_server, clients):
     receiver = Receiver(fail_first=2)
     try:
-        srv = start_server("--pusher-app", APP, "--pusher-webhook", receiver.url)
+        srv = start_server("--pusher-app", APP, "--pusher-webhook", receiver.url, *SCALED)
         c = clients(srv.port)
         c.connected()
         c.subscribe("news")
@@ -227,7 +234,7 @@ def test_bad_app_settings_stop_the_server_with_the_reason(tmp_path, body, says):
 def test_a_channel_on_two_nodes_is_occupied_and_vacated_once(start_server, receiver, clients):
     r = Redis()
     try:
-        flags = ("--pusher-app", APP, "--broker", r.url, "--pusher-webhook", receiver.url)
+        flags = ("--pusher-app", APP, "--broker", r.url, "--pusher-webhook", receiver.url, *SCALED)
         a = start_server(*flags)
         b = start_server(*flags)
         for node in (a, b):
@@ -239,14 +246,14 @@ def test_a_channel_on_two_nodes_is_occupied_and_vacated_once(start_server, recei
         on_a.subscribe("presence-both")
         receiver.event(named("channel_occupied", channel="presence-both"))
         on_b.subscribe("presence-both")
-        # b's keeper writes its share within a second: nothing more to say.
-        time.sleep(2.5)
+        # b's keeper writes its share within a tick: nothing more to say.
+        time.sleep(5 * KEEPER_TICK)
         on_a.close()
-        time.sleep(2.5)
+        time.sleep(5 * KEEPER_TICK)
         on_b.close()
         receiver.event(named("channel_vacated", channel="presence-both"))
         # A node that dies holding a channel: the other vacates it for the cluster
-        # once its heartbeat has expired.
+        # once its heartbeat has expired (the node TTL, 3 s here).
         solo = clients(b.port)
         solo.connected()
         solo.subscribe("held-by-b")

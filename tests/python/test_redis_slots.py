@@ -9,7 +9,8 @@ them: the tests watch every command each script runs (MONITOR) and check that it
 touched only keys it declared, all in one slot. Two nodes plain `--broker
 redis://` there share chat counts, Pusher presence and occupancy webhooks, and a
 node killed without leaving stops counting once its heartbeat is older than the
-node TTL (30 s)."""
+node TTL (30 s; 3 s here, where the tests that wait on it run the nodes'
+timers at a tenth, --test-time-scale)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ from wsutil import recv_json, run, ws_connect
 # Redis refused shows in a failing test's report, and is asserted absent.
 LOG = {"RUST_LOG": "info,throng::broker=debug"}
 SLOT_ERRORS = ("do not hash to the same slot", "non local key", "CROSSSLOT")
+# The tests that wait on the nodes' liveness timers run them at a tenth of their
+# time (--test-time-scale, testing only): node TTL 3 s, a keeper tick of 0.1 s (a
+# beat every 0.5 s, the keys refreshed every 6 s), key life 30 s, a gone node
+# forgotten after 60 s. Every wait and bound on those timers below is scaled alike.
+TIME_SCALE = 0.1
+SCALED = ("--test-time-scale", str(TIME_SCALE))
 SCRIPTS = {hashlib.sha1(p.read_bytes()).hexdigest(): p.name
            for p in sorted((REPO / "src" / "broker" / "redis").glob("*.lua"))}
 
@@ -301,7 +308,7 @@ def presence_and_occupancy_across(a, b, receiver, clients) -> None:
 
 def test_a_killed_nodes_members_users_and_channels_go_after_the_node_ttl(
         start_server, cluster_redis, receiver, clients):
-    a, b = nodes(start_server, cluster_redis, "--pusher-app", APP, "--pusher-webhook", receiver.url)
+    a, b = nodes(start_server, cluster_redis, *SCALED, "--pusher-app", APP, "--pusher-webhook", receiver.url)
     cat = clients(a.port, user=user("cat"))
     cat.connected()
     cat.subscribe("presence-lobby")
@@ -326,9 +333,10 @@ def test_a_killed_nodes_members_users_and_channels_go_after_the_node_ttl(
             receiver.event(named("channel_vacated", channel="held-by-a"), timeout=60)
             wait_for(lambda: channel_info(b.port, "chat:room")["subscribers"] == 1, timeout=60,
                      what="the killed node's member no longer counted")
-            # Its last heartbeat was at most 5 s before it was killed: it was not
-            # dropped while it could still have been alive.
-            assert time.monotonic() - killed > 20
+            # Its last heartbeat was at most 5 beats (0.5 s) before it was killed,
+            # and its TTL is 3 s: it was not dropped while it could still have
+            # been alive (20 s of the unscaled 30 s TTL, scaled).
+            assert time.monotonic() - killed > 20 * TIME_SCALE
             late = await ws_connect(b.url("/ws/chat:room?format=json"))
             welcome = await recv_json(late)
             assert (welcome["event"], welcome["count"]) == ("welcome", 2), welcome
@@ -376,15 +384,17 @@ def test_gone_nodes_stop_counting_forgotten_ones_are_swept_and_unknown_ones_coun
 
 def test_a_quiet_channels_shares_are_kept_alive_and_rid_of_gone_nodes(
         start_server, cluster_redis, clients):
-    # Nothing changes on the channels for a minute: the keeper's refresh alone
-    # (once a minute) must keep their shares from expiring (5 minutes), and
-    # what keeps them alive takes a gone node out, or its share could outlive
-    # the node's being forgotten and count again.
+    # Nothing changes on the channels for a keeper minute (60 ticks, 6 s
+    # scaled): the keeper's refresh alone (once every 60 ticks) must keep their
+    # shares from expiring (key life 5 minutes, 30 s scaled), and what keeps
+    # them alive takes a gone node out, or its share could outlive the node's
+    # being forgotten and count again. The gone node's last beat: a keeper
+    # minute ago, past its TTL, not yet forgotten.
     r = cluster_redis
     seconds, _ = r.cli("TIME").split()
-    r.cli("ZADD", "throng:nodes", str(int(seconds) * 1000 - 60_000), "gone")
+    r.cli("ZADD", "throng:nodes", str(int(seconds) * 1000 - int(60_000 * TIME_SCALE)), "gone")
     r.cli("HSET", "throng:{quiet}:members", "gone", "3")
-    a = start_server("--broker", r.url, "--pusher-app", APP, env=LOG)
+    a = start_server("--broker", r.url, "--pusher-app", APP, *SCALED, env=LOG)
     wait_healthy(a.port)
     ann = clients(a.port, user=user("ann"))
     ann.connected()
@@ -397,9 +407,12 @@ def test_a_quiet_channels_shares_are_kept_alive_and_rid_of_gone_nodes(
                  timeout=75, what="the gone node's count taken out")
         users = [f"throng:{{4242:presence-quiet}}:{k}" for k in ("users", "userconns", "nodeconns")]
         r.cli("HSET", members, "gone", "3")
+        # A third of the key life left (100 s of 300 unscaled): only a refresh
+        # brings it back above that.
+        left = str(int(100 * TIME_SCALE))
         for key in [members, *users]:
-            assert r.cli("EXPIRE", key, "100") == "1", key
-        wait_for(lambda: all(int(r.cli("TTL", key)) > 100 for key in [members, *users]), timeout=75,
+            assert r.cli("EXPIRE", key, left) == "1", key
+        wait_for(lambda: all(int(r.cli("TTL", key)) > int(left) for key in [members, *users]), timeout=75,
                  what="the keys kept alive")
         wait_for(lambda: r.cli("HEXISTS", members, "gone") == "0", what="the gone node taken out again")
     finally:

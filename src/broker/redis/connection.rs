@@ -7,16 +7,11 @@
 //! what the commands mean (channels, presence, liveness, subscriptions).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use ::redis::{Connection, ConnectionLike, ErrorKind, RedisError, ServerErrorKind};
 
 use super::{BrokerError, Shared, lock};
-
-/// How long a Redis connect or command may take before it counts as a failure.
-/// Event loops wait this long at most once: after a failure they fail fast while
-/// the keeper thread probes (see [`Shared::with_connection`]).
-pub(super) const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) use crate::timing::REDIS_TIMEOUT;
 
 /// How a Redis command failed: on the wire (the connection is gone), or with an
 /// error Redis answered.
@@ -228,7 +223,7 @@ mod tests {
                 wait_replicas: 0,
                 history: Limits {
                     size: 0,
-                    ttl: Duration::ZERO,
+                    ttl: std::time::Duration::ZERO,
                 },
                 namespaces: Namespaces::default(),
             },

@@ -4,27 +4,14 @@
 
 use std::time::Duration;
 
-use super::CHANNEL_RETENTION;
+use crate::timing::channel_retention;
 
 /// The nodes' heartbeats: a sorted set, node -> its last beat (unix ms on the
 /// clock of the Redis holding it). Outside every channel's slot, so no channel
 /// script reads it: a node reads it when it beats and hands the scripts the
-/// gone nodes.
+/// gone nodes. How long a beat counts and when a gone node is forgotten are
+/// `timing::NODE_TTL` and `timing::NODE_FORGET`.
 pub(super) const NODES: &str = "throng:nodes";
-/// A node whose last beat is older than this is gone: what it holds no longer
-/// counts, and is taken out by whoever comes across it.
-pub(super) const NODE_TTL: Duration = Duration::from_secs(30);
-/// A gone node is forgotten (taken out of [`NODES`]) this long after its last
-/// beat. By then nothing of it is left: whatever keeps a channel's key alive
-/// takes gone nodes out of it (a presence join at its node's next sweep), and
-/// a key nothing keeps alive expires within [`NODE_TTL`] and [`key_life`] (5
-/// minutes) of the node's death. Nodes left in [`OCCUPIERS`] (which never
-/// expires) are swept when absent from [`NODES`].
-pub(super) const NODE_FORGET: Duration = Duration::from_secs(600);
-const _: () = assert!(
-    NODE_FORGET.as_secs() > NODE_TTL.as_secs() + CHANNEL_RETENTION.as_secs(),
-    "a node must stay listed gone while its shares may still be in Redis"
-);
 
 /// The Redis keys of one channel.
 pub(super) struct Keys {
@@ -80,7 +67,7 @@ pub(super) fn occupied_by(node: &str) -> String {
 /// How long a channel's keys outlive its last publish (or the last time a node
 /// with subscribers refreshed them): the retention, or the history's ttl if longer.
 pub(super) fn key_life(ttl: Duration) -> u64 {
-    ttl.max(CHANNEL_RETENTION).as_secs().max(1)
+    ttl.max(channel_retention()).as_secs().max(1)
 }
 
 #[cfg(test)]

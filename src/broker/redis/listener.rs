@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -19,13 +18,7 @@ use super::{BrokerError, Shared, Subscribe, lock};
 use crate::history::Tags;
 use crate::hub::{Audience, Body, Channel};
 use crate::protocol::DataKind;
-
-/// The listener's reconnect backoff, doubling from the first to the last.
-const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// The listener's read timeout: at least this often it looks whether the master
-/// changed (Sentinel's failover), however quiet its channels are.
-const TICK: Duration = Duration::from_secs(1);
+use crate::timing::{LISTENER_BACKOFF_FIRST, LISTENER_BACKOFF_MAX, LISTENER_TICK};
 
 /// Per-channel subscriptions: what the listener should hold, and what it has not
 /// done yet, in order.
@@ -106,11 +99,11 @@ pub(super) struct Listener {
 impl Listener {
     /// Connects, subscribes and hands what comes to the hub until the connection
     /// is lost or the master changes (looked at after every message and every
-    /// `TICK`); then again, with back-off, and fills in what was missed.
+    /// `timing::LISTENER_TICK`); then again, with back-off, and fills in what was missed.
     pub(super) fn run(mut self) {
         let shared = Arc::clone(&self.shared);
         let target = &shared.target;
-        let mut backoff = BACKOFF_FIRST;
+        let mut backoff = LISTENER_BACKOFF_FIRST;
         let mut lost = false;
         loop {
             // Taken before connecting: a switch announced meanwhile is seen below.
@@ -123,12 +116,12 @@ impl Listener {
                     }
                     lost = true;
                     target.pause(generation, backoff);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    backoff = (backoff * 2).min(LISTENER_BACKOFF_MAX);
                     continue;
                 }
             };
             // Messages come whenever they come: a timeout is only a tick.
-            if con.set_read_timeout(Some(TICK)).is_err() {
+            if con.set_read_timeout(Some(LISTENER_TICK)).is_err() {
                 continue;
             }
             let mut pubsub = con.as_pubsub();
@@ -141,7 +134,7 @@ impl Listener {
             self.shared.listening.store(true, Ordering::Relaxed);
             // Redis answered us: the event loops may try their commands again.
             self.shared.commands_ok.store(true, Ordering::Relaxed);
-            backoff = BACKOFF_FIRST;
+            backoff = LISTENER_BACKOFF_FIRST;
             if lost {
                 tracing::info!("redis reachable again: resubscribed; filling in what was missed");
                 self.fill_in();

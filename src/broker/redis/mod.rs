@@ -70,10 +70,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use ::redis::Script;
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 
-use super::idempotency::{self, Published};
+use super::idempotency::Published;
 use super::{
-    Broker, BrokerError, CHANNEL_RETENTION, ChannelInfo, ChannelWatch, FailoverCounts, Member,
-    Members, Outgoing, Replay, Resume, Stored, Subscribed, new_epoch,
+    Broker, BrokerError, ChannelInfo, ChannelWatch, FailoverCounts, Member, Members, Outgoing,
+    Replay, Resume, Stored, Subscribed, new_epoch,
 };
 use crate::history::{self, Limits};
 use crate::hub::{Channel, ConnRef, Hub};
@@ -449,7 +449,7 @@ impl RedisBroker {
                     .arg(if waits { "w" } else { "" })
                     .arg(self.shared.wait_replicas)
                     .arg(key.unwrap_or_default())
-                    .arg(idempotency::REMEMBERED_FOR.as_secs())
+                    .arg(crate::timing::IDEMPOTENCY_REMEMBERED_FOR.as_secs())
                     .invoke(con)?;
                 if waits && answer.3 != REPLAYED {
                     let held = origin::Held {

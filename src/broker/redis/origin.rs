@@ -21,11 +21,11 @@
 //! out again without a lie.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use ::redis::ConnectionLike;
 
 use super::{Shared, lock};
+use crate::timing::REDIS_WAIT_TIMEOUT;
 
 /// `origin.lua` and a script that uses it, as one text.
 macro_rules! with_origin {
@@ -37,11 +37,6 @@ pub(super) use with_origin;
 
 /// Publishes held messages once replicas have them.
 pub(super) const RELEASE_LUA: &str = include_str!("release.lua");
-
-/// How long a publish waits for its replicas (`WAIT`) before it is answered
-/// as not published (held: see `release.lua`). Below the connection's read
-/// timeout, so a short WAIT is an answer, not a failure.
-pub(super) const WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 
 impl Shared {
     /// Called on every new connection: whether this Redis keeps every
@@ -89,7 +84,7 @@ impl Shared {
     ) -> ::redis::RedisResult<()> {
         let replicas: u64 = ::redis::cmd("WAIT")
             .arg(self.wait_replicas)
-            .arg(WAIT_TIMEOUT.as_millis() as u64)
+            .arg(REDIS_WAIT_TIMEOUT.as_millis() as u64)
             .query(con)?;
         if replicas < u64::from(self.wait_replicas) {
             self.short_waits.fetch_add(1, Ordering::Relaxed);
@@ -99,7 +94,7 @@ impl Shared {
                  on this channel",
                 self.wait_replicas,
                 held.seq,
-                WAIT_TIMEOUT.as_millis()
+                REDIS_WAIT_TIMEOUT.as_millis()
             )));
         }
         let published: i64 = self

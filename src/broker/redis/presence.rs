@@ -20,9 +20,10 @@ use std::time::Duration;
 use ::redis::{ConnectionLike, RedisResult, Script};
 
 use super::connection::query_pipeline;
-use super::keys::{Keys, NODE_FORGET, NODE_TTL, NODES, key_life};
+use super::keys::{Keys, NODES, key_life};
 use super::wire::encode_event;
 use super::{BrokerError, ConnRef, RedisBroker, Shared, lock};
+use crate::timing::{keeper_tick, node_forget, node_ttl};
 
 /// Adds to this node's members of a channel and returns the nodes' sum.
 /// KEYS and ARGV are in the file's header.
@@ -31,7 +32,8 @@ pub(super) const MEMBERS_LUA: &str = include_str!("members.lua");
 /// This node's beat, and the gone nodes. KEYS and ARGV are in the file's header.
 static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("heartbeat.lua")));
 
-/// How many seconds apart the keeper beats (and sweeps for gone nodes).
+/// How many keeper ticks (`timing::KEEPER_TICK`) apart it beats (and sweeps
+/// for gone nodes).
 const BEAT_EVERY: u64 = 5;
 
 impl Shared {
@@ -61,30 +63,33 @@ impl Shared {
         let gone: Vec<String> = HEARTBEAT
             .key(NODES)
             .arg(&self.node)
-            .arg(NODE_TTL.as_millis() as u64)
-            .arg(NODE_FORGET.as_millis() as u64)
+            .arg(node_ttl().as_millis() as u64)
+            .arg(node_forget().as_millis() as u64)
             .invoke(con)?;
         let mut kept = lock(&self.gone);
         for node in gone.iter().filter(|n| !kept.contains(n)) {
             tracing::info!(
                 node,
-                "redis: a node is gone (no heartbeat for {NODE_TTL:?})"
+                "redis: a node is gone (no heartbeat for {:?})",
+                node_ttl()
             );
         }
         *kept = gone.into();
         Ok(())
     }
 
-    /// Every second: this node's member counts; every few: its heartbeat and
-    /// the sweeps for gone nodes.
+    /// Every keeper tick (a second): this node's member counts; every few: its
+    /// heartbeat and the sweeps for gone nodes.
     pub(super) fn keep_house(&self) {
         let mut tick: u64 = 0;
         // Occupancy is written only after gone nodes' occupancy was swept once:
         // a node forgotten long ago still in a channel's occupants would keep
         // this node's arrival from saying the channel is occupied.
         let mut swept = false;
+        // Read once: the tick is the test scale's (set before the broker starts).
+        let tick_length = keeper_tick();
         loop {
-            std::thread::sleep(Duration::from_secs(1));
+            std::thread::sleep(tick_length);
             // Keys of channels with subscribers here are refreshed well within
             // their life (the retention, at least 5 minutes).
             let refresh = tick.is_multiple_of(60);
@@ -112,7 +117,7 @@ impl Shared {
     /// Writes this node's member counts of channels that changed (of every
     /// channel with `refresh_keys`, which also keeps their keys alive); forgets
     /// the count of channels without local subscribers. Where it writes a
-    /// count it takes out the gone nodes' (see [`NODE_FORGET`]).
+    /// count it takes out the gone nodes' (see `timing::NODE_FORGET`).
     pub(super) fn write_members(&self, refresh_keys: bool) -> Result<(), BrokerError> {
         let gone_nodes = self.gone();
         let mut written = lock(&self.written_members);

@@ -20,7 +20,7 @@
 //! them and the listener resubscribes (see `listener`).
 //!
 //! Every contact with a Sentinel or a Redis here has `REDIS_TIMEOUT`, and asking
-//! the Sentinels stops after `ASK_BUDGET` (a host name's lookup is the system
+//! the Sentinels stops after `timing::SENTINEL_ASK_BUDGET` (a host name's lookup is the system
 //! resolver's, without a timeout of ours: the `redis` crate's). This file must not
 //! run the broker's commands (channels, presence, scripts) nor touch the pool
 //! beyond [`Shared::forget_master`].
@@ -33,21 +33,14 @@ use ::redis::{Client, Connection, ConnectionInfo, IntoConnectionInfo, RedisConne
 
 use super::connection::{REDIS_TIMEOUT, unavailable};
 use super::{BrokerError, Shared, lock, redact};
+use crate::timing::{
+    SENTINEL_ASK_BUDGET, SENTINEL_BACKOFF_FIRST, SENTINEL_BACKOFF_MAX, SENTINEL_TICK,
+};
 
 pub(super) const SCHEME: &str = "redis-sentinel://";
 /// Sentinel's own port, for hosts written without one.
 const SENTINEL_PORT: u16 = 26379;
-/// Asking Sentinels for the master stops after this long (each contact has its own
-/// `REDIS_TIMEOUT`): an event loop waits out a connect at most once, and with
-/// several hung Sentinels that once must still be short.
-const ASK_BUDGET: Duration = Duration::from_secs(2);
-/// The `+switch-master` watch reads with this timeout; after this many quiet
-/// reads in a row it PINGs its Sentinel (a hung one must not look alive).
-const TICK: Duration = Duration::from_secs(1);
 const PING_AFTER_QUIET_TICKS: u32 = 5;
-/// The watch's back-off between rounds of asking every Sentinel.
-const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// A `redis-sentinel://` URL, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,7 +246,7 @@ impl Sentinels {
         let start = self.first.load(Ordering::Relaxed) % n;
         let mut why = Vec::new();
         let mut not_masters: Vec<(String, u16)> = Vec::new();
-        let deadline = Instant::now() + ASK_BUDGET;
+        let deadline = Instant::now() + SENTINEL_ASK_BUDGET;
         for at in (start..n).chain(0..start) {
             let (host, port) = &self.url.sentinels[at];
             if Instant::now() >= deadline {
@@ -357,7 +350,7 @@ pub(super) fn watch(shared: Arc<Shared>) {
     let Place::Sentinel(sentinels) = &shared.target.place else {
         return;
     };
-    let mut backoff = BACKOFF_FIRST;
+    let mut backoff = SENTINEL_BACKOFF_FIRST;
     let mut trusted = true;
     loop {
         let mut followed = false;
@@ -371,7 +364,7 @@ pub(super) fn watch(shared: Arc<Shared>) {
         }
         if followed {
             trusted = true;
-            backoff = BACKOFF_FIRST;
+            backoff = SENTINEL_BACKOFF_FIRST;
         } else if trusted {
             tracing::warn!(
                 master = %sentinels.url.master,
@@ -383,7 +376,7 @@ pub(super) fn watch(shared: Arc<Shared>) {
         }
         std::thread::sleep(backoff);
         if !followed {
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            backoff = (backoff * 2).min(SENTINEL_BACKOFF_MAX);
         }
     }
 }
@@ -393,7 +386,7 @@ pub(super) fn watch(shared: Arc<Shared>) {
 fn follow(shared: &Shared, sentinels: &Sentinels, at: usize) -> Result<(), ::redis::RedisError> {
     let (host, port) = &sentinels.url.sentinels[at];
     let mut con = sentinels.sentinel(at)?;
-    con.set_read_timeout(Some(TICK))?;
+    con.set_read_timeout(Some(SENTINEL_TICK))?;
     let mut pubsub = con.as_pubsub();
     pubsub.subscribe("+switch-master")?;
     tracing::debug!(sentinel = %format!("{host}:{port}"), "watching for failovers");

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ::redis::{Client, Connection, Value};
 
@@ -30,16 +30,7 @@ use super::connection::REDIS_TIMEOUT;
 use super::listener::Listener;
 use super::wire::{PUBSUB_PREFIX, WAKE_PREFIX};
 use super::{Shared, lock};
-
-/// How often the supervisor reads the topology when nothing went wrong, and
-/// wakes every shard thread (so a silent connection is a dead one).
-const CHECK_EVERY: Duration = Duration::from_secs(5);
-/// A shard connection silent this long (it is woken every [`CHECK_EVERY`]) is
-/// taken for dead.
-const SILENCE: Duration = Duration::from_secs(20);
-/// Back-off between topology reads while the cluster is unreachable.
-const RETRY_FIRST: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(2);
+use crate::timing::{SHARD_SILENCE, SHARDS_CHECK_EVERY, SHARDS_RETRY_FIRST, SHARDS_RETRY_MAX};
 
 /// The shard channel of `channel`: in its keys' slot.
 pub(super) fn shard_channel(channel: &str) -> String {
@@ -92,7 +83,7 @@ pub(super) struct Supervisor {
 impl Supervisor {
     pub(super) fn run(self) {
         let mut delivered: HashMap<Box<str>, (u64, u64)> = HashMap::new();
-        let mut retry = RETRY_FIRST;
+        let mut retry = SHARDS_RETRY_FIRST;
         let mut first = true;
         loop {
             let topology = match Topology::read(&self.seeds, REDIS_TIMEOUT) {
@@ -101,7 +92,7 @@ impl Supervisor {
                     self.shared.listening.store(false, Ordering::Relaxed);
                     tracing::warn!(error = %e, "redis cluster topology unreadable; retrying");
                     std::thread::sleep(retry);
-                    retry = (retry * 2).min(RETRY_MAX);
+                    retry = (retry * 2).min(SHARDS_RETRY_MAX);
                     continue;
                 }
             };
@@ -157,11 +148,11 @@ impl Supervisor {
             delivered = join_all(threads);
             // A master that is down but not yet replaced is still in the topology:
             // back off instead of reconnecting to it in a loop.
-            if began.elapsed() < CHECK_EVERY {
+            if began.elapsed() < SHARDS_CHECK_EVERY {
                 std::thread::sleep(retry);
-                retry = (retry * 2).min(RETRY_MAX);
+                retry = (retry * 2).min(SHARDS_RETRY_MAX);
             } else {
-                retry = RETRY_FIRST;
+                retry = SHARDS_RETRY_FIRST;
             }
         }
     }
@@ -194,7 +185,7 @@ impl Supervisor {
 
     /// Returns when the topology changed or a shard thread is in trouble.
     fn watch(&self, topology: &Topology, trouble: &Receiver<String>) {
-        let mut next_check = Instant::now() + CHECK_EVERY;
+        let mut next_check = Instant::now() + SHARDS_CHECK_EVERY;
         loop {
             let wait = next_check.saturating_duration_since(Instant::now());
             match trouble.recv_timeout(wait) {
@@ -205,8 +196,8 @@ impl Supervisor {
                 Err(RecvTimeoutError::Disconnected) => return,
                 Err(RecvTimeoutError::Timeout) => {}
             }
-            next_check = Instant::now() + CHECK_EVERY;
-            // Keeps quiet shard connections talking (see SILENCE).
+            next_check = Instant::now() + SHARDS_CHECK_EVERY;
+            // Keeps quiet shard connections talking (see SHARD_SILENCE).
             let _ = self.shared.wake_listener();
             match Topology::read(&self.seeds, REDIS_TIMEOUT) {
                 Ok(now) if now != *topology => {
@@ -276,7 +267,7 @@ impl Shard {
         let mut con = Client::open(self.url.as_str())
             .and_then(|c| c.get_connection_with_timeout(REDIS_TIMEOUT))
             .map_err(|e| e.to_string())?;
-        con.set_read_timeout(Some(SILENCE))
+        con.set_read_timeout(Some(SHARD_SILENCE))
             .map_err(|e| e.to_string())?;
         con.set_write_timeout(Some(REDIS_TIMEOUT))
             .map_err(|e| e.to_string())?;

@@ -22,7 +22,7 @@ pub(super) const SWEEP_LUA: &str = include_str!("users_sweep.lua");
 /// Local presence members by channel: the channels the keeper sweeps. A
 /// channel whose last member here left stays, at 0, until the keeper's next
 /// sweep: each join keeps the channel's keys alive, and what keeps them alive
-/// must take gone nodes out of them (see `keys::NODE_FORGET`).
+/// must take gone nodes out of them (see `timing::NODE_FORGET`).
 pub(super) type Local = HashMap<Box<str>, u32>;
 
 impl Shared {

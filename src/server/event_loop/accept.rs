@@ -4,7 +4,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
@@ -14,11 +13,7 @@ use super::timers::set_deadline;
 use crate::server::conn::Conn;
 use crate::server::timer::{Tick, ticks};
 use crate::stats::LoopCounters;
-
-/// Pause before retrying accept when out of file descriptors.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// Accept failures are logged at most this often.
-const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
+use crate::timing::{ACCEPT_BACKOFF, ACCEPT_LOG_EVERY};
 
 /// The listeners and the accept back-off at the open-files limit.
 pub(super) struct Acceptor {

@@ -4,16 +4,12 @@
 //! must not decide how a transport says goodbye.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::EventLoop;
 use crate::server::conn::Phase;
+use crate::timing::DRAIN_GRACE;
 use crate::transport::CloseReason;
-
-/// During a drain, plain HTTP connections (a proxy's kept-alive ones, those just
-/// taken from the accept queue) get this long to send a request already on its
-/// way; it is answered with `Connection: close`, the idle ones then close.
-const DRAIN_GRACE: Duration = Duration::from_millis(250);
 
 /// Where the loop is in a drain.
 #[derive(Debug, Default)]

@@ -39,27 +39,18 @@ use super::timer::ticks;
 use crate::hub;
 use crate::os;
 use crate::stats::{LoopCounters, TurnCounts};
+use crate::timing::{FAN_OUT_TIME, SLOW_TURN, close_timeout, linger_timeout};
 use crate::transport::{After, Change, CloseReason};
 use accept::Acceptor;
 use drain::Drain;
 use replies::Replies;
 use ring::Ring;
-use timers::{CLOSE_TIMEOUT, Clock, LINGER_TIMEOUT, set_deadline};
+use timers::{Clock, set_deadline};
 
 /// Bytes read per `read` call, shared by every connection of the loop.
 const READ_BUF: usize = 128 * 1024;
 /// Reads of one connection per wake-up before others get a turn.
 const READS_PER_TURN: usize = 32;
-/// A turn at least this long is logged (at most four lines a second per loop).
-const SLOW_TURN: Duration = Duration::from_millis(250);
-/// How long a turn may spend on a fan-out before the loop looks at its other
-/// connections again (accepts, requests, pings, a publisher waiting for its answer).
-/// This thread's CPU time, counted from the turn's first delivery: on a crowded
-/// box a turn's 256 events took hundreds of milliseconds of wall time and 2 ms of
-/// wall time were a few subscribers' sends, so a deadline in wall time (from the
-/// wake-up, or even from the fan-out's start) left a fan-out 16 subscribers a turn
-/// while the turn's other work went on at its full count.
-const FAN_OUT_TIME: Duration = Duration::from_millis(2);
 
 pub const WAKER: Token = Token(usize::MAX);
 const LISTENER_BASE: usize = usize::MAX / 2;
@@ -114,7 +105,7 @@ pub struct EventLoop {
     /// Its connections' chat buckets (`--chat-rate`), for those that chatted lately.
     chat: crate::rate::ChatLimiter,
     /// Connections with a replay of history waiting for their socket, watched
-    /// for a stall (see `timers::REPLAY_STALL`).
+    /// for a stall (see `timing::REPLAY_STALL`).
     catch_ups: Vec<timers::CatchUp>,
 }
 
@@ -513,7 +504,7 @@ impl EventLoop {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
-            let due = self.clock.now + ticks(CLOSE_TIMEOUT);
+            let due = self.clock.now + ticks(close_timeout());
             set_deadline(&mut self.clock.wheel, key, conn, due);
             if conn.is_flushed(self.tls.get(key)) {
                 self.finish_close(key);
@@ -584,7 +575,7 @@ impl EventLoop {
             return;
         }
         conn.phase = Phase::Lingering;
-        let due = self.clock.now + ticks(LINGER_TIMEOUT);
+        let due = self.clock.now + ticks(linger_timeout());
         set_deadline(&mut self.clock.wheel, key, conn, due);
     }
 }

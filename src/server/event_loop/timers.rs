@@ -5,36 +5,16 @@
 //! must not write a transport's bytes itself: a heartbeat or goodbye is the
 //! transport's, through the connection's mode.
 
-use std::time::Duration;
-
 use super::EventLoop;
 use crate::config::ServeConfig;
 use crate::server::conn::{Beat, Conn, NEVER, Phase};
 use crate::server::timer::{Tick, TimerWheel, next_in_phase, ticks};
 use crate::stats::HandshakeFailure;
+use crate::timing::{
+    CATCH_UP_SWEEP_EVERY, LATE_PING, RECEIVE_SWEEP_EVERY, REPLAY_STALL, maintain_every,
+};
 use crate::transport::CloseReason;
 
-/// How long a closing connection may take to flush and say goodbye.
-pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long to wait for the peer's FIN after ours.
-pub(super) const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
-/// A ping sent this much after its time was held up by the loop, not the client.
-const LATE_PING: Duration = Duration::from_secs(1);
-/// A returning subscriber whose replay of history has waited this long without
-/// the reader taking a byte of it is given up: what is left of it counts against
-/// `--max-queue` from then on, and a reader past that is dropped at once (no
-/// close frame, which would wait behind the replay). Long enough for TCP's
-/// retransmissions over a lossy link (four lost in a row), short enough that a
-/// crowd of readers asking for replays they never read pins each one for
-/// seconds, not for a ping interval or two.
-pub(super) const REPLAY_STALL: Duration = Duration::from_secs(5);
-/// How often a loop looks at its waiting replays.
-const CATCH_UP_SWEEP_EVERY: Duration = Duration::from_millis(500);
-/// How often loop 0 gives the broker its housekeeping turn.
-const MAINTAIN_EVERY: Duration = Duration::from_secs(10);
-/// How often a loop with io_uring weighs which connections are busy enough to
-/// receive through the ring.
-const RECEIVE_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Timers one turn handles at most; the rest in the next turns. A broadcast
 /// that held a loop's pings back left thousands due at once, and one turn
 /// sending them all kept a publisher waiting for seconds on a crowded box.
@@ -77,7 +57,7 @@ impl Clock {
             ping_seq: 0,
             expired: Vec::new(),
             expired_done: 0,
-            next_maintain: ticks(MAINTAIN_EVERY),
+            next_maintain: ticks(maintain_every()),
             next_receive_sweep: ticks(RECEIVE_SWEEP_EVERY),
             next_catch_up_sweep: ticks(CATCH_UP_SWEEP_EVERY),
         }
@@ -113,7 +93,7 @@ impl EventLoop {
             self.sweep_catch_ups();
         }
         if self.index == 0 && now >= self.clock.next_maintain {
-            self.clock.next_maintain = now + ticks(MAINTAIN_EVERY);
+            self.clock.next_maintain = now + ticks(maintain_every());
             self.shared.broker.maintain();
         }
     }

@@ -30,6 +30,7 @@ use crate::hub::{Channel, ConnRef, Delivery, Inbox, SocketId};
 use crate::os;
 use crate::rules::{self, Namespaces};
 use crate::stats::TurnCounts;
+use crate::timing::FRESH_LIFE;
 use crate::transport::{Compression, Format, Subscribe, Subscription};
 use batch::Batch;
 use gathered::{Gathered, WINDOWS, gathered_slot};
@@ -103,9 +104,6 @@ struct Fresh {
 
 /// A filter kept until the channel's next newer message (see [`Fresh::until`]).
 const UNTIL_NEWER: u64 = u64::MAX;
-/// How long a filter waits for that message: a live copy of a replayed message
-/// later than this was held up far longer than any delivery path takes.
-const FRESH_LIFE: Duration = Duration::from_secs(30);
 
 /// A fan-out larger than one turn's share, part done: the subscribers it had
 /// when it began, and the next one to write to.

@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 use io_uring::types::{BufRingEntry, SubmitArgs, Timespec};
 use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
 
+use crate::timing::COALESCE_WINDOW;
+
 /// Bytes per provided buffer: a larger message arrives in several completions.
 const BUF_SIZE: usize = 2048;
 /// Buffers given to the kernel when the first receive is armed (128 KiB, touched
@@ -50,10 +52,9 @@ pub const QUIET_READS: u8 = 2;
 /// The most buffers the pool grows to when receives find it empty (2 MiB).
 const BUFS_MAX: u16 = 1024;
 const BUF_GROUP: u16 = 0;
-/// Events in one [`COALESCE_WINDOW`] from which the loop waits for batches
+/// Events in one [`COALESCE_WINDOW`] (`timing`) from which the loop waits for batches
 /// (20,000 a second): short, so a burst of handshakes gets there too.
 pub const COALESCE_FROM: u32 = 200;
-pub const COALESCE_WINDOW: Duration = Duration::from_millis(10);
 /// How long a coalescing loop waits for [`COALESCE_WANT`] completions before it
 /// takes what has come (at least one; with none it waits on as usual).
 pub const COALESCE_WAIT_US: u32 = 200;
