@@ -34,8 +34,9 @@ from playwright.sync_api import expect
 from browser import browser, pages  # noqa: F401  (fixtures)
 from procs import stop_process
 from rawws import channel_info, http_request, publish_ok, wait_subscribers
-from test_bench import assert_no_panic, bench_cmd, bench_env, run_bench
-from test_redis import Redis, wait_healthy
+from support.bench import assert_no_panic, bench_cmd, bench_env, run_bench
+from support.redis import Redis
+from support.wait import wait_healthy
 
 # Network errors Chromium logs while a test has killed the server under a page.
 NETWORK_ERRORS = [

@@ -33,24 +33,24 @@ from rawws import (
     settled,
     wait_subscribers,
 )
-from test_deflate import (
-    BASE_OFFER,
-    DEFLATE,
-    EXT,
-    RSV1,
+from support.deflate import (
     answered,
     assert_params,
+    BASE_OFFER,
     compressible_bytes,
     compressible_text,
+    DEFLATE,
     deflate_metrics,
     deflate_raw,
     echo_raw,
     expect_close_code,
+    EXT,
     frame_len,
     inflate,
     inflate_strict,
     offer_conn,
     read_data,
+    RSV1,
     send_compressed,
 )
 
@@ -176,7 +176,8 @@ def test_a_chat_room_member_sends_compressed_and_the_room_gets_it(start_server):
 def test_two_nodes_on_redis_each_compress_for_their_own_subscribers(start_server):
     """A message published on one node reaches a deflate subscriber of the other
     compressed, and a plain subscriber there plain."""
-    from test_redis import Redis, wait_healthy
+    from support.redis import Redis
+    from support.wait import wait_healthy
 
     redis = Redis()
     try:
