@@ -5,7 +5,7 @@ what a channel's history costs in Redis memory. One run, one machine.
 
 Every server is started here on free loopback ports and stopped by its pid:
 redis-server (Debian's; plain, with a replica, or a cluster through
-tests/python/redis_cluster.py's RedisCluster: --cluster-node-timeout 1000) and two
+tests/python/support/cluster.py's RedisCluster: --cluster-node-timeout 1000) and two
 `throng serve --threads T --broker URL` nodes on consecutive ports.
 
   throughput  1 Redis against a 3-master cluster (no replicas in either). Two
@@ -48,7 +48,7 @@ tests/python/redis_cluster.py's RedisCluster: --cluster-node-timeout 1000) and t
               channel, keys per channel, and MEMORY USAGE of one channel's keys.
   sentinel    --failover-rounds times, what failover does through Sentinel
               (--broker redis-sentinel://): a fresh master, its replica and one
-              Sentinel (tests/python/redis_topology.py's SentinelSet,
+              Sentinel (tests/python/support/sentinel.py's SentinelSet,
               down-after-milliseconds 400), the same subscribers and publisher;
               the master gets SIGKILL. Also when Sentinel named the new master.
               With --redis-wait-replicas 0 the promotion starts a new epoch: each
@@ -89,8 +89,8 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(REPO / "tests/python"))
 import provenance  # noqa: E402  (bench/provenance.py)
 import rawws  # noqa: E402  (tests/python/rawws.py: the WebSocket handshake)
-from redis_cluster import RedisCluster  # noqa: E402  (tests/python/redis_cluster.py)
-from redis_topology import RespError, SentinelSet  # noqa: E402  (tests/python/redis_topology.py)
+from support.cluster import RedisCluster  # noqa: E402  (tests/python/support/cluster.py)
+from support.sentinel import RespError, SentinelSet  # noqa: E402  (tests/python/support/sentinel.py)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PARTS = ["throughput", "wait", "failover", "memory", "sentinel"]
@@ -286,7 +286,7 @@ class Redis:
 
 
 class Cluster:
-    """tests/python/redis_cluster.py's RedisCluster, with what a measurement needs."""
+    """tests/python/support/cluster.py's RedisCluster, with what a measurement needs."""
 
     def __init__(self, masters: int, replicas: int) -> None:
         self.c = RedisCluster(masters, replicas)
@@ -1146,7 +1146,7 @@ def watch_sentinel(sets, old_port: int, stop: threading.Event, out: dict) -> Non
 
 def sentinel_round(k: int, throng: Path, work: Path, args, log) -> dict:
     """failover_round through Sentinel: a master, its replica and one Sentinel
-    (tests/python/redis_topology.py's SentinelSet); the master gets SIGKILL."""
+    (tests/python/support/sentinel.py's SentinelSet); the master gets SIGKILL."""
     row: dict = {"round": k}
     sets = None
     nodes: list[Node] = []
@@ -1230,7 +1230,7 @@ def sentinel_round(k: int, throng: Path, work: Path, args, log) -> dict:
 def part_sentinel(throng: Path, work: Path, args, log) -> dict:
     """What `failover` measures, through Sentinel (`--broker redis-sentinel://`):
     --failover-rounds rounds, each a fresh master + replica + one Sentinel
-    (down-after-milliseconds 400) from tests/python/redis_topology.py; SIGKILL of
+    (down-after-milliseconds 400) from tests/python/support/sentinel.py; SIGKILL of
     the master; per subscriber the time to its first message published after the
     kill, the 503s meanwhile, lost told/untold, when the replica said role:master
     and when Sentinel named it."""

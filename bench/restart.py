@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 from conftest import free_port, tcp_connectable  # noqa: E402
 from procs import Nginx, stop_process  # noqa: E402
 from rawws import http_request  # noqa: E402
-from test_nginx_cluster import fronting  # noqa: E402
+from support.nginx import fronting  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 import provenance  # noqa: E402  (bench/provenance.py)

@@ -170,27 +170,28 @@ fn supervise(config: &ServeConfig) -> Result<()> {
             config.workers
         );
     }
-    if config.listen.iter().any(|a| a.port() == 0) {
-        anyhow::bail!(
-            "--workers {} needs fixed ports: with port 0 every worker would listen on a port of its own",
-            config.workers
-        );
-    }
     if !config.reuse_port {
         // The workers share the ports with each other, so each skips this check.
         server::check_ports_free(&config.listen)?;
     }
+    // Port 0 is picked here, once, so that every worker listens on the same port.
+    let reserved = throng::workers::reserve_ports(&config.listen)?;
     let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
     let per_worker = limit.connection_ceiling(config.listen.len() * config.threads);
     tracing::info!(
         "{} workers on {}, joined through Redis: at most ~{} connections each, ~{} in all",
         config.workers,
-        listen_ranges(&config.listen).join(", "),
+        listen_ranges(&reserved.addrs).join(", "),
         os::thousands(per_worker),
         os::thousands(per_worker * config.workers as u64)
     );
     warn_if_limited(config.max_conns, per_worker, config.workers);
-    throng::workers::supervise(config.workers, config.drain_timeout)?;
+    throng::workers::supervise(
+        config.workers,
+        config.drain_timeout,
+        &reserved.addrs,
+        || announce_listening(&reserved.addrs),
+    )?;
     Ok(())
 }
 
@@ -199,6 +200,9 @@ fn serve(mut config: ServeConfig) -> Result<()> {
         // Its master checked that no other process holds the ports; the other
         // workers hold them too.
         config.reuse_port = true;
+        if let Some(listen) = throng::workers::inherited_listen()? {
+            config.listen = listen;
+        }
     }
     let limit = os::raise_open_files_limit().context("cannot read the open-files limit")?;
     let listeners = config.listen.len() * config.threads;
@@ -225,6 +229,10 @@ fn serve(mut config: ServeConfig) -> Result<()> {
 
     for range in listen_ranges(handle.local_addrs()) {
         tracing::info!("listening on {range}");
+    }
+    if !throng::workers::is_worker() {
+        // The master of --workers says it once for all of them.
+        announce_listening(handle.local_addrs());
     }
     let broker = handle.broker();
     tracing::info!(threads, "I/O threads: {threads}; broker: {broker}");
@@ -323,6 +331,13 @@ fn serve(mut config: ServeConfig) -> Result<()> {
     handle.join().context("server stopped with an error")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The one line on stdout a program that started this server reads to learn
+/// the addresses it is bound to (port 0 resolved): `listening on ADDR[ ADDR…]`.
+fn announce_listening(addrs: &[std::net::SocketAddr]) {
+    let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    println!("listening on {}", addrs.join(" "));
 }
 
 /// SIGHUP: new TLS handshakes use the certificate and key as the files now

@@ -3,6 +3,10 @@
 //! the kernel spreads connections over them), and keeps them running. The
 //! master checks first that no other process holds those ports
 //! (`server::check_ports_free`); a worker skips that check, its siblings hold them.
+//! A `--listen` port 0 is resolved here, once, before any worker starts
+//! (`reserve_ports`): the master keeps that port bound for its whole life and
+//! hands the addresses to every worker in `THRONG_WORKER_LISTEN`, so all of them,
+//! and the ones restarted later, share one port.
 //!
 //! It owns the workers' lives: starting them (each marked by
 //! `THRONG_WORKER_INDEX`), restarting one that dies (after a pause if it died
@@ -12,6 +16,7 @@
 //! than one needs Redis. It must not serve connections or read the server's state.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -23,6 +28,9 @@ use crate::timing::{WORKER_RESTART_PAUSE, WORKER_YOUNG, WORKERS_TICK};
 /// Set in a worker's environment to its index: the process serves instead of
 /// supervising, whatever `--workers` says.
 pub const WORKER_ENV: &str = "THRONG_WORKER_INDEX";
+/// Set in a worker's environment to the addresses it listens on (comma
+/// separated), port 0 already resolved by the master; it wins over `--listen`.
+pub const LISTEN_ENV: &str = "THRONG_WORKER_LISTEN";
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkersError {
@@ -35,6 +43,67 @@ pub enum WorkersError {
     },
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("cannot pick a port for {addr}: {source}")]
+    Reserve {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{LISTEN_ENV} holds '{0}', not a list of host:port addresses")]
+    BadListenEnv(String),
+}
+
+/// The master's hold on the ports it picked for `--listen` port 0: sockets bound
+/// with SO_REUSEPORT but never listening, so the workers can join the port and
+/// the kernel hands connections to the workers only. Dropping it lets them go.
+pub struct ReservedPorts {
+    /// Every listen address with port 0 replaced by the port the kernel picked.
+    pub addrs: Vec<SocketAddr>,
+    _held: Vec<socket2::Socket>,
+}
+
+/// Binds each port-0 address of `listen` once, so every worker gets the same
+/// port; other addresses pass through untouched.
+pub fn reserve_ports(listen: &[SocketAddr]) -> Result<ReservedPorts, WorkersError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut addrs = Vec::with_capacity(listen.len());
+    let mut held = Vec::new();
+    for &addr in listen {
+        if addr.port() != 0 {
+            addrs.push(addr);
+            continue;
+        }
+        let reserve = || -> std::io::Result<(Socket, SocketAddr)> {
+            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+            // The same options the workers' listeners set, or they could not join.
+            socket.set_reuse_address(true)?;
+            socket.set_reuse_port(true)?;
+            if addr.is_ipv6() {
+                socket.set_only_v6(true)?;
+            }
+            socket.bind(&addr.into())?;
+            let bound = socket.local_addr()?.as_socket().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "not an IP address")
+            })?;
+            Ok((socket, bound))
+        };
+        let (socket, bound) = reserve().map_err(|source| WorkersError::Reserve { addr, source })?;
+        addrs.push(bound);
+        held.push(socket);
+    }
+    Ok(ReservedPorts { addrs, _held: held })
+}
+
+/// In a worker: the addresses its master resolved (`LISTEN_ENV`), if it passed any.
+pub fn inherited_listen() -> Result<Option<Vec<SocketAddr>>, WorkersError> {
+    let Some(value) = std::env::var_os(LISTEN_ENV) else {
+        return Ok(None);
+    };
+    let text = value.to_string_lossy();
+    text.split(',')
+        .map(|a| a.trim().parse::<SocketAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+        .map_err(|_| WorkersError::BadListenEnv(text.into_owned()))
 }
 
 /// This process is a worker of a master (`--workers` then means nothing here).
@@ -51,10 +120,12 @@ struct Worker {
 fn spawn(
     exe: &std::path::Path,
     args: &[OsString],
+    listen: &str,
     index: usize,
     ticket_secret: Option<&str>,
 ) -> Result<Worker, WorkersError> {
     let mut command = Command::new(exe);
+    command.env(LISTEN_ENV, listen);
     if let Some(secret) = ticket_secret {
         // With TLS, a client resumes its session on whichever worker the
         // kernel hands its next connection to.
@@ -87,11 +158,23 @@ fn signal_all(workers: &[Worker], signal: libc::c_int) {
     }
 }
 
-/// Runs `count` workers with this process's own arguments until a signal, then
-/// drains them (up to `drain` plus a margin) and returns.
-pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
+/// Runs `count` workers with this process's own arguments, listening on
+/// `listen` (ports resolved, see `reserve_ports`), until a signal, then drains
+/// them (up to `drain` plus a margin) and returns. `started` runs once, when
+/// every worker has been started.
+pub fn supervise(
+    count: usize,
+    drain: Duration,
+    listen: &[SocketAddr],
+    started: impl FnOnce(),
+) -> Result<(), WorkersError> {
     let exe = std::env::current_exe().map_err(WorkersError::Exe)?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let listen: String = listen
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let signals = Arc::new(AtomicUsize::new(0));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let seen = Arc::clone(&signals);
@@ -108,8 +191,15 @@ pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
         .or_else(crate::tls::tickets::random_secret_hex);
     let mut workers = Vec::with_capacity(count);
     for index in 0..count {
-        workers.push(spawn(&exe, &args, index, ticket_secret.as_deref())?);
+        workers.push(spawn(
+            &exe,
+            &args,
+            &listen,
+            index,
+            ticket_secret.as_deref(),
+        )?);
     }
+    started();
     let reloads = Arc::new(AtomicUsize::new(0));
     {
         let seen = Arc::clone(&reloads);
@@ -156,7 +246,7 @@ pub fn supervise(count: usize, drain: Duration) -> Result<(), WorkersError> {
         while j < restarts.len() {
             if restarts[j].1 <= now {
                 let (index, _) = restarts.swap_remove(j);
-                match spawn(&exe, &args, index, ticket_secret.as_deref()) {
+                match spawn(&exe, &args, &listen, index, ticket_secret.as_deref()) {
                     Ok(w) => workers.push(w),
                     Err(e) => {
                         tracing::warn!(error = %e, "restart failed; trying again");

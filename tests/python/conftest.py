@@ -1,9 +1,16 @@
 """Fixtures that run the real throng binary as a black box.
 
 The binary comes from $THRONG_BIN (default: <repo>/target/release/throng).
-Every server is started on free loopback port(s) and stopped by PID
-(SIGTERM, wait, SIGKILL fallback). Its stdout/stderr go to files and are
-attached to the report of a failing test.
+A server the test gave no --listen is started on `--listen 127.0.0.1:0`: the
+kernel picks a free port, and the server's first stdout line,
+`listening on 127.0.0.1:PORT`, says which (a test that gives --listen passes
+ports=[...] to wait on). Every server is stopped by PID (SIGTERM, wait, SIGKILL
+fallback). Its stdout/stderr go to files and are attached to the report of a
+failing test.
+
+Helpers and fixtures shared by several test modules live in support/ (see
+support/__init__.py); its fixtures are registered here (`pytest_plugins`), so no
+test module imports another.
 
 Tests run in parallel (pytest-xdist, scripts/test.sh): nothing here may assume
 it has the machine to itself. A test that measures memory or CPU, or holds a
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +37,10 @@ REPO = HERE.parent.parent
 DEFAULT_BIN = REPO / "target" / "release" / "throng"
 DEFAULT_FLAGS = {"--threads": "2", "--stats-interval": "0"}
 READY_TIMEOUT = 10.0
+# What `throng serve` prints on stdout once bound (src/main.rs, announce_listening).
+LISTENING = re.compile(r"^listening on (.+)$", re.M)
+
+pytest_plugins = ["support.fixtures"]
 
 
 def throng_bin() -> Path:
@@ -91,9 +103,13 @@ def tcp_connectable(port: int, host: str = "127.0.0.1") -> bool:
 class Server:
     """One running throng process."""
 
-    def __init__(self, flags: list[str], env: dict | None, ports: list[int], listen_given: bool, cwd: str | None):
-        self.ports = ports
-        self.port = ports[0]
+    def __init__(self, flags: list[str], env: dict | None, ports: list[int] | None, listen_given: bool,
+                 cwd: str | None):
+        # Without ports (and without --listen) the server is told port 0; either
+        # way wait_ready() then learns its ports from its `listening on` line.
+        self.ports = list(ports or [])
+        self.port = self.ports[0] if self.ports else 0
+        self._announced = ports is None
         self._tmp = tempfile.TemporaryDirectory(prefix="throng-test-")
         self.stdout_path = Path(self._tmp.name) / "stdout.log"
         self.stderr_path = Path(self._tmp.name) / "stderr.log"
@@ -116,8 +132,26 @@ class Server:
         self.returncode: int | None = None
 
     # -- lifecycle -----------------------------------------------------------
+    def bound_addresses(self) -> list[str] | None:
+        """The addresses of the server's `listening on` line, once it printed it."""
+        found = LISTENING.search(self.stdout())
+        return found.group(1).split() if found else None
+
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
+        while self._announced and not self.ports:
+            addrs = self.bound_addresses()
+            if addrs:
+                self.ports = [int(a.rsplit(":", 1)[1]) for a in addrs]
+                self.port = self.ports[0]
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"throng exited early with code {self.proc.returncode}\n{self.describe()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"throng printed no 'listening on' line after {timeout}s\n{self.describe()}")
+            time.sleep(0.02)
         pending = list(self.ports)
         while pending:
             if self.proc.poll() is not None:
@@ -189,34 +223,25 @@ def _start(request, flags, env=None, ports=None, wait=True, cwd=None) -> Server:
     binary = throng_bin()
     if not binary.exists():
         pytest.fail(f"throng binary not found at {binary} (set THRONG_BIN or build with cargo build --release)")
-    # A port chosen free may be taken by another test's process (tests run in
-    # parallel) before this server binds it: the server refuses it and exits,
-    # and a server on a port this test chose itself is tried on another one.
-    chosen = ports is None
-    for attempt in range(3):
-        if chosen:
-            ports = [free_port()]
-        srv = Server(flags, env, ports, listen_given, cwd)
-        request.node.__dict__.setdefault("_throng_servers", []).append(srv)
-        if not wait:
-            return srv
+    srv = Server(flags, env, ports, listen_given, cwd)
+    request.node.__dict__.setdefault("_throng_servers", []).append(srv)
+    if wait:
         try:
             srv.wait_ready()
-            return srv
         except Exception:
             srv.stop()
-            if chosen and attempt < 2 and "already in use" in srv.stderr():
-                continue
             raise
-    raise AssertionError("unreachable")
+    return srv
 
 
 @pytest.fixture
 def start_server(request):
     """start_server(*flags, env=None, ports=None, wait=True) -> Server.
 
-    If no --listen flag is given the server listens on 127.0.0.1:<free port>.
-    If --listen flags are given, pass ports=[...] so readiness can be polled.
+    If no --listen flag is given the server listens on 127.0.0.1:0 and srv.port
+    is the port it reports (known once it is ready: with wait=False, only after
+    srv.wait_ready()). If --listen flags are given, pass ports=[...] so readiness
+    can be polled.
     """
     servers: list[Server] = []
 

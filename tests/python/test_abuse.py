@@ -27,6 +27,7 @@ from rawws import (
     http_request, metric, parse_close, publish_ok, upgrade_request, wait_subscribers,
 )
 from rawws import ws_connect as raw_connect
+from support.wait import wait_until
 
 # Runs alone: it measures the server's resident memory and floods it.
 pytestmark = pytest.mark.serial
@@ -71,18 +72,6 @@ BAD_REQUESTS = 'throng_handshake_failures_total{reason="bad_request"}'
 SLOW_CONSUMERS = "throng_slow_consumer_disconnects_total"
 
 
-def wait_for(predicate, timeout: float, what):
-    """Polls predicate() until it is truthy; fails with what() (or what) after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(what() if callable(what) else what)
-        time.sleep(0.05)
-
-
 class Baseline:
     def __init__(self, connections: dict, fds: int):
         self.connections = connections
@@ -111,7 +100,7 @@ def baseline(srv) -> Baseline:
     server holds (the probes' sockets may take a moment to go)."""
     assert http_request(srv.port, "GET", "/healthz").status == 200
     round_trip(srv.port)
-    wait_for(lambda: sum(stats(srv.port)["connections"].values()) == 0, 10, "warm-up connection still open")
+    wait_until(lambda: sum(stats(srv.port)["connections"].values()) == 0, 10, "warm-up connection still open")
     fds = fd_count(srv.pid)
     deadline = time.monotonic() + 0.5
     while time.monotonic() < deadline:
@@ -127,12 +116,12 @@ def assert_healthy_and_clean(srv, before: Baseline) -> None:
     resp = http_request(srv.port, "GET", "/healthz")
     assert (resp.status, resp.body) == (200, b"ok"), resp
     round_trip(srv.port)
-    wait_for(
+    wait_until(
         lambda: stats(srv.port)["connections"] == before.connections,
         10,
         lambda: f"open connections {stats(srv.port)['connections']}, before the abuse {before.connections}",
     )
-    wait_for(
+    wait_until(
         lambda: fd_count(srv.pid) <= before.fds,
         10,
         lambda: f"server holds {fd_count(srv.pid)} fds, {before.fds} before the abuse: a leak",
@@ -176,7 +165,7 @@ def test_slowloris_does_not_stop_a_normal_client_and_is_dropped_at_the_handshake
             s.connect(("127.0.0.1", srv.port))
             silent.append(s)
         opened = SLOWLORIS + SILENT
-        wait_for(
+        wait_until(
             lambda: fd_count(srv.pid) >= before.fds + opened,
             timeout / 2,
             lambda: f"the server holds {fd_count(srv.pid) - before.fds} of the {opened} stalled sockets",
@@ -237,7 +226,7 @@ def test_slowloris_does_not_stop_a_normal_client_and_is_dropped_at_the_handshake
             return (f'throng_handshake_failures_total{{reason="timeout"}} went up by '
                     f"{timed_out():g}, want {SLOWLORIS} (the half requests, not the silent ones)")
 
-        wait_for(lambda: timed_out() >= SLOWLORIS, 5, why)
+        wait_until(lambda: timed_out() >= SLOWLORIS, 5, why)
         assert timed_out() == SLOWLORIS, why()
     finally:
         for s, _ in socks:
@@ -684,11 +673,11 @@ def test_half_closed_sse_stream_and_waiting_poll_are_released(start_server):
     try:
         sse.sendall(b"GET /sse/half-sse HTTP/1.1\r\nHost: x\r\n\r\n")
         poll.sendall(b"GET /poll/half-poll?timeout=30 HTTP/1.1\r\nHost: x\r\n\r\n")
-        wait_for(lambda: stats(srv.port)["connections"] == {**before.connections, "sse": 1, "poll": 1}, 5,
+        wait_until(lambda: stats(srv.port)["connections"] == {**before.connections, "sse": 1, "poll": 1}, 5,
                  lambda: f"stream and poll not open: {stats(srv.port)['connections']}")
         sse.shutdown(socket.SHUT_WR)
         poll.shutdown(socket.SHUT_WR)
-        wait_for(lambda: stats(srv.port)["connections"] == before.connections, 5,
+        wait_until(lambda: stats(srv.port)["connections"] == before.connections, 5,
                  lambda: f"half-closed stream and poll still held: {stats(srv.port)['connections']}")
         head = _read_to_eof(sse)
         assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head, head[:200]
@@ -808,10 +797,10 @@ def test_connections_opened_and_dropped_fast_leave_nothing_behind(start_server):
     # The listener accepts a connection once it has sent something (TCP_DEFER_ACCEPT):
     # one reset before sending anything (kind 1) may never reach accept at all.
     sent_something = CHURN - CHURN // 4
-    wait_for(lambda: stats(srv.port)["accepted"] - accepted0 >= sent_something, 10,
+    wait_until(lambda: stats(srv.port)["accepted"] - accepted0 >= sent_something, 10,
              lambda: f"the server accepted {stats(srv.port)['accepted'] - accepted0} of the {sent_something} "
                      f"connections that sent bytes or a FIN")
-    wait_for(lambda: subscribers_now(srv.port, "churn") == 0, 10, "churned subscribers still subscribed")
+    wait_until(lambda: subscribers_now(srv.port, "churn") == 0, 10, "churned subscribers still subscribed")
     assert_healthy_and_clean(srv, before)
     print(f"churn: {CHURN} connections opened and dropped in {elapsed:.2f}s")
 

@@ -173,7 +173,7 @@ def test_origins_not_allowed_get_403_and_count(start_server):
 
 @pytest.mark.parametrize("procs", [1, 2])
 def test_the_bench_subscribes_with_a_token_and_is_refused_without(secured, procs):
-    from test_bench import run_bench, short
+    from support.bench import run_bench, short
 
     url = f"ws://127.0.0.1:{secured.port}"
     args = ["push", "--url", url, "--conns", 4, "--channels", 2, "--channel-prefix", "news",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from rawws import channel_info
-from test_bench import assert_clean, assert_latency_sane, assert_no_panic, run_bench, short
+from support.bench import assert_clean, assert_latency_sane, assert_no_panic, run_bench, short
 
 TRANSPORTS = ["ws", "sse", "poll"]
 

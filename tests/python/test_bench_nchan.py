@@ -15,24 +15,10 @@ from pathlib import Path
 import pytest
 
 from procs import Nginx
-from test_bench import assert_clean, assert_latency_sane, assert_no_panic, run_bench, short
+from support.bench import assert_clean, assert_latency_sane, assert_no_panic, run_bench, short
+from support.nginx import nchan_conf
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "bench/peers/nchan/nginx.conf.template"
-MODULES = [Path("/usr/lib/nginx/modules/ngx_nchan_module.so"), Path("/usr/share/nginx/modules/ngx_nchan_module.so")]
-
-
-def nchan_conf(directory: Path, port: int, user: str) -> str:
-    module = next((m for m in MODULES if m.exists()), None)
-    assert module, "libnginx-mod-nchan is not installed (scripts/test.sh installs it)"
-    return (
-        TEMPLATE.read_text()
-        .replace("@MODULE@", str(module))
-        .replace("@WORKERS@", "1")
-        .replace("@PORT@", str(port))
-        .replace("@DIR@", str(directory))
-        .replace("@USER@", user)
-    )
 
 
 @pytest.fixture

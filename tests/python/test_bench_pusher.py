@@ -13,7 +13,7 @@ publish_errors, expected_deliveries, delivered, lost, duplicated, out_of_order}.
 from __future__ import annotations
 
 from rawws import channel_info
-from test_bench import assert_clean, assert_latency_sane, assert_no_panic, run_bench, short
+from support.bench import assert_clean, assert_latency_sane, assert_no_panic, run_bench, short
 
 APP_ID, KEY, SECRET = "1", "k", "s"
 APP = f"{APP_ID}:{KEY}:{SECRET}"

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from conftest import free_port
-from test_bench import assert_no_panic, run_bench
+from support.bench import assert_no_panic, run_bench
 
 MAX_PAGE_BYTES = 200 * 1024
 # Tags that would load something, and attributes that name what to load.

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, tcp_connectable, throng_bin
-from test_bench import assert_clean, assert_no_panic, run_bench, short
+from support.bench import assert_clean, assert_no_panic, run_bench, short
 
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"]
 

@@ -34,8 +34,8 @@ from playwright.sync_api import expect
 from browser import browser, pages  # noqa: F401  (fixtures)
 from procs import stop_process
 from rawws import channel_info, http_request, publish_ok, wait_subscribers
-from test_bench import assert_no_panic, bench_cmd, bench_env, run_bench
-from test_redis import Redis, wait_healthy
+from support.bench import assert_no_panic, bench_cmd, bench_env, run_bench
+from support.wait import wait_healthy
 
 # Network errors Chromium logs while a test has killed the server under a page.
 NETWORK_ERRORS = [
@@ -189,51 +189,47 @@ def test_reconnect_after_an_in_memory_restart_shows_the_gap_then_the_new_message
     pages.assert_no_errors()
 
 
-def test_reconnect_through_redis_loses_nothing(start_server, pages):
+def test_reconnect_through_redis_loses_nothing(start_server, pages, shared_redis, prefix):
     for pattern in NETWORK_ERRORS:
         pages.allow(pattern)
-    redis = Redis()
-    try:
-        one = start_server("--broker", redis.url)
-        two = start_server("--broker", redis.url)
-        for node in (one, two):
-            wait_healthy(node.port)
-        room = "durable"
-        channel = f"chat:{room}"
-        page = open_chat(pages, one, room, "dave")
-        before = ["kept one"]
-        publish_ok(one.port, channel, before[0])
-        wait_texts(page, before)
-        epoch = channel_info(one.port, channel)["epoch"]
-        page.evaluate(RECORD_STATES_JS)
+    redis = shared_redis
+    one = start_server("--broker", redis.url)
+    two = start_server("--broker", redis.url)
+    for node in (one, two):
+        wait_healthy(node.port)
+    room = f"{prefix}durable"  # the Redis is shared: a room no other test names
+    channel = f"chat:{room}"
+    page = open_chat(pages, one, room, "dave")
+    before = ["kept one"]
+    publish_ok(one.port, channel, before[0])
+    wait_texts(page, before)
+    epoch = channel_info(one.port, channel)["epoch"]
+    page.evaluate(RECORD_STATES_JS)
 
-        port = one.port
-        one.stop()
-        expect(page.locator("#status")).to_have_attribute("data-state", "reconnecting")
-        # Published through the other node while the page's node is down.
-        after = ["missed one", "missed two", "missed three"]
-        seqs = [publish_ok(two.port, channel, t) for t in after]
-        assert seqs == [2, 3, 4], seqs
-        one2 = restart_on(start_server, port, "--broker", redis.url)
-        wait_healthy(one2.port)
-        assert channel_info(one2.port, channel)["epoch"] == epoch
+    port = one.port
+    one.stop()
+    expect(page.locator("#status")).to_have_attribute("data-state", "reconnecting")
+    # Published through the other node while the page's node is down.
+    after = ["missed one", "missed two", "missed three"]
+    seqs = [publish_ok(two.port, channel, t) for t in after]
+    assert seqs == [2, 3, 4], seqs
+    one2 = restart_on(start_server, port, "--broker", redis.url)
+    wait_healthy(one2.port)
+    assert channel_info(one2.port, channel)["epoch"] == epoch
 
-        expect(page.locator("#status")).to_have_attribute("data-state", "open", timeout=20_000)
-        wait_texts(page, after)
-        shown = messages(page)
-        assert [m for m in shown if m["kind"] == "gap"] == [], shown
-        assert [m["text"] for m in shown if m["kind"] == "message"] == before + after, shown
-        states = page.evaluate("() => window.__states")
-        assert "reconnecting" in states and states[-1] == "open", states
-        # And live again: a message published now arrives once.
-        publish_ok(two.port, channel, "live again")
-        wait_texts(page, after + ["live again"])
-        assert texts(page) == before + after + ["live again"], messages(page)
-        pages.screenshot(page, "after-node-restart")
-        pages.assert_no_errors()
-    finally:
-        redis.stop()
-        redis.dir.cleanup()
+    expect(page.locator("#status")).to_have_attribute("data-state", "open", timeout=20_000)
+    wait_texts(page, after)
+    shown = messages(page)
+    assert [m for m in shown if m["kind"] == "gap"] == [], shown
+    assert [m["text"] for m in shown if m["kind"] == "message"] == before + after, shown
+    states = page.evaluate("() => window.__states")
+    assert "reconnecting" in states and states[-1] == "open", states
+    # And live again: a message published now arrives once.
+    publish_ok(two.port, channel, "live again")
+    wait_texts(page, after + ["live again"])
+    assert texts(page) == before + after + ["live again"], messages(page)
+    pages.screenshot(page, "after-node-restart")
+    pages.assert_no_errors()
 
 
 # -- dashboard -------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from procs import Nginx
-from test_bench_nchan import nchan_conf
+from support.nginx import nchan_conf
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = ROOT / "bench/clients"

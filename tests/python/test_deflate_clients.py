@@ -35,12 +35,11 @@ import pytest
 from browser import browser, pages  # noqa: F401 (fixtures)
 from procs import stop_process
 from rawws import OP_BINARY, OP_TEXT, publish_ok, settled, wait_subscribers
-from test_deflate import (
-    BASE_OFFER,
-    DEFLATE,
-    RSV1,
+from support.deflate import (
     assert_params,
+    BASE_OFFER,
     compressible_text,
+    DEFLATE,
     deflate_metrics,
     deflate_raw,
     inflate,
@@ -49,6 +48,7 @@ from test_deflate import (
     offer_conn,
     params,
     read_data,
+    RSV1,
 )
 
 NODE_DIR = Path(__file__).resolve().parent.parent / "node"
@@ -385,7 +385,7 @@ def test_pusher_js_in_node_offers_no_deflate_and_still_gets_a_2kb_event(start_se
     """pusher-js 8's Node build dials with faye-websocket and passes it no
     extensions: it never offers permessage-deflate, so throng (flag on) answers
     none, sends its frames plain, and counts nothing as compressed."""
-    from test_pusher import PusherJs
+    from support.pusher import PusherJs
 
     srv = start_server(*DEFLATE, "--pusher-app", APP)
     t = tap(srv.port)

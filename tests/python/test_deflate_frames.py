@@ -33,24 +33,24 @@ from rawws import (
     settled,
     wait_subscribers,
 )
-from test_deflate import (
-    BASE_OFFER,
-    DEFLATE,
-    EXT,
-    RSV1,
+from support.deflate import (
     answered,
     assert_params,
+    BASE_OFFER,
     compressible_bytes,
     compressible_text,
+    DEFLATE,
     deflate_metrics,
     deflate_raw,
     echo_raw,
     expect_close_code,
+    EXT,
     frame_len,
     inflate,
     inflate_strict,
     offer_conn,
     read_data,
+    RSV1,
     send_compressed,
 )
 
@@ -173,38 +173,34 @@ def test_a_chat_room_member_sends_compressed_and_the_room_gets_it(start_server):
             c.close()
 
 
-def test_two_nodes_on_redis_each_compress_for_their_own_subscribers(start_server):
+def test_two_nodes_on_redis_each_compress_for_their_own_subscribers(start_server, shared_redis, prefix):
     """A message published on one node reaches a deflate subscriber of the other
     compressed, and a plain subscriber there plain."""
-    from test_redis import Redis, wait_healthy
+    from support.wait import wait_healthy
 
-    redis = Redis()
+    across = f"{prefix}across"  # the Redis is shared: a channel no other test names
+    a = start_server(*DEFLATE, "--broker", shared_redis.url)
+    b = start_server(*DEFLATE, "--broker", shared_redis.url)
+    for node in (a, b):
+        wait_healthy(node.port)
+    subs = {
+        ("a", "deflate"): offer_conn(a.port, "permessage-deflate", path=f"/ws/{across}"),
+        ("b", "deflate"): offer_conn(b.port, "permessage-deflate; server_max_window_bits=11", path=f"/ws/{across}"),
+        ("b", "plain"): offer_conn(b.port, None, path=f"/ws/{across}"),
+    }
     try:
-        a = start_server(*DEFLATE, "--broker", redis.url)
-        b = start_server(*DEFLATE, "--broker", redis.url)
-        for node in (a, b):
-            wait_healthy(node.port)
-        subs = {
-            ("a", "deflate"): offer_conn(a.port, "permessage-deflate", path="/ws/across"),
-            ("b", "deflate"): offer_conn(b.port, "permessage-deflate; server_max_window_bits=11", path="/ws/across"),
-            ("b", "plain"): offer_conn(b.port, None, path="/ws/across"),
-        }
-        try:
-            wait_subscribers(a.port, "across", 3)
-            msg = compressible_text(20_000, seed=11)
-            publish_ok(a.port, "across", msg)
-            for (node, kind), c in subs.items():
-                op, rsv, wire, data = read_data(c)
-                assert (op, data) == (OP_TEXT, msg.encode()), (node, kind)
-                assert rsv == (RSV1 if kind == "deflate" else 0), (node, kind)
-                if node == "b" and kind == "deflate":
-                    assert inflate_strict(wire, wbits=-11) == msg.encode()
-        finally:
-            for c in subs.values():
-                c.close()
+        wait_subscribers(a.port, across, 3)
+        msg = compressible_text(20_000, seed=11)
+        publish_ok(a.port, across, msg)
+        for (node, kind), c in subs.items():
+            op, rsv, wire, data = read_data(c)
+            assert (op, data) == (OP_TEXT, msg.encode()), (node, kind)
+            assert rsv == (RSV1 if kind == "deflate" else 0), (node, kind)
+            if node == "b" and kind == "deflate":
+                assert inflate_strict(wire, wbits=-11) == msg.encode()
     finally:
-        redis.stop()
-        redis.dir.cleanup()
+        for c in subs.values():
+            c.close()
 
 
 def test_a_compressed_client_frame_is_understood(start_server):

@@ -9,43 +9,15 @@ under load: a Sentinel failover to a replica held back on purpose."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
-from conftest import tcp_connectable
 from procs import stop_process
 from rawws import channel_info, http_request, metric, publish, publish_ok, settled, wait_subscribers
-from redis_topology import SentinelSet, wait_until
-from test_redis import Redis, wait_for, wait_healthy
-from test_sse import EventReader
+from support.sentinel import SETTLING, SentinelSet
+from support.redis import Redis
+from support.wait import wait_healthy, wait_until
+from support.streams import EventReader
 from wsutil import expect_silence, recv_json, run, ws_connect
-
-
-class Replica(Redis):
-    """A redis-server replicating `master`."""
-
-    def __init__(self, master: Redis) -> None:
-        self.master = master
-        super().__init__()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir.name,
-             "--replicaof", "127.0.0.1", str(self.master.port)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while not tcp_connectable(self.port):
-            assert self.proc.poll() is None, "redis-server (replica) exited at start"
-            assert time.monotonic() < deadline, "replica not listening after 10 s"
-            time.sleep(0.05)
-        wait_for(lambda: "master_link_status:up" in self.cli("INFO", "replication"),
-                 timeout=10, what="replica linked")
-        # The master counts it (--redis-wait-replicas needs it online there) only
-        # once the first sync is done on its side too.
-        wait_for(lambda: "state=online" in self.master.cli("INFO", "replication"),
-                 timeout=10, what="replica online at the master")
 
 
 def stamp(redis: Redis, channel: str) -> list[str]:
@@ -70,7 +42,7 @@ def test_a_redis_that_lost_its_data_starts_a_new_epoch_and_live_subscribers_are_
             ws = await ws_connect(b.url("/ws/lost?format=json"))
             sse = EventReader(f"http://127.0.0.1:{b.port}/sse/lost")
             try:
-                wait_for(lambda: channel_info(a.port, "lost")["subscribers"] == 2, what="2 subscribers")
+                wait_until(lambda: channel_info(a.port, "lost")["subscribers"] == 2, what="2 subscribers")
                 assert [publish_ok(a.port, "lost", f"m{i}") for i in range(3)] == [1, 2, 3]
                 old = channel_info(a.port, "lost")["epoch"]
                 assert stamp(redis, "lost") == [old, replid(redis), ""]
@@ -115,7 +87,7 @@ def test_a_restarted_redis_that_kept_everything_keeps_the_epoch(start_server):
         async def main():
             ws = await ws_connect(node.url("/ws/kept?format=json"))
             try:
-                wait_for(lambda: channel_info(node.port, "kept")["subscribers"] == 1, what="subscribed")
+                wait_until(lambda: channel_info(node.port, "kept")["subscribers"] == 1, what="subscribed")
                 assert publish_ok(node.port, "kept", "before") == 1
                 epoch = channel_info(node.port, "kept")["epoch"]
                 assert (await recv_json(ws))["seq"] == 1
@@ -140,16 +112,16 @@ def test_a_restarted_redis_that_kept_everything_keeps_the_epoch(start_server):
 
 def test_wait_for_replicas_is_recorded_in_the_stamp(start_server):
     master = Redis()
-    replica = Replica(master)
+    replica = Redis(replica_of=master)
     try:
         node = start_server("--broker", master.url, "--redis-wait-replicas", "1")
         wait_healthy(node.port)
         assert publish_ok(node.port, "w", "replicated") == 1
         assert stamp(master, "w")[2] == "w"
         # The replica has it too, as the WAIT said.
-        wait_for(lambda: replica.cli("GET", "throng:{w}:seq") == "1", what="replicated")
+        wait_until(lambda: replica.cli("GET", "throng:{w}:seq") == "1", what="replicated")
         stop_process(replica.proc)
-        wait_for(lambda: "connected_slaves:0" in master.cli("INFO", "replication"), what="replica gone")
+        wait_until(lambda: "connected_slaves:0" in master.cli("INFO", "replication"), what="replica gone")
         # No replica linked: nothing is written, and the publisher is told to retry
         # (a 503 for a message nobody can have).
         resp = publish(node.port, "w", "alone")
@@ -190,7 +162,7 @@ def test_a_short_wait_holds_the_message_until_replicas_have_it(start_server):
                 info = channel_info(node.port, "s")
                 assert (info["last_seq"], info["history_len"]) == (1, 1), info
                 sentinels.release_replication()
-                wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "caught up")
+                wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "caught up", ignore=SETTLING)
                 assert publish_ok(node.port, "s", "next") == 3
                 got = [await recv_json(ws) for _ in range(2)]
                 assert [(m["seq"], m["data"]) for m in got] == [(2, "held"), (3, "next")], got
@@ -209,14 +181,14 @@ def test_a_promoted_replica_that_lacks_nothing_keeps_the_epoch_only_after_wait(s
     # id is the master's: only a stamp made with WAIT is trusted there.
     for wait, kept in (("1", True), ("0", False)):
         master = Redis()
-        replica = Replica(master)
+        replica = Redis(replica_of=master)
         try:
             node = start_server("--broker", master.url, "--redis-wait-replicas", wait)
             wait_healthy(node.port)
             for i in range(3):
                 publish_ok(node.port, "p", f"m{i}")
             epoch = channel_info(node.port, "p")["epoch"]
-            wait_for(lambda: replica.cli("GET", "throng:{p}:seq") == "3", what="replicated")
+            wait_until(lambda: replica.cli("GET", "throng:{p}:seq") == "3", what="replicated")
             replica.cli("REPLICAOF", "NO", "ONE")
             assert replid(replica) != replid(master)
             promoted = start_server("--broker", replica.url)
@@ -234,7 +206,6 @@ def test_a_promoted_replica_that_lacks_nothing_keeps_the_epoch_only_after_wait(s
             master.dir.cleanup()
 
 
-
 def test_a_sentinel_failover_to_a_lagging_replica_loses_nothing_silently_and_reuses_no_seq(start_server):
     # The replica replicates through a proxy that holds its bytes back, so the
     # publishes acknowledged while it is held are lost by the promotion, every time.
@@ -250,15 +221,15 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_nothing_silently_and_reu
         async def main():
             subs = [await ws_connect(n.url("/ws/lag?format=json")) for n in (a, b)]
             try:
-                wait_for(lambda: channel_info(a.port, "lag")["subscribers"] == 2, what="2 subscribers")
+                wait_until(lambda: channel_info(a.port, "lag")["subscribers"] == 2, what="2 subscribers")
                 acked = {}
                 for i in range(5):
                     acked[f"m{i}"] = publish_ok((a, b)[i % 2].port, "lag", f"m{i}")
-                wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "in sync")
+                wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "in sync", ignore=SETTLING)
                 sentinels.hold_replication()
                 for i in range(5, 10):
                     acked[f"m{i}"] = publish_ok((a, b)[i % 2].port, "lag", f"m{i}")
-                wait_until(lambda: sentinels.proxy.held_bytes() > 0, 10, "publishes held back")
+                wait_until(lambda: sentinels.proxy.held_bytes() > 0, 10, "publishes held back", ignore=SETTLING)
                 old_epoch = channel_info(a.port, "lag")["epoch"]
                 got = [[await recv_json(ws, timeout=10) for _ in range(10)] for ws in subs]
                 assert sentinels.kill_master() == master
@@ -320,7 +291,7 @@ def test_with_wait_for_replicas_a_failover_to_lagging_replicas_shows_nothing_the
         async def main():
             subs = [await ws_connect(n.url("/ws/lag?format=json")) for n in (a, b)]
             try:
-                wait_for(lambda: channel_info(a.port, "lag")["subscribers"] == 2, what="2 subscribers")
+                wait_until(lambda: channel_info(a.port, "lag")["subscribers"] == 2, what="2 subscribers")
                 acked = {}
                 for i in range(5):
                     acked[f"m{i}"] = publish_ok((a, b)[i % 2].port, "lag", f"m{i}")

@@ -16,9 +16,10 @@ import time
 import pytest
 
 from rawws import channel_info, publish, wait_subscribers
-from test_pusher import APP, APP_ID, PusherJs, clients, post_signed, sdk  # noqa: F401 (clients is a fixture)
-from redis_topology import SentinelSet
-from test_redis import Redis, wait_for, wait_healthy
+from support.pusher import APP, APP_ID, post_signed, PusherJs, sdk
+from support.sentinel import SentinelSet
+from support.redis import Redis
+from support.wait import wait_healthy, wait_until
 from wsutil import expect_silence, recv_json, run, ws_connect
 
 
@@ -72,37 +73,34 @@ def test_a_bad_key_is_refused_and_nothing_is_published(start_server, key, says):
     assert channel_info(node.port, "orders")["last_seq"] == 0
 
 
-def test_a_key_counts_across_nodes_on_redis(start_server):
-    redis = Redis()
-    try:
-        a = start_server("--broker", redis.url)
-        b = start_server("--broker", redis.url)
-        for node in (a, b):
-            wait_healthy(node.port)
+def test_a_key_counts_across_nodes_on_redis(start_server, shared_redis, prefix):
+    redis = shared_redis
+    orders = f"{prefix}orders"  # the Redis is shared: a channel no other test names
+    a = start_server("--broker", redis.url)
+    b = start_server("--broker", redis.url)
+    for node in (a, b):
+        wait_healthy(node.port)
 
-        async def main():
-            subs = [await ws_connect(n.url("/ws/orders?format=json")) for n in (a, b)]
-            try:
-                for n in (a, b):
-                    wait_for(lambda n=n: channel_info(n.port, "orders")["subscribers"] == 2, what="subscribed")
-                assert keyed(a.port, "orders", "created 17", "order-17").json() == {"seq": 1}
-                again = keyed(b.port, "orders", "created 17", "order-17")
-                assert again.status == 200 and again.json() == {"seq": 1}, again
-                assert again.header("idempotent-replayed") == "true", again
-                for ws in subs:
-                    assert (await recv_json(ws))["data"] == "created 17"
-                    await expect_silence(ws, 0.5)
-                # Remembered in the channel's slot, for as long as the server says.
-                ttl = int(redis.cli("TTL", "throng:{orders}:idem:order-17"))
-                assert 290 <= ttl <= 300, ttl
-            finally:
-                for ws in subs:
-                    await ws.close()
+    async def main():
+        subs = [await ws_connect(n.url(f"/ws/{orders}?format=json")) for n in (a, b)]
+        try:
+            for n in (a, b):
+                wait_until(lambda n=n: channel_info(n.port, orders)["subscribers"] == 2, what="subscribed")
+            assert keyed(a.port, orders, "created 17", "order-17").json() == {"seq": 1}
+            again = keyed(b.port, orders, "created 17", "order-17")
+            assert again.status == 200 and again.json() == {"seq": 1}, again
+            assert again.header("idempotent-replayed") == "true", again
+            for ws in subs:
+                assert (await recv_json(ws))["data"] == "created 17"
+                await expect_silence(ws, 0.5)
+            # Remembered in the channel's slot, for as long as the server says.
+            ttl = int(redis.cli("TTL", f"throng:{{{orders}}}:idem:order-17"))
+            assert 290 <= ttl <= 300, ttl
+        finally:
+            for ws in subs:
+                await ws.close()
 
-        run(main())
-    finally:
-        redis.stop()
-        redis.dir.cleanup()
+    run(main())
 
 
 def test_a_retry_after_a_forced_timeout_is_delivered_once(start_server):
@@ -186,7 +184,7 @@ def test_a_held_publish_retried_with_its_key_is_released_once(start_server):
                 assert first.status == 503 and "NOTPUBLISHED" in first.json()["error"], first
                 await expect_silence(ws, 0.5)
                 sentinels.release_replication()
-                wait_for(lambda: sentinels.offset(replica) == sentinels.offset(master), timeout=10, what="caught up")
+                wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), timeout=10, what="caught up")
                 retry = keyed(node.port, "orders", "created 17", "order-17")
                 assert retry.status == 200 and retry.json() == {"seq": 1}, retry
                 assert retry.header("idempotent-replayed") == "true", retry

@@ -7,7 +7,6 @@ every message exactly once, in order, with the same seq everywhere."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from pathlib import Path
@@ -16,50 +15,20 @@ import pytest
 
 from procs import Nginx
 from rawws import channel_info, http_request, publish_ok
-from test_redis import poll, redis, wait_for, wait_healthy  # noqa: F401 (redis: the fixture)
-from test_sse import EventReader
+from support.streams import poll
+from support.wait import wait_healthy, wait_until
+from support.streams import EventReader
 from wsutil import recv_json, run, ws_connect
+from support.nginx import fronting
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_CONF = ROOT / "deploy/nginx.conf"
 
 
-def fronting(node_ports: list[int], worker_connections: int = 1024):
-    """deploy/nginx.conf with its upstream pointed at the nodes, round-robin. Each
-    client through nginx takes two of its `worker_connections` (one upstream)."""
-    site = DEPLOY_CONF.read_text()
-    servers = "\n".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;" for p in node_ports)
-    site, n = re.subn(r"(?m)^    server 127\.0\.0\.1:\d+ .*\n(    server 127\.0\.0\.1:\d+ .*\n)*", servers + "\n", site)
-    assert n == 1, "deploy/nginx.conf: the upstream's server lines were not found"
-    site = site.replace("    ip_hash;\n", "")
-
-    def render(d: Path, port: int, user: str) -> str:
-        (d / "site.conf").write_text(site.replace("listen 80;", f"listen 127.0.0.1:{port};"))
-        return f"""{user}
-daemon off;
-worker_processes 1;
-worker_rlimit_nofile {worker_connections + 100};
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections {worker_connections}; }}
-http {{
-    access_log off;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    include {d}/site.conf;
-}}
-"""
-
-    return render
-
-
 @pytest.fixture
-def fronted(start_server, redis):
-    a = start_server("--broker", redis.url)
-    b = start_server("--broker", redis.url)
+def fronted(start_server, shared_redis):
+    a = start_server("--broker", shared_redis.url)
+    b = start_server("--broker", shared_redis.url)
     for node in (a, b):
         wait_healthy(node.port)
     proxy = Nginx(fronting([a.port, b.port]))
@@ -67,33 +36,34 @@ def fronted(start_server, redis):
     proxy.stop()
 
 
-def test_every_transport_through_nginx_gets_everything_once_in_order(fronted):
+def test_every_transport_through_nginx_gets_everything_once_in_order(fronted, prefix):
     a, b, proxy = fronted
     n = 30
+    feed = f"{prefix}feed"  # the Redis is shared: a channel no other test names
 
     async def main():
-        url = f"ws://127.0.0.1:{proxy.port}/ws/feed?format=json"
+        url = f"ws://127.0.0.1:{proxy.port}/ws/{feed}?format=json"
         sockets = [await ws_connect(url) for _ in range(4)]
-        readers = [EventReader(f"http://127.0.0.1:{proxy.port}/sse/feed") for _ in range(4)]
+        readers = [EventReader(f"http://127.0.0.1:{proxy.port}/sse/{feed}") for _ in range(4)]
         try:
             # Round-robin put them on both nodes.
-            wait_for(lambda: channel_info(a.port, "feed")["subscribers"] == 8, timeout=5, what="8 subscribers")
+            wait_until(lambda: channel_info(a.port, feed)["subscribers"] == 8, timeout=5, what="8 subscribers")
             local = [
                 http_request(node.port, "GET", "/api/stats").json()["connections"] for node in (a, b)
             ]
             assert all(c["websocket"] > 0 and c["sse"] > 0 for c in local), local
             polled: list[dict] = []
-            poller = threading.Thread(target=lambda: polled.extend(poll_all(proxy.port, n)))
+            poller = threading.Thread(target=lambda: polled.extend(poll_all(proxy.port, feed, n)))
             poller.start()
             seqs = []
             for i in range(n):
                 port = (proxy.port, a.port, b.port)[i % 3]
-                seqs.append(publish_ok(port, "feed", f"m{i}"))
+                seqs.append(publish_ok(port, feed, f"m{i}"))
             assert seqs == list(range(1, n + 1)), seqs
             for ws in sockets:
                 got = [await recv_json(ws) for _ in range(n)]
                 assert [(m["seq"], m["data"]) for m in got] == [(i + 1, f"m{i}") for i in range(n)]
-            epoch = channel_info(proxy.port, "feed")["epoch"]
+            epoch = channel_info(proxy.port, feed)["epoch"]
             for reader in readers:
                 assert reader.wait(n) == [{"id": f"{i + 1}:{epoch}", "data": f"m{i}"} for i in range(n)]
             poller.join(30)
@@ -107,13 +77,13 @@ def test_every_transport_through_nginx_gets_everything_once_in_order(fronted):
     run(main(), timeout=60)
 
 
-def poll_all(port: int, n: int) -> list[dict]:
+def poll_all(port: int, channel: str, n: int) -> list[dict]:
     """A long-poll client loop through nginx: since=next until n messages came."""
     got: list[dict] = []
     since = 0
     deadline = time.monotonic() + 30
     while len(got) < n and time.monotonic() < deadline:
-        answer = poll(port, "feed", since=since, timeout=10)
+        answer = poll(port, channel, since=since, timeout=10)
         got.extend(answer["messages"])
         since = answer["next"]
     return got

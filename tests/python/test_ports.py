@@ -73,3 +73,33 @@ def test_clients_on_different_ports_are_independent(start_server):
                 await ws.close()
 
     run(main())
+
+
+def test_port_0_is_picked_by_the_kernel_and_reported_on_one_stdout_line(start_server):
+    """`--listen 127.0.0.1:0` (what start_server gives a test that names no port):
+    each listener gets a free port of its own, and one line on stdout says which."""
+    srv = start_server("--listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--threads", "2")
+    lines = [line for line in srv.stdout().splitlines() if line.startswith("listening on ")]
+    assert len(lines) == 1, srv.stdout()
+    addrs = lines[0].removeprefix("listening on ").split()
+    ports = [int(a.rsplit(":", 1)[1]) for a in addrs]
+    assert all(a.startswith("127.0.0.1:") for a in addrs), addrs
+    assert len(ports) == 2 and 0 not in ports and ports[0] != ports[1], addrs
+    assert srv.ports == ports
+
+    async def main():
+        for p in ports:
+            async with ws_connect(srv.url(port=p)) as ws:
+                await ws.send(f"port {p}")
+                assert await ws.recv() == f"port {p}"
+
+    run(main())
+    for p in ports:
+        resp = http_exchange(p, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert resp.status == 200, (p, resp)
+
+
+def test_a_server_given_no_listen_by_the_tests_is_on_port_0(start_server):
+    srv = start_server()
+    assert srv.args[srv.args.index("--listen") + 1] == "127.0.0.1:0"
+    assert f"listening on 127.0.0.1:{srv.port}\n" in srv.stdout(), srv.stdout()

@@ -9,18 +9,17 @@ on both is occupied and vacated once for the cluster."""
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from conftest import throng_bin
 from rawws import http_request
-from test_pusher import APP, APP_ID, KEY, NODE_DIR, SECRET, clients, eventually, sdk, user  # noqa: F401
-from test_redis import Redis, wait_healthy
+from support.pusher import APP, APP_ID, eventually, KEY, sdk, SECRET, user
+from support.redis import Redis
+from support.wait import wait_healthy
+from support.webhooks import named, Receiver
 
 # The tests that wait on the server's timers (webhook retries, the Redis keeper
 # and node TTL) run them at a tenth (--test-time-scale, testing only): retries
@@ -28,99 +27,6 @@ from test_redis import Redis, wait_healthy
 TIME_SCALE = 0.1
 SCALED = ("--test-time-scale", str(TIME_SCALE))
 KEEPER_TICK = 1.0 * TIME_SCALE
-
-
-class Receiver:
-    """An app's webhook endpoint: keeps every request; answers 500 to the first
-    `fail_first` ones, 200 after."""
-
-    def __init__(self, fail_first: int = 0) -> None:
-        self.requests: queue.Queue = queue.Queue()
-        self.fail_left = fail_first
-        self.answered: list[int] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                status = 200
-                if receiver.fail_left > 0:
-                    receiver.fail_left -= 1
-                    status = 500
-                receiver.answered.append(status)
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                if status == 200:
-                    headers = {k.lower(): v for k, v in self.headers.items()}
-                    receiver.requests.put((self.path, headers, body))
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/pusher/webhooks"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-        self.events: list[dict] = []
-
-    def event(self, want, timeout: float = 10.0) -> dict:
-        """The first event (of any request so far or to come) for which want holds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for e in self.events:
-                if want(e):
-                    return e
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no such webhook event in {timeout}s; got {self.events}")
-            try:
-                path, headers, body = self.requests.get(timeout=left)
-            except queue.Empty:
-                continue
-            self.events.extend(checked(headers, body, path))
-
-    def drain(self, quiet: float = 1.5) -> list[dict]:
-        """Every event, once nothing more has come for `quiet` seconds."""
-        while True:
-            try:
-                path, headers, body = self.requests.get(timeout=quiet)
-            except queue.Empty:
-                return self.events
-            self.events.extend(checked(headers, body, path))
-
-    def close(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
-
-
-def checked(headers: dict, body: bytes, path: str) -> list[dict]:
-    """The events of one request, after the official SDKs found it valid."""
-    assert path == "/pusher/webhooks"
-    assert headers["content-type"] == "application/json"
-    assert headers["x-pusher-key"] == KEY
-    data = sdk(1).validate_webhook(headers["x-pusher-key"], headers["x-pusher-signature"], body.decode())
-    assert data is not None, f"the Python SDK refused {headers} {body!r}"
-    assert abs(data["time_ms"] - time.time() * 1000) < 60_000
-    node = subprocess.run(
-        ["node", str(NODE_DIR / "verify_webhook.mjs"), json.dumps({"appId": APP_ID, "key": KEY, "secret": SECRET})],
-        input=json.dumps({"headers": headers, "body": body.decode()}) + "\n",
-        capture_output=True, text=True, cwd=NODE_DIR, timeout=30,
-    )
-    verdict = json.loads(node.stdout)
-    assert verdict["valid"], f"the Node SDK refused {headers} {body!r}: {node.stderr}"
-    assert verdict["events"] == data["events"]
-    return data["events"]
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.close()
-
-
-def named(name: str, **fields):
-    return lambda e: e["name"] == name and all(e.get(k) == v for k, v in fields.items())
 
 
 def test_occupancy_presence_and_client_events_reach_the_webhook_signed(start_server, receiver, clients):

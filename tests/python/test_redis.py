@@ -10,68 +10,20 @@ message), and a node cut off from Redis fills in what it missed once it is back.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 
 import pytest
 
-from conftest import free_port, tcp_connectable
-from procs import stop_process
+from conftest import free_port
 from rawws import channel_info, http_request, publish, publish_ok
-from test_sse import EventReader
+from support.streams import EventReader
 from wsutil import recv_json, run, ws_connect
-
-
-class Redis:
-    """redis-server on a free loopback port, stopped by pid; with `persist` it keeps
-    an append-only file, so what it acknowledged survives a restart."""
-
-    def __init__(self, persist: bool = False) -> None:
-        self.persist = persist
-        assert shutil.which("redis-server"), "redis-server is not installed (scripts/test.sh installs it)"
-        self.port = free_port()
-        self.dir = tempfile.TemporaryDirectory(prefix="throng-redis-")
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes" if self.persist else "no", "--appendfsync", "always",
-             "--dir", self.dir.name],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while not tcp_connectable(self.port):
-            assert self.proc.poll() is None, "redis-server exited at start"
-            assert time.monotonic() < deadline, "redis-server not listening after 10 s"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc:
-            stop_process(self.proc)
-
-    def cli(self, *args: str) -> str:
-        out = subprocess.run(
-            ["redis-cli", "-p", str(self.port), *args], capture_output=True, timeout=10, check=True
-        )
-        return out.stdout.decode().strip()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-
-@pytest.fixture
-def redis():
-    r = Redis()
-    yield r
-    r.stop()
-    r.dir.cleanup()
+from support.redis import Redis
+from support.streams import poll
+from support.wait import wait_healthy, wait_until
 
 
 @pytest.fixture(params=["channels", "pattern"])
@@ -84,33 +36,6 @@ def cluster(request, start_server, redis):
     return a, b
 
 
-def wait_healthy(port: int, healthy: bool = True, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    want = 200 if healthy else 503
-    while True:
-        status = http_request(port, "GET", "/healthz").status
-        if status == want:
-            return
-        assert time.monotonic() < deadline, f"/healthz on {port} is {status}, not {want}, after {timeout}s"
-        time.sleep(0.05)
-
-
-def wait_for(predicate, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
-        time.sleep(0.05)
-
-
-def poll(port: int, channel: str, since: int, timeout: int = 5) -> dict:
-    resp = http_request(port, "GET", f"/poll/{channel}?since={since}&timeout={timeout}", timeout=timeout + 5)
-    assert resp.status == 200, resp
-    return resp.json()
-
-
 def test_every_subscriber_on_both_nodes_gets_every_message_once_in_order(cluster):
     a, b = cluster
     n = 20
@@ -120,7 +45,7 @@ def test_every_subscriber_on_both_nodes_gets_every_message_once_in_order(cluster
         ws_b = await ws_connect(b.url("/ws/news?format=json"))
         sse_b = EventReader(f"http://127.0.0.1:{b.port}/sse/news")
         try:
-            wait_for(lambda: channel_info(a.port, "news")["subscribers"] == 3, what="3 subscribers seen")
+            wait_until(lambda: channel_info(a.port, "news")["subscribers"] == 3, what="3 subscribers seen")
             seqs = [publish_ok((a if i % 2 else b).port, "news", f"m{i}") for i in range(n)]
             assert seqs == list(range(1, n + 1)), seqs
             for ws in (ws_a, ws_b):
@@ -237,12 +162,12 @@ def test_channel_info_counts_subscribers_on_every_node(cluster):
         socks += [await ws_connect(b.url("/ws/count")) for _ in range(3)]
         try:
             for node in (a, b):
-                wait_for(lambda: channel_info(node.port, "count")["subscribers"] == 5, what="5 subscribers")
+                wait_until(lambda: channel_info(node.port, "count")["subscribers"] == 5, what="5 subscribers")
         finally:
             for ws in socks:
                 await ws.close()
         for node in (a, b):
-            wait_for(lambda: channel_info(node.port, "count")["subscribers"] == 0, what="0 subscribers")
+            wait_until(lambda: channel_info(node.port, "count")["subscribers"] == 0, what="0 subscribers")
 
     run(main())
 
@@ -469,7 +394,7 @@ def test_a_node_subscribes_in_redis_only_to_its_channels(cluster, redis):
         finally:
             await ws.close()
         if not patterns:
-            wait_for(lambda: redis.cli("PUBSUB", "CHANNELS", "throng:ch:*") == "", what="unsubscribed")
+            wait_until(lambda: redis.cli("PUBSUB", "CHANNELS", "throng:ch:*") == "", what="unsubscribed")
 
     run(main())
 

@@ -16,11 +16,10 @@ import time
 import pytest
 
 from rawws import channel_info, http_request, publish
-from redis_cluster import RedisCluster
-from test_pusher import APP, clients  # noqa: F401 (clients is a fixture)
-from test_pusher_webhooks import receiver  # noqa: F401 (receiver is a fixture)
-from test_redis_slots import presence_and_occupancy_across
-from test_redis import wait_for, wait_healthy
+from support.cluster import RedisCluster
+from support.pusher import APP
+from support.webhooks import presence_and_occupancy_across
+from support.wait import wait_healthy, wait_until
 from wsutil import recv_json, run, ws_connect
 
 CHANNELS = [f"room{i}" for i in range(24)]
@@ -73,7 +72,7 @@ def test_channels_on_every_master_reach_every_subscriber_once_in_order(nodes, re
             subs[c] = [await ws_connect(n.url(f"/ws/{c}?format=json")) for n in (a, b)]
         try:
             for c in CHANNELS:
-                wait_for(lambda c=c: channel_info(a.port, c)["subscribers"] == 2, what=f"{c} subscribed")
+                wait_until(lambda c=c: channel_info(a.port, c)["subscribers"] == 2, what=f"{c} subscribed")
             # Each master carries only its own channels, as shard channels.
             for m in redis_cluster.masters():
                 shard = set(m.cli("PUBSUB", "SHARDCHANNELS", "throng:ch:*").split())
@@ -107,7 +106,7 @@ def test_channels_on_every_master_reach_every_subscriber_once_in_order(nodes, re
 
     run(main(), timeout=120)
     # The last subscriber gone, the node leaves the shard channel.
-    wait_for(lambda: all(m.cli("PUBSUB", "SHARDCHANNELS", "throng:ch:*") == "" for m in redis_cluster.masters()),
+    wait_until(lambda: all(m.cli("PUBSUB", "SHARDCHANNELS", "throng:ch:*") == "" for m in redis_cluster.masters()),
              timeout=10, what="shard channels left")
 
 
@@ -163,7 +162,7 @@ def test_a_master_failover_and_a_slot_migration_under_load_lose_no_subscriber(no
         readers = [asyncio.create_task(collect(ws, got[i], stop)) for i, ws in enumerate(subs)]
         acked = {}
         try:
-            wait_for(lambda: channel_info(a.port, channel)["subscribers"] == 2, what="subscribed")
+            wait_until(lambda: channel_info(a.port, channel)["subscribers"] == 2, what="subscribed")
             n = 0
 
             async def burst(count: int, deadline: float):

@@ -15,7 +15,6 @@ timers at a tenth, --test-time-scale)."""
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 import subprocess
 import time
@@ -23,13 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, tcp_connectable
+from conftest import REPO
 from rawws import channel_info, publish_ok
-from test_pusher import APP, clients, sdk, user  # noqa: F401 (clients is a fixture)
-from test_pusher_webhooks import named, receiver  # noqa: F401 (receiver is a fixture)
-from test_redis import Redis, wait_for, wait_healthy
-from test_sse import EventReader
+from support.pusher import APP, user
+from support.webhooks import named
+from support.redis import Redis
+from support.wait import wait_healthy, wait_until as wait_for
+from support.streams import EventReader
 from wsutil import recv_json, run, ws_connect
+from support.webhooks import presence_and_occupancy_across
 
 # The keeper's failures are logged at debug: the nodes log them so that a command
 # Redis refused shows in a failing test's report, and is asserted absent.
@@ -110,28 +111,11 @@ class ClusterRedis(Redis):
     """redis-server in cluster mode, alone in its cluster and owning every slot,
     with MONITOR recording what runs on it."""
 
+    def __init__(self) -> None:
+        super().__init__(cluster=True)
+
     def start(self) -> None:
-        conf = os.path.join(self.dir.name, "nodes.conf")
-        fresh = not os.path.exists(conf)
-        if fresh:
-            self.bus_port = free_port()
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir.name,
-             "--cluster-enabled", "yes", "--cluster-config-file", conf,
-             # Not the default (port + 10000), which may be taken or past 65535.
-             "--cluster-port", str(self.bus_port)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while not tcp_connectable(self.port):
-            assert self.proc.poll() is None, "redis-server exited at start"
-            assert time.monotonic() < deadline, "redis-server not listening after 10 s"
-            time.sleep(0.05)
-        if fresh:
-            assert self.cli("CLUSTER", "ADDSLOTSRANGE", "0", "16383") == "OK"
-        wait_for(lambda: "cluster_state:ok" in self.cli("CLUSTER", "INFO"), timeout=10,
-                 what="cluster_state:ok")
+        super().start()
         self.monitor_log = Path(self.dir.name) / "monitor.log"
         self.monitor = subprocess.Popen(
             ["redis-cli", "-p", str(self.port), "MONITOR"],
@@ -277,33 +261,6 @@ def test_presence_and_occupancy_are_said_once_for_a_cluster(start_server, cluste
     presence_and_occupancy_across(a, b, receiver, clients)
     assert_no_slot_errors(a, b)
     assert cluster_redis.assert_scripts_stay_in_their_slot() > 0
-
-
-def presence_and_occupancy_across(a, b, receiver, clients) -> None:
-    """Ann on node a and Ben on node b in one presence channel: each sees the
-    other come and go, the users list spans both, and the occupancy webhooks are
-    said once for the cluster."""
-    ann = clients(a.port, user=user("ann"))
-    ann.connected()
-    assert ann.subscribe("presence-room")["members"] == {"ann": {"name": "Ann"}}
-    receiver.event(named("channel_occupied", channel="presence-room"))
-    ben = clients(b.port, user=user("ben"))
-    ben.connected()
-    assert set(ben.subscribe("presence-room")["members"]) == {"ann", "ben"}
-    assert ann.expect(lambda r: r["type"] == "member_added")["id"] == "ben"
-    assert sorted(u["id"] for u in sdk(b.port).users_info("presence-room")["users"]) == ["ann", "ben"]
-    # b's keeper writes itself an occupant within a second; a's leaving then
-    # empties nothing.
-    time.sleep(2.5)
-    ann.close()
-    assert ben.expect(lambda r: r["type"] == "member_removed")["id"] == "ann"
-    time.sleep(2.5)
-    ben.close()
-    receiver.event(named("channel_vacated", channel="presence-room"))
-    events = [e for e in receiver.drain() if e["channel"] == "presence-room"]
-    names = [e["name"] for e in events]
-    assert names.count("channel_occupied") == 1 and names.count("channel_vacated") == 1, events
-    assert names.count("member_added") == 2 and names.count("member_removed") == 2, events
 
 
 def test_a_killed_nodes_members_users_and_channels_go_after_the_node_ttl(

@@ -23,8 +23,8 @@ from websockets.exceptions import InvalidStatus
 from browser import browser, pages  # noqa: F401 (fixtures)
 from procs import Nginx
 from rawws import RawConn, assert_json_error, http_exchange, http_request, publish, publish_ok
-from test_nginx_cluster import fronting
-from test_pusher import APP, APP_ID, clients, sdk  # noqa: F401 (fixture)
+from support.nginx import fronting
+from support.pusher import APP, APP_ID, sdk
 from wsutil import run, ws_connect
 
 HIDDEN = ["private-payroll", "presence-board", "private-encrypted-vault"]

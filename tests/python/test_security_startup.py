@@ -11,7 +11,6 @@ import time
 
 from conftest import free_port, throng_bin
 from rawws import http_request
-from test_redis import redis  # noqa: F401 (redis: the fixture)
 
 SECRET = "s3cr3t-value"
 
@@ -78,11 +77,11 @@ def test_every_port_of_a_range_is_checked(start_server):
     assert proc.returncode != 0 and "already in use" in proc.stderr, proc.stderr
 
 
-def test_a_port_a_servers_workers_hold_is_refused_to_another(start_server, redis):
+def test_a_port_a_servers_workers_hold_is_refused_to_another(start_server, shared_redis):
     """The workers share their master's port with each other, and with nobody else."""
     port = free_port()
-    start_server("--listen", f"127.0.0.1:{port}", "--workers", "2", "--broker", redis.url, ports=[port])
-    for extra in [[], ["--workers", "2", "--broker", redis.url]]:
+    start_server("--listen", f"127.0.0.1:{port}", "--workers", "2", "--broker", shared_redis.url, ports=[port])
+    for extra in [[], ["--workers", "2", "--broker", shared_redis.url]]:
         proc = serve("--listen", f"127.0.0.1:{port}", *extra)
         assert proc.returncode != 0, (extra, proc.stderr)
         assert f"127.0.0.1:{port} is already in use by another process" in proc.stderr, proc.stderr

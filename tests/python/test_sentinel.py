@@ -1,5 +1,5 @@
 """Throng nodes on Redis behind Sentinel (`--broker redis-sentinel://…`), against a
-real master, replica and Sentinel (tests/python/redis_topology.py): a message
+real master, replica and Sentinel (tests/python/support/sentinel.py): a message
 published on one node reaches every subscriber on both; after a Sentinel failover
 (asked for, or after SIGKILL of the master) both nodes follow to the new master,
 their subscribers stay connected and get what is published next, and no publish
@@ -17,8 +17,8 @@ import pytest
 
 from conftest import free_port, throng_bin
 from rawws import http_request, publish, publish_ok, wait_subscribers
-from redis_topology import SentinelSet, info, wait_until
-from test_redis import wait_healthy
+from support.sentinel import SETTLING, SentinelSet, info
+from support.wait import wait_healthy, wait_until
 from wsutil import recv_json, run, ws_connect
 
 # How long a node may take to be healthy again after Sentinel switched masters.
@@ -118,7 +118,7 @@ def wait_writing_to(node, sentinels: SentinelSet, port: int) -> None:
         publish(node.port, probe, "?", timeout=PUBLISH_TIMEOUT)
         return sentinels.redis_command(port, "EXISTS", f"throng:{{{probe}}}:seq") == 1
 
-    wait_until(landed, FOLLOW_TIMEOUT, f"node {node.port} publishing on {port}")
+    wait_until(landed, FOLLOW_TIMEOUT, f"node {node.port} publishing on {port}", ignore=SETTLING)
 
 
 @pytest.mark.parametrize(("how", "wait_replicas"), [("failover", "0"), ("kill", "0"), ("failover", "1")])
@@ -144,7 +144,7 @@ def test_both_nodes_follow_the_master_sentinel_switches_to(nodes, sentinels, how
             # What this test is about is following, not what a failover may lose:
             # the replica has everything before it is promoted.
             wait_until(lambda: sentinels.offset(sentinels.replica_port()) == sentinels.offset(old), 10,
-                       "the replica caught up")
+                       "the replica caught up", ignore=SETTLING)
             # Publishes during the outage go to another channel: one that lands on
             # the old master after the promotion is lost (and its seq reused), which
             # is not what this test checks.
@@ -252,29 +252,29 @@ def test_the_refusal_of_an_unknown_broker_names_every_form():
 
 def test_the_lag_proxy_holds_the_replica_back_and_releases_it(sentinels):
     master, replica = sentinels.master_port(), sentinels.replica_port()
-    wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "in sync")
+    wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "in sync", ignore=SETTLING)
     sentinels.hold_replication()
     held_at = sentinels.offset(replica)
     for i in range(50):
         sentinels.redis_command(master, "SET", f"k{i}", "x" * 100)
-    wait_until(lambda: sentinels.proxy.held_bytes() > 50 * 100, 10, "the proxy holds the writes")
+    wait_until(lambda: sentinels.proxy.held_bytes() > 50 * 100, 10, "the proxy holds the writes", ignore=SETTLING)
     assert sentinels.offset(master) > held_at + 50 * 100
     # The replica has none of it and does not know: its link is up.
     assert sentinels.offset(replica) == held_at
     assert sentinels.redis_command(replica, "EXISTS", "k0") == 0
     assert info(replica, password=sentinels.password)["master_link_status"] == "up"
     sentinels.release_replication()
-    wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "caught up")
+    wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "caught up", ignore=SETTLING)
     assert sentinels.redis_command(replica, "GET", "k49") == "x" * 100
 
 
 def test_a_held_back_replica_is_promoted_when_the_master_dies_and_misses_what_was_held(sentinels):
     master, replica = sentinels.master_port(), sentinels.replica_port()
     sentinels.redis_command(master, "SET", "before", "1")
-    wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "in sync")
+    wait_until(lambda: sentinels.offset(replica) == sentinels.offset(master), 10, "in sync", ignore=SETTLING)
     sentinels.hold_replication()
     sentinels.redis_command(master, "SET", "held", "1")
-    wait_until(lambda: sentinels.proxy.held_bytes() > 0, 10, "the write is held")
+    wait_until(lambda: sentinels.proxy.held_bytes() > 0, 10, "the write is held", ignore=SETTLING)
     assert sentinels.kill_master() == master
     assert sentinels.wait_switched(master) == replica
     assert sentinels.redis_command(replica, "GET", "before") == "1"
@@ -298,5 +298,5 @@ def test_with_wait_a_master_left_without_replicas_takes_no_publishes(nodes, sent
         resp = publish(a.port, "alone", "unbacked", timeout=PUBLISH_TIMEOUT)
         return resp.status == 503 and "NOREPLICAS" in resp.json()["error"]
 
-    wait_until(refused, FOLLOW_TIMEOUT, "publishes refused for want of a replica")
+    wait_until(refused, FOLLOW_TIMEOUT, "publishes refused for want of a replica", ignore=SETTLING)
     assert sentinels.redis_command(new, "GET", "throng:{alone}:seq") == "1"

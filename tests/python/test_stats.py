@@ -7,6 +7,7 @@ import re
 import time
 
 from wsutil import run, ws_connect
+from support.wait import wait_until
 
 KEYS = ["SOCKETS", "FRAMES_TOTAL", "MESSAGES_TOTAL", "FRAMES_PER_MIN", "MESSAGES_PER_MIN"]
 LINE = re.compile(r"^\s*(SOCKETS|FRAMES_TOTAL|MESSAGES_TOTAL|FRAMES_PER_MIN|MESSAGES_PER_MIN):\s*(\S+)\s*$", re.M)
@@ -28,12 +29,15 @@ async def _fragments(parts):
 
 
 def wait_for_blocks(srv, predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while True:
-        blocks = parse_blocks(srv.stdout())
-        if predicate(blocks) or time.monotonic() > deadline:
-            return blocks
-        time.sleep(0.1)
+    """The stats blocks on stdout once predicate(blocks) holds, or as they are at timeout."""
+    seen: list[dict] = []
+
+    def holds():
+        seen[:] = parse_blocks(srv.stdout())
+        return predicate(seen)
+
+    wait_until(holds, timeout, fail=False, interval=0.1)
+    return list(seen)
 
 
 def test_stats_block_printed_and_counts_messages(start_server):

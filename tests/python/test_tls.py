@@ -22,27 +22,8 @@ import websockets
 
 import rawws
 from conftest import free_port
-
-
-def make_cert(directory: Path, name: str, key_type: str = "ec") -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and localhost, with its key."""
-    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
-    newkey = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"] if key_type == "ec" else ["-newkey", "rsa:2048"]
-    subprocess.run(
-        ["openssl", "req", "-x509", *newkey, "-nodes", "-days", "2", "-subj", f"/CN={name}",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )
-    return cert, key
-
-
-def client_context(cert: Path, version: ssl.TLSVersion | None = None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(cert))
-    if version is not None:
-        ctx.minimum_version = version
-        ctx.maximum_version = version
-    return ctx
+from support.tls import client_context, der, https_get, make_cert, served_cert
+from support.wait import wait_until
 
 
 @pytest.fixture
@@ -70,29 +51,6 @@ def metric(port: int, cert: Path, series: str) -> float:
 
 def tls_failures(port: int, cert: Path) -> float:
     return metric(port, cert, 'throng_handshake_failures_total{reason="tls"}')
-
-
-def wait_for(check, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
-
-
-def served_cert(port: int) -> bytes:
-    """The DER certificate a new handshake is given (not verified)."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        with ctx.wrap_socket(raw, server_hostname="localhost") as s:
-            return s.getpeercert(binary_form=True)
-
-
-def der(cert: Path) -> bytes:
-    return ssl.PEM_cert_to_DER_cert(cert.read_text())
 
 
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
@@ -191,7 +149,7 @@ def test_plain_http_to_the_tls_port_is_told_so_and_counted(tls_server):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 400 "), answer
     assert b"https://" in answer
-    assert wait_for(lambda: tls_failures(srv.port, cert) == 1)
+    assert wait_until(lambda: tls_failures(srv.port, cert) == 1, fail=False)
 
 
 def client_hello() -> bytes:
@@ -243,7 +201,7 @@ def test_broken_and_stalled_hellos_close_only_their_own_connection(tls_server):
     assert closed_within(stalled, 5)
     for s in (stalled, garbage, oversized):
         s.close()
-    assert wait_for(lambda: tls_failures(srv.port, cert) == 3), scrape(srv.port, cert)
+    assert wait_until(lambda: tls_failures(srv.port, cert) == 3, fail=False), scrape(srv.port, cert)
 
 
 def test_a_subscriber_that_never_reads_is_dropped_and_the_others_get_everything(tls_server):
@@ -297,14 +255,14 @@ def test_sighup_reloads_the_certificate_for_new_handshakes_only(tls_server, tmp_
             cert.write_bytes(new_cert.read_bytes())
             key.write_bytes(new_key.read_bytes())
             srv.signal(signal.SIGHUP)
-            assert await asyncio.to_thread(wait_for, lambda: served_cert(srv.port) == der(new_cert))
+            assert await asyncio.to_thread(wait_until, lambda: served_cert(srv.port) == der(new_cert), fail=False)
             # The connection from before the reload goes on with its keys.
             await before.send("still here")
             assert await before.recv() == "still here"
             # A bad file keeps the pair that works, and the log says why.
             key.write_text("not a key")
             srv.signal(signal.SIGHUP)
-            assert await asyncio.to_thread(wait_for, lambda: "TLS reload failed" in srv.stderr() + srv.stdout())
+            assert await asyncio.to_thread(wait_until, lambda: "TLS reload failed" in srv.stderr() + srv.stdout(), fail=False)
             assert served_cert(srv.port) == der(new_cert)
             await before.send("and here")
             assert await before.recv() == "and here"
@@ -362,18 +320,6 @@ def test_a_missing_key_file_stops_the_start_with_the_reason(tmp_path):
     )
     assert half.returncode != 0
     assert "--tls-key" in half.stderr, half.stderr
-
-
-def https_get(port: int, ctx: ssl.SSLContext, session=None):
-    """GET /healthz over a new TLS connection; (session, whether it resumed)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as s:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            body = b""
-            while chunk := s.recv(4096):
-                body += chunk
-            assert body.startswith(b"HTTP/1.1 200"), body
-            return s.session, s.session_reused
 
 
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])

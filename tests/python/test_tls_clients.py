@@ -405,8 +405,8 @@ def test_chromium_throng_js_over_wss_gets_what_the_api_publishes(start_server, p
 def test_pusher_js_over_wss_gets_what_the_node_sdk_triggers_over_https(start_server, tmp_path):
     """pusher-js with forceTLS and the official Node server SDK with useTLS,
     both trusting the test certificate only through NODE_EXTRA_CA_CERTS."""
-    from test_pusher import APP, PusherJs
-    from test_tls import make_cert
+    from support.pusher import APP, PusherJs
+    from support.tls import make_cert
 
     cert, key = make_cert(tmp_path, "pusher")
     srv = start_server("--tls-cert", cert, "--tls-key", key, "--pusher-app", APP)

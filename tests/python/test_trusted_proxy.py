@@ -9,7 +9,7 @@ import socket
 
 from procs import Nginx
 from rawws import RawConn, http_request, upgrade_request
-from test_nginx_cluster import fronting
+from support.nginx import fronting
 
 SPOOFED = [("X-Forwarded-For", "203.0.113.7")]
 

@@ -9,12 +9,12 @@ import math
 import os
 import resource
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import free_port, throng_bin
+from support.wait import wait_until
 
 # Runs alone: it changes machine-wide sysctls.
 pytestmark = pytest.mark.serial
@@ -171,12 +171,15 @@ def test_apply_says_plainly_it_cannot_raise_the_open_files_limit(restore_sysctls
 
 
 def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        log = path.read_text()
-        if text in log or proc.poll() is not None or time.monotonic() > deadline:
-            return log
-        time.sleep(0.05)
+    """The log at `path` once it says `text` (or the process ended, or at timeout)."""
+    log = [""]
+
+    def said() -> bool:
+        log[0] = path.read_text()
+        return text in log[0] or proc.poll() is not None
+
+    wait_until(said, timeout, fail=False)
+    return log[0]
 
 
 @pytest.mark.parametrize("max_conns, hinted", [(1000, True), (100, False)])

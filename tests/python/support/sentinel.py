@@ -23,7 +23,7 @@ The replica's `repl-timeout` is an hour so that a long hold does not make it
 drop the link (the master's pings are held too); Sentinel reaches the replica
 directly (the master lists it with the port the replica announces: its own).
 
-`python3 tests/python/redis_topology.py` starts a set, prints its URL and waits
+`cd tests/python && python3 -m support.sentinel` starts a set, prints its URL and waits
 for Ctrl-C, for trying throng by hand.
 """
 
@@ -41,6 +41,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from conftest import free_port, tcp_connectable
+from support.wait import wait_until
 
 MASTER_NAME = "throng"
 DOWN_AFTER_MS = 400
@@ -128,19 +129,10 @@ def info(port: int, section: str = "replication", password: str | None = None) -
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith("#"))
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (OSError, RespError, ConnectionError) as e:
-            last_error = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s (last error: {last_error})")
-        time.sleep(0.05)
+# A Redis or Sentinel that is starting or failing over refuses connections or
+# answers errors for a moment: wait_until(..., ignore=SETTLING) counts those as
+# "not yet" instead of failing at once.
+SETTLING = (OSError, RespError, ConnectionError)
 
 
 class _Pair:
@@ -358,7 +350,7 @@ class SentinelSet:
                 self.redis[rport] = replica
                 rports.append(rport)
                 wait_until(lambda: info(rport, password=password).get("master_link_status") == "up", START_TIMEOUT,
-                           "replica in sync through the proxy")
+                           "replica in sync through the proxy", ignore=SETTLING)
             sport = free_port()
             conf = root / "sentinel.conf"
             conf.write_text(
@@ -373,12 +365,12 @@ class SentinelSet:
             self.sentinel.start()
             command(sport, "SENTINEL", "DEBUG", "info-period", INFO_PERIOD_MS)
             for rport in rports:
-                wait_until(lambda: self._replica_known(rport), START_TIMEOUT, "Sentinel knows the replica")
+                wait_until(lambda: self._replica_known(rport), START_TIMEOUT, "Sentinel knows the replica", ignore=SETTLING)
             # The master counts a replica (as --redis-wait-replicas does) once
             # the first sync is done on its side too.
             wait_until(lambda: sum("state=online" in v for k, v in info(master.port, password=password).items()
                                    if k.startswith("slave")) == replicas, START_TIMEOUT,
-                       "the replicas online at the master")
+                       "the replicas online at the master", ignore=SETTLING)
         except BaseException:
             self.close()
             raise
@@ -424,7 +416,7 @@ class SentinelSet:
             return port if self.redis_command(port, "ROLE")[0] == "master" else None
 
         try:
-            return wait_until(switched, timeout, f"Sentinel switched away from {old_port}")
+            return wait_until(switched, timeout, f"Sentinel switched away from {old_port}", ignore=SETTLING)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.describe()}") from None
 
