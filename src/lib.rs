@@ -14,7 +14,9 @@
 //!   protocol, one file each behind one trait and one registration table; their
 //!   endpoints, formats, what a connection holds while idle, heartbeat, close.
 //! - [`pusher`]: Pusher apps, channel names and kinds (and which throng channels
-//!   are an app's), socket ids, signatures, webhooks; [`tls`]: TLS on the
+//!   are an app's), socket ids, signatures, what a webhook is (protocol only: no
+//!   I/O, no thread); [`webhooks`]: their delivery (a thread and a bounded queue
+//!   per URL, HTTP POSTs, retries, counts); [`tls`]: TLS on the
 //!   listeners (rustls config and reload, the handshake over the loop's buffers,
 //!   the record layer).
 //! - [`rules`]: channel names, namespaces (chat rooms, push-only channels), client
@@ -73,4 +75,5 @@ pub mod transport;
 pub mod tune;
 pub mod units;
 pub mod web;
+pub mod webhooks;
 pub mod workers;

@@ -39,7 +39,7 @@ pub struct Scrape {
     pub uptime: Duration,
     pub process: Process,
     /// Pusher webhooks, when an app has any.
-    pub webhooks: Option<crate::pusher::webhook::Tally>,
+    pub webhooks: Option<crate::webhooks::Tally>,
     /// A replicated broker's failover counts.
     pub failover: Option<crate::broker::FailoverCounts>,
 }
@@ -514,7 +514,7 @@ mod tests {
                 resident_bytes: Some(4096),
                 open_fds: Some(9),
             },
-            webhooks: Some(crate::pusher::webhook::Tally {
+            webhooks: Some(crate::webhooks::Tally {
                 delivered: 3,
                 ..Default::default()
             }),

@@ -1,7 +1,7 @@
 //! The structure docs/ARCHITECTURE.md describes, checked against the source text:
 //! the load generator and `tune` reach the server's code only through the modules
-//! they share with it, no transport is named outside `src/transport/`, and no file
-//! in `src/` grows past 800 lines.
+//! they share with it, no transport is named outside `src/transport/`, `pusher/`
+//! is protocol without I/O, and no file in `src/` grows past 800 lines.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -55,6 +55,7 @@ fn bench_and_tune_share_only_protocol_write_path_client_pusher_os_and_units() {
         "crate::auth",
         "crate::proxy",
         "crate::workers",
+        "crate::webhooks",
     ];
     let mut found = Vec::new();
     for under in ["bench", "tune"] {
@@ -69,6 +70,42 @@ fn bench_and_tune_share_only_protocol_write_path_client_pusher_os_and_units() {
     for (path, text) in src("tune") {
         if text.contains("crate::bench") {
             found.push(format!("{} uses crate::bench", path.display()));
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+/// The lines of `text` that are code: comments and doc comments may name what
+/// code must not use (to say so).
+fn code_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter(|l| !l.trim_start().starts_with("//"))
+}
+
+#[test]
+fn pusher_is_protocol_without_io_threads_or_delivery() {
+    // `pusher/` is what the bench shares with the server: apps, channels,
+    // signatures, webhook events. Sockets, files, threads and the HTTP client
+    // belong to the server side (`webhooks`, `server`, `transport`).
+    let not_in_protocol = [
+        "std::thread",
+        "std::net",
+        "std::fs",
+        "std::process",
+        "std::sync::mpsc",
+        "mio::",
+        "ureq::",
+        "crate::webhooks",
+        "crate::server",
+        "crate::transport",
+    ];
+    let mut found = Vec::new();
+    for (path, text) in src("pusher") {
+        for line in code_lines(&text) {
+            for name in not_in_protocol {
+                if line.contains(name) {
+                    found.push(format!("{} uses {name}: {}", path.display(), line.trim()));
+                }
+            }
         }
     }
     assert!(found.is_empty(), "{found:#?}");

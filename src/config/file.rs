@@ -122,14 +122,14 @@ pub struct FileApp {
     pub app: crate::pusher::App,
     pub client_events: Option<bool>,
     pub max_presence_members: Option<usize>,
-    pub webhooks: Option<Vec<crate::pusher::webhook::Target>>,
+    pub webhooks: Option<Vec<crate::pusher::webhook_events::Target>>,
 }
 
 /// Reads the `[[pusher-app]]` tables: `id`, `key`, `secret`, and optionally
 /// `client-events`, `max-presence-members` and `webhooks` (URLs, or tables
 /// `{ url = "…", events = ["channel_occupied", …] }`).
 pub fn pusher_apps_from_file(path: &Path) -> Result<Vec<FileApp>, ConfigError> {
-    use crate::pusher::webhook::{Kinds, Target};
+    use crate::pusher::webhook_events::{Kinds, Target};
     let table = read_config_table(path)?;
     let Some(tables) = table.get(PUSHER_APPS_KEY).and_then(pusher_app_tables) else {
         return Ok(Vec::new());

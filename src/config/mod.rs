@@ -224,7 +224,7 @@ pub struct ServeArgs {
         value_name = "URL",
         value_delimiter = ','
     )]
-    pub pusher_webhook: Vec<crate::pusher::webhook::Target>,
+    pub pusher_webhook: Vec<crate::pusher::webhook_events::Target>,
 
     /// Most users one Pusher presence channel may have; a new one beyond gets
     /// pusher:subscription_error (Pusher's limit is 100)

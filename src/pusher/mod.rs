@@ -2,14 +2,17 @@
 //! (`--pusher-app ID:KEY:SECRET`), how a Pusher channel is a throng channel (one
 //! namespace per app: channel `NAME` of app `ID` is throng's `ID:NAME`, so an id
 //! whose namespace already means something is refused: [`id_clash`]), socket
-//! ids, what kind a channel is by its prefix, and the signatures ([`sign`]).
+//! ids, what kind a channel is by its prefix, the signatures ([`sign`]) and what
+//! a webhook is ([`webhook_events`]: its kinds, targets, events and signed body).
 //!
 //! The connection side is `transport::pusher`; the signed HTTP API is
-//! `server::routes::pusher_api`. This module does no I/O and touches no
-//! connection.
+//! `server::routes::pusher_api`; webhook delivery (threads, queues, HTTP) is the
+//! server's, [`crate::webhooks`]. This module is protocol only: it does no I/O,
+//! spawns no thread and touches no connection, so the load generator shares it
+//! (`tests/structure.rs` holds it to that).
 
 pub mod sign;
-pub mod webhook;
+pub mod webhook_events;
 
 use crate::hub::SocketId;
 use std::str::FromStr;
@@ -41,7 +44,7 @@ pub struct App {
     /// Most users one of its presence channels may have.
     pub max_presence_members: usize,
     /// Where its webhooks go.
-    pub webhooks: Vec<webhook::Target>,
+    pub webhooks: Vec<webhook_events::Target>,
 }
 
 /// Pusher's limit of users in one presence channel.

@@ -253,7 +253,7 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
             config.namespaces.clone(),
         )?),
     };
-    let webhooks = crate::pusher::webhook::Webhooks::start(&config.pusher_apps)
+    let webhooks = crate::webhooks::Webhooks::start(&config.pusher_apps)
         .map_err(ServerError::Spawn)?
         .map(Arc::new);
     if let Some(hooks) = &webhooks {

@@ -107,7 +107,7 @@ pub struct Shared {
     next_client: AtomicU32,
     /// Pusher webhooks, when an app has any: the transports hear of them as
     /// their [`crate::transport::Hooks`].
-    pub webhooks: Option<Arc<crate::pusher::webhook::Webhooks>>,
+    pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
     /// With `--tls-cert`: what new TLS handshakes use (SIGHUP replaces it).
     pub tls: Option<Arc<crate::tls::config::Certificates>>,
 }
@@ -148,7 +148,7 @@ impl Shared {
 
 /// A Pusher app's webhooks hear of client events through the transports'
 /// neutral hook (here, where the server knows both).
-impl crate::transport::Hooks for crate::pusher::webhook::Webhooks {
+impl crate::transport::Hooks for crate::webhooks::Webhooks {
     fn client_event(
         &self,
         channel: &str,
@@ -157,7 +157,7 @@ impl crate::transport::Hooks for crate::pusher::webhook::Webhooks {
         socket: &str,
         user_id: Option<&str>,
     ) {
-        crate::pusher::webhook::Webhooks::client_event(self, channel, event, data, socket, user_id);
+        crate::webhooks::Webhooks::client_event(self, channel, event, data, socket, user_id);
     }
 }
 

@@ -1,19 +1,19 @@
-//! Pusher webhooks: what an app is told of its channels (`channel_occupied`,
-//! `channel_vacated`, `member_added`, `member_removed`, `client_event`), in
-//! Pusher's batched body (`{"time_ms": …, "events": […]}`), signed
-//! (`X-Pusher-Key`, `X-Pusher-Signature`: HMAC-SHA256 of the body under the
-//! app's secret, in hex) and POSTed to each of the app's webhook URLs.
+//! Webhook delivery, the server's side of Pusher's webhooks: every app's URLs,
+//! a thread and a bounded queue for each, the batching, the HTTP POSTs, their
+//! retries, and what became of the events ([`Counts`], [`Tally`] for `/metrics`
+//! and `/api/stats`). What an event, a target and a signed body are is the
+//! protocol's (`pusher::webhook_events`, which does no I/O).
 //!
 //! Each URL has a thread of its own and a bounded queue: noting an event is a
 //! `try_send` and never waits, so no event loop or broker lock is held up by a
 //! slow receiver; a URL that is down is retried with back-off while its queue
 //! fills, and what no longer fits is counted and logged as dropped, never lost
 //! in silence. What is decided once for the cluster (occupancy, users) comes
-//! from the broker through [`ChannelWatch`]; client events come from the Pusher
-//! transport. It must not touch connections or the broker.
+//! from the broker through [`ChannelWatch`]; client events come from the
+//! transports through `transport::Hooks` (wired in `server/shared.rs`). It must
+//! not touch connections or the broker.
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -21,8 +21,9 @@ use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
-use super::App;
 use crate::broker::ChannelWatch;
+use crate::pusher::App;
+use crate::pusher::webhook_events::{self, Event, Kind, Kinds};
 use crate::timing::{
     WEBHOOK_BATCH_WINDOW, WEBHOOK_REQUEST_TIMEOUT, WEBHOOK_RETRY_DELAYS, webhook_retry_delay,
 };
@@ -32,127 +33,6 @@ use crate::timing::{
 pub const QUEUE: usize = 10_000;
 /// Most events in one request.
 pub const MAX_BATCH: usize = 100;
-
-/// A kind of webhook event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    ChannelOccupied,
-    ChannelVacated,
-    MemberAdded,
-    MemberRemoved,
-    ClientEvent,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 5] = [
-        Kind::ChannelOccupied,
-        Kind::ChannelVacated,
-        Kind::MemberAdded,
-        Kind::MemberRemoved,
-        Kind::ClientEvent,
-    ];
-
-    /// Its name in a webhook body and in the config file.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::ChannelOccupied => "channel_occupied",
-            Kind::ChannelVacated => "channel_vacated",
-            Kind::MemberAdded => "member_added",
-            Kind::MemberRemoved => "member_removed",
-            Kind::ClientEvent => "client_event",
-        }
-    }
-
-    fn bit(self) -> u8 {
-        1 << (self as u8)
-    }
-}
-
-/// Which kinds of event one URL is sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Kinds(u8);
-
-impl Kinds {
-    pub const ALL: Kinds = Kinds(0b1_1111);
-
-    pub fn has(self, kind: Kind) -> bool {
-        self.0 & kind.bit() != 0
-    }
-
-    /// The kinds named, e.g. `["channel_occupied", "member_added"]`.
-    pub fn parse<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Kinds, String> {
-        let mut kinds = Kinds(0);
-        for name in names {
-            let kind = Kind::ALL
-                .into_iter()
-                .find(|k| k.name() == name)
-                .ok_or_else(|| {
-                    let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
-                    format!(
-                        "unknown webhook event '{name}' (known: {})",
-                        known.join(", ")
-                    )
-                })?;
-            kinds.0 |= kind.bit();
-        }
-        if kinds.0 == 0 {
-            return Err("a webhook needs at least one event".into());
-        }
-        Ok(kinds)
-    }
-}
-
-/// One webhook URL and the kinds of event it is sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    pub url: Box<str>,
-    pub kinds: Kinds,
-}
-
-/// Why a webhook URL is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a webhook URL is http://HOST[:PORT]/PATH or https://…, without spaces: '{0}'")]
-pub struct TargetError(String);
-
-impl FromStr for Target {
-    type Err = TargetError;
-
-    /// A URL (`--pusher-webhook`), sent every kind of event.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let rest = s
-            .strip_prefix("http://")
-            .or_else(|| s.strip_prefix("https://"));
-        let host_given = rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'));
-        if !host_given || s.len() > 2048 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(TargetError(s.chars().take(100).collect()));
-        }
-        Ok(Target {
-            url: s.into(),
-            kinds: Kinds::ALL,
-        })
-    }
-}
-
-/// One event of a webhook body, as Pusher sends it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Event {
-    pub name: &'static str,
-    pub channel: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub event: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub socket_id: Option<String>,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    time_ms: u64,
-    events: &'a [Event],
-}
 
 /// What the webhooks did, across every URL (`/metrics`, `/api/stats`).
 #[derive(Debug, Default)]
@@ -260,7 +140,7 @@ impl Webhooks {
         if queues.peek().is_none() {
             return;
         }
-        let event = make(super::pusher_name(channel).into_owned());
+        let event = make(crate::pusher::pusher_name(channel).into_owned());
         for queue in queues {
             match queue.tx.try_send(event.clone()) {
                 Ok(()) => {}
@@ -290,25 +170,13 @@ impl Webhooks {
         socket_id: &str,
         user_id: Option<&str>,
     ) {
-        self.note(channel, Kind::ClientEvent, |name| Event {
-            name: Kind::ClientEvent.name(),
-            channel: name,
-            user_id: user_id.map(str::to_string),
-            event: Some(event.to_string()),
-            data: Some(data.to_string()),
-            socket_id: Some(socket_id.to_string()),
+        self.note(channel, Kind::ClientEvent, |name| {
+            Event::client_event(name, event, data, socket_id, user_id)
         });
     }
 
     fn channel_event(&self, channel: &str, kind: Kind, user_id: Option<&str>) {
-        self.note(channel, kind, |name| Event {
-            name: kind.name(),
-            channel: name,
-            user_id: user_id.map(str::to_string),
-            event: None,
-            data: None,
-            socket_id: None,
-        });
+        self.note(channel, kind, |name| Event::of_channel(kind, name, user_id));
     }
 }
 
@@ -369,26 +237,22 @@ impl Sender {
     /// Posts one batch, retrying with back-off; counts how it ended.
     fn deliver(&self, agent: &ureq::Agent, batch: &[Event]) {
         let n = batch.len() as u64;
-        let body = match serde_json::to_vec(&Body {
-            time_ms: now_ms(),
-            events: batch,
-        }) {
-            Ok(body) => body,
+        let signed = match webhook_events::signed_body(&self.secret, now_ms(), batch) {
+            Ok(signed) => signed,
             Err(e) => {
                 tracing::error!(error = %e, "webhook body not encoded");
                 self.counts.failed.fetch_add(n, Ordering::Relaxed);
                 return;
             }
         };
-        let signature = super::sign::sign(&self.secret, &body);
         let mut delays = (0..).map_while(webhook_retry_delay);
         loop {
             let outcome = agent
                 .post(&*self.url)
-                .header("X-Pusher-Key", &*self.key)
-                .header("X-Pusher-Signature", &signature)
+                .header(webhook_events::KEY_HEADER, &*self.key)
+                .header(webhook_events::SIGNATURE_HEADER, &signed.signature)
                 .content_type("application/json")
-                .send(&body[..]);
+                .send(&signed.body[..]);
             let why = match outcome {
                 Ok(answer) if answer.status().is_success() => {
                     self.counts.delivered.fetch_add(n, Ordering::Relaxed);
@@ -424,49 +288,6 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kinds_parse_by_pusher_name() {
-        let kinds = Kinds::parse(["channel_occupied", "member_added"]).unwrap();
-        assert!(kinds.has(Kind::ChannelOccupied) && kinds.has(Kind::MemberAdded));
-        assert!(!kinds.has(Kind::ClientEvent));
-        assert!(Kinds::parse(["occupied"]).unwrap_err().contains("known"));
-        assert!(Kinds::parse([]).is_err());
-        assert!(Kind::ALL.iter().all(|k| Kinds::ALL.has(*k)));
-    }
-
-    #[test]
-    fn targets_are_http_urls() {
-        let t: Target = "http://127.0.0.1:9/hook".parse().unwrap();
-        assert_eq!((&*t.url, t.kinds), ("http://127.0.0.1:9/hook", Kinds::ALL));
-        assert!("https://example.com".parse::<Target>().is_ok());
-        for bad in [
-            "",
-            "ftp://x",
-            "http://",
-            "http:///x",
-            "http://a b",
-            "127.0.0.1:9",
-        ] {
-            assert!(bad.parse::<Target>().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn events_serialize_as_pusher_sends_them() {
-        let e = Event {
-            name: "member_added",
-            channel: "presence-a".into(),
-            user_id: Some("7".into()),
-            event: None,
-            data: None,
-            socket_id: None,
-        };
-        assert_eq!(
-            serde_json::to_string(&e).unwrap(),
-            r#"{"name":"member_added","channel":"presence-a","user_id":"7"}"#
-        );
-    }
 
     #[test]
     fn noting_for_an_app_without_webhooks_does_nothing_and_a_full_queue_counts() {
