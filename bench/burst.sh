@@ -78,8 +78,6 @@ build_hub_peers
 
 # ---------------------------------------------------------------- machine
 describe_machine
-NOFILE=$(ulimit -Hn)
-LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- servers
 NCHAN_DIR=$WORK/nchan

@@ -56,7 +56,6 @@ if [ ! -x "$THRONG_BIN" ] && [ "$THRONG_BIN" = "$REPO_DIR/target/release/throng"
 fi
 copy_throng throng "$THRONG_BIN"
 describe_machine
-NOFILE=$(ulimit -Hn)
 QUIET_BUDGET=30; QUIET_WAIT_MAX=5; QUIET_WAITED=0
 cpu_ticks() { local t=0 p; for p in "$@"; do t=$(( t + $(awk '{print $14 + $15}' "/proc/$p/stat") )); done; echo "$t"; }
 

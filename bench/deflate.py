@@ -76,7 +76,6 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -86,6 +85,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from common import free_port, wait_port  # noqa: E402  (bench/common.py)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -214,24 +214,6 @@ def payload_stats(lines: list[str]) -> dict:
 # ---------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
-    for _ in range(150):
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited early ({proc.returncode})")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{what} not listening on {port}")
-
-
 def children(pid: int) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -338,7 +320,7 @@ class Server:
         with open(work / f"{name}-{self.port}.out", "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs.append(proc)
-        wait_port(self.port, proc, name)
+        wait_port(self.port, proc, name, tries=150, fail=RuntimeError)
         if name in NCHAN_TEMPLATES:  # wait for the workers
             for _ in range(50):
                 if len(children(proc.pid)) >= threads:

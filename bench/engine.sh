@@ -106,15 +106,12 @@ copy_throngs
 
 # ---------------------------------------------------------------- machine
 describe_machine
-NOFILE=$(ulimit -n)
+NOFILE=$(ulimit -n)  # this report's machine.nofile is the soft limit (the others': the hard one)
 
 # ---------------------------------------------------------------- servers
 server_cmd() { # name port -> prints nothing, sets CMD array
+  throng_cmd "$1" "$2" --ping-interval 25s && return
   case "$1" in
-    throng|throng-base) CMD=("$WORK/$1" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s) ;;
-    throng1) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --ping-interval 25s) ;;
-    throng-epoll) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --ping-interval 25s --io-uring off) ;;
-    throng1-epoll) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --ping-interval 25s --io-uring off) ;;
     gorilla) CMD=("$GORILLA" -addr "127.0.0.1:$2") ;;
     tungstenite) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2") ;;
     tungstenite4k) CMD=("$TUNGSTENITE" --addr "127.0.0.1:$2" --read-buffer 4096) ;;
@@ -142,11 +139,8 @@ run_client() { # outfile args...
 }
 
 server_version() {
+  throng_build_version "$1" && return
   case "$1" in
-    throng|throng-base) throng_version "$1" ;;
-    throng1) echo "$(throng_version throng), one I/O thread" ;;
-    throng-epoll) echo "$(throng_version throng), --io-uring off" ;;
-    throng1-epoll) echo "$(throng_version throng), one I/O thread, --io-uring off" ;;
     gorilla) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$BENCH_DIR/peers/gorilla-echo/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
     tungstenite|tungstenite4k) echo "tokio-tungstenite $(awk '/^name = "tokio-tungstenite"/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TUNG_DIR/Cargo.lock")" ;;
     node) echo "ws $(jq -r .version "$NODE_DIR/node_modules/ws/package.json" 2>/dev/null), node $(node --version 2>/dev/null)" ;;

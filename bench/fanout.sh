@@ -80,17 +80,11 @@ build_hub_peers
 
 # ---------------------------------------------------------------- machine
 describe_machine
-NOFILE=$(ulimit -Hn)
-LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- servers
 server_cmd() { # name port -> sets CMD array
+  throng_cmd "$1" "$2" && return
   case "$1" in
-    throng|throng-base) CMD=("$WORK/$1" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0) ;;
-    throng1) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0) ;;
-    throng-epoll) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 2 --stats-interval 0 --io-uring off) ;;
-    throng1-epoll) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --io-uring off) ;;
-    throng1-nohistory) CMD=("$WORK/throng" serve --listen "127.0.0.1:$2" --threads 1 --stats-interval 0 --history-size 0) ;;
     gorilla-hub) CMD=("$HUB" -addr "127.0.0.1:$2") ;;
     tokio-broadcast) CMD=("$TB" --addr "127.0.0.1:$2") ;;
     uws) CMD=("$UWS_DIR/bin/uws-hub" --addr "127.0.0.1:$2") ;;
@@ -129,12 +123,8 @@ run_scenario() { # name scenario fanload-args...
 }
 
 server_version() {
+  throng_build_version "$1" && return
   case "$1" in
-    throng|throng-base) throng_version "$1" ;;
-    throng1) echo "$(throng_version throng), one I/O thread" ;;
-    throng-epoll) echo "$(throng_version throng), --io-uring off" ;;
-    throng1-epoll) echo "$(throng_version throng), one I/O thread, --io-uring off" ;;
-    throng1-nohistory) echo "$(throng_version throng), one I/O thread, --history-size 0" ;;
     gorilla-hub) echo "gorilla/websocket $(awk '/gorilla\/websocket v/ {print $NF; exit}' "$HUB_DIR/go.mod"), $(go version 2>/dev/null | awk '{print $3}')" ;;
     tokio-broadcast) echo "axum $(awk '/^name = "axum"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock"), tokio $(awk '/^name = "tokio"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock"), tokio-tungstenite $(awk '/^name = "tokio-tungstenite"$/ {getline; gsub(/"/,"",$3); print $3}' "$TB_DIR/Cargo.lock")" ;;
     uws) "$UWS_DIR/build.sh" --version ;;

@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -32,16 +31,11 @@ import websockets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (bench/provenance.py)
+from common import free_port  # noqa: E402  (bench/common.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 THRONG = os.environ.get("THRONG_BIN", str(ROOT / "target/release/throng"))
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def thread_cpu_seconds(pid: int, name: str) -> float:

@@ -124,8 +124,41 @@ copy_throngs() {
 }
 throng_version() { echo "$("$WORK/$1" --version 2>/dev/null), ${THRONG_FROM[$1]}"; }
 
-# The machine: NPROC, MODEL, KERNEL, DATE, MEM, CLK_TCK.
+# The throng builds the fan-out and echo scripts offer by name: throng and
+# throng-base with two I/O threads, throng1 with one, the -epoll builds with
+# --io-uring off, throng1-nohistory with --history-size 0.
+# throng_cmd NAME PORT [FLAG...]: sets CMD for NAME, each FLAG after the common
+# ones; fails (status 1, CMD untouched) for a name that is not a throng build.
+throng_cmd() {
+  local name=$1 port=$2 bin=$WORK/throng threads=2 variant=()
+  shift 2
+  case "$name" in
+    throng|throng-base) bin=$WORK/$name ;;
+    throng1) threads=1 ;;
+    throng-epoll) variant=(--io-uring off) ;;
+    throng1-epoll) threads=1; variant=(--io-uring off) ;;
+    throng1-nohistory) threads=1; variant=(--history-size 0) ;;
+    *) return 1 ;;
+  esac
+  CMD=("$bin" serve --listen "127.0.0.1:$port" --threads "$threads" --stats-interval 0 "$@" "${variant[@]+"${variant[@]}"}")
+}
+# throng_build_version NAME: the version line of throng_cmd's NAME; fails for other names.
+throng_build_version() {
+  case "$1" in
+    throng|throng-base) throng_version "$1" ;;
+    throng1) echo "$(throng_version throng), one I/O thread" ;;
+    throng-epoll) echo "$(throng_version throng), --io-uring off" ;;
+    throng1-epoll) echo "$(throng_version throng), one I/O thread, --io-uring off" ;;
+    throng1-nohistory) echo "$(throng_version throng), one I/O thread, --history-size 0" ;;
+    *) return 1 ;;
+  esac
+}
+
+# The machine: NPROC, MODEL, KERNEL, DATE, MEM, CLK_TCK, the hard open-files
+# limit NOFILE and the load average at the start, LOADAVG_START.
 describe_machine() {
+  NOFILE=$(ulimit -Hn)
+  LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
   NPROC=$(nproc)
   MODEL=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
   KERNEL=$(uname -r)

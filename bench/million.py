@@ -75,16 +75,11 @@ import time
 from pathlib import Path
 
 from provenance import provenance
+from common import connectable, free_port  # (bench/common.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(check, timeout: float, what: str) -> None:
@@ -94,14 +89,6 @@ def wait_for(check, timeout: float, what: str) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError(f"timed out waiting for {what}")
-
-
-def connectable(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def http_get(port: int, path: str) -> tuple[int, bytes]:
@@ -409,7 +396,7 @@ def main() -> int:
                                       "--appendonly", "no", "--dir", tmp.name],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
             procs_to_stop.append(redis)
-            wait_for(lambda: connectable(redis_port), 10, "redis-server")
+            wait_for(lambda: connectable(redis_port, timeout=0.5), 10, "redis-server")
             serve_cmd = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--workers", str(workers),
                          "--threads", "1", "--broker", f"redis://127.0.0.1:{redis_port}",
                          "--ping-interval", args.ping_interval, "--stats-interval", "0",
@@ -417,7 +404,7 @@ def main() -> int:
         server = subprocess.Popen(serve_cmd, stdout=subprocess.DEVNULL, stderr=open(Path(tmp.name) / "serve.log", "w"),
                                   stdin=subprocess.DEVNULL)
         procs_to_stop.append(server)
-        wait_for(lambda: connectable(port) and http_get(port, "/healthz")[0] == 200, 60, "the server's workers")
+        wait_for(lambda: connectable(port, timeout=0.5) and http_get(port, "/healthz")[0] == 200, 60, "the server's workers")
         wait_for(lambda: len(tree(server.pid)) >= workers + 1, 60, "every worker")
         time.sleep(2)
         sampler = Sampler(server.pid)

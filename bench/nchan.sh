@@ -115,8 +115,6 @@ fi
 
 # ---------------------------------------------------------------- machine
 describe_machine
-NOFILE=$(ulimit -Hn)
-LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- servers
 NCHAN_DIR=$WORK/nchan

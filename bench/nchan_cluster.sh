@@ -123,8 +123,6 @@ fi
 
 # ---------------------------------------------------------------- machine
 describe_machine
-NOFILE=$(ulimit -Hn)
-LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 QUIET_BUDGET=30; QUIET_WAIT_MAX=5; QUIET_WAITED=0
 select_servers
 

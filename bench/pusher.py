@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import provenance
+from common import free_port  # (bench/common.py)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -85,12 +86,6 @@ def cpu_secs(pid: int) -> float:
     text = Path(f"/proc/{pid}/stat").read_text()
     fields = text[text.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the servers -------------------------------------------------------------------

@@ -69,6 +69,7 @@ Env: THRONG_BIN (default target/release/throng; copied before the run).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import queue
@@ -88,6 +89,8 @@ REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(REPO / "tests/python"))
 import provenance  # noqa: E402  (bench/provenance.py)
+import common  # noqa: E402  (bench/common.py)
+from common import connectable, free_port  # noqa: E402
 import rawws  # noqa: E402  (tests/python/rawws.py: the WebSocket handshake)
 from support.cluster import RedisCluster  # noqa: E402  (tests/python/support/cluster.py)
 from support.sentinel import RespError, SentinelSet  # noqa: E402  (tests/python/support/sentinel.py)
@@ -100,10 +103,8 @@ BUSY_CORES = 0.25  # other processes' CPU in a window above this: the table says
 # ---------------------------------------------------------------- processes, /proc
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A part records a failed wait in its row and goes on to the next round.
+wait_until = functools.partial(common.wait_until, fail=RuntimeError)
 
 
 def free_port_pair() -> int:
@@ -123,22 +124,6 @@ def free_port_pair() -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no two consecutive free ports")
-
-
-def connectable(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
-
-
-def wait_until(cond, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {seconds:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def stop_pid(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
@@ -916,6 +901,62 @@ def watch_promotion(port: int, stop: threading.Event, out: dict) -> None:
         time.sleep(0.02)
 
 
+def start_subscribers(subs: list[Subscriber], nodes: list[Node], channel: str, per_node: int) -> None:
+    """per_node subscribers of channel on each node, appended to subs as they are made
+    (so that the round's `finally` stops every one made before a failure)."""
+    for node in nodes:
+        for _ in range(per_node):
+            subs.append(Subscriber(node.port, channel))
+    for s in subs:
+        s.start()
+
+
+def warm_then_publish(subs: list[Subscriber], nodes: list[Node], channel: str, args) -> SchedulePublisher:
+    """Every subscriber hears a message before the measured publishing starts; then
+    the schedule starts over every node and runs 1 s before the kill."""
+    warm = Http(nodes[0].port)
+    deadline = time.monotonic() + 15
+    while not all(any(m.get("data", "").startswith("warm") for _, m in s.got) for s in subs):
+        if time.monotonic() > deadline:
+            raise RuntimeError("subscribers not all hearing the channel after 15 s")
+        warm.publish(channel, b"warm")
+        time.sleep(0.1)
+    warm.close()
+    time.sleep(0.2)
+    pub = SchedulePublisher([n.port for n in nodes], channel, args.failover_interval / 1000)
+    pub.start()
+    time.sleep(1.0)
+    return pub
+
+
+def wait_for_comeback(pub: SchedulePublisher, subs: list[Subscriber], t_kill: float, args) -> None:
+    """Until every subscriber has heard a message published after the kill and
+    --failover-after s more have passed; at most --failover-max s. Then stops pub."""
+    deadline = t_kill + args.failover_max
+    back_all = None
+    while time.monotonic() < deadline:
+        if back_all is None and all(any(t > t_kill and str(m.get("data", "")).startswith("fo ")
+                                        and pub.records.get(int(m["data"].split()[1]), {}).get("sent", 0) > t_kill
+                                        for t, m in s.got) for s in subs):
+            back_all = time.monotonic()
+        if back_all is not None and time.monotonic() > back_all + args.failover_after:
+            break
+        time.sleep(0.05)
+    pub.stop()
+
+
+def stop_round(pub: SchedulePublisher | None, subs: list[Subscriber], nodes: list[Node], row: dict) -> None:
+    """A round's `finally`: the publisher, subscribers and nodes stopped, each node's
+    log tail kept in the row (the Redis side is stopped by the caller)."""
+    if pub is not None and not pub.stop_event.is_set():
+        pub.stop()
+    for s in subs:
+        s.stop()
+    for n in nodes:
+        n.stop()
+    row["node_log_tail"] = [n.log_tail(1200) for n in nodes]
+
+
 def failover_round(k: int, throng: Path, work: Path, args, log) -> dict:
     row: dict = {"round": k}
     cluster = None
@@ -934,24 +975,8 @@ def failover_round(k: int, throng: Path, work: Path, args, log) -> dict:
         nodes = [Node(throng, work, p + i, cluster.url, args.node_threads,
                       "--redis-wait-replicas", str(args.failover_wait_replicas)) for i in range(2)]
         row["node_command"] = nodes[0].cmd
-        for node in nodes:
-            for _ in range(args.failover_subscribers):
-                subs.append(Subscriber(node.port, channel))
-        for s in subs:
-            s.start()
-        # Every subscriber hears a message before the measured publishing starts.
-        warm = Http(nodes[0].port)
-        deadline = time.monotonic() + 15
-        while not all(any(m.get("data", "").startswith("warm") for _, m in s.got) for s in subs):
-            if time.monotonic() > deadline:
-                raise RuntimeError("subscribers not all hearing the channel after 15 s")
-            warm.publish(channel, b"warm")
-            time.sleep(0.1)
-        warm.close()
-        time.sleep(0.2)
-        pub = SchedulePublisher([n.port for n in nodes], channel, args.failover_interval / 1000)
-        pub.start()
-        time.sleep(1.0)
+        start_subscribers(subs, nodes, channel, args.failover_subscribers)
+        pub = warm_then_publish(subs, nodes, channel, args)
         promoted: dict = {}
         watch_stop = threading.Event()
         watchers = [threading.Thread(target=watch_promotion, args=(r.port, watch_stop, promoted), daemon=True)
@@ -964,19 +989,7 @@ def failover_round(k: int, throng: Path, work: Path, args, log) -> dict:
         victim.proc.wait(10)
         victim.proc = None
         log(f"failover {k}: killed master {victim.addr} (channel {channel})")
-        # Until every subscriber has heard a message published after the kill and
-        # --failover-after s more have passed; at most --failover-max s.
-        deadline = t_kill + args.failover_max
-        back_all = None
-        while time.monotonic() < deadline:
-            if back_all is None and all(any(t > t_kill and str(m.get("data", "")).startswith("fo ")
-                                            and pub.records.get(int(m["data"].split()[1]), {}).get("sent", 0) > t_kill
-                                            for t, m in s.got) for s in subs):
-                back_all = time.monotonic()
-            if back_all is not None and time.monotonic() > back_all + args.failover_after:
-                break
-            time.sleep(0.05)
-        pub.stop()
+        wait_for_comeback(pub, subs, t_kill, args)
         watch_stop.set()
         time.sleep(1.5)  # the last deliveries
         row.update(failover_figures(pub, subs, t_kill, promoted.get("promoted_at"), nodes))
@@ -986,13 +999,7 @@ def failover_round(k: int, throng: Path, work: Path, args, log) -> dict:
         row["error"] = f"{type(e).__name__}: {e}"
         log(f"  error: {row['error']}")
     finally:
-        if pub is not None and not pub.stop_event.is_set():
-            pub.stop()
-        for s in subs:
-            s.stop()
-        for n in nodes:
-            n.stop()
-        row["node_log_tail"] = [n.log_tail(1200) for n in nodes]
+        stop_round(pub, subs, nodes, row)
         if cluster:
             cluster.stop()
     return row
@@ -1163,23 +1170,8 @@ def sentinel_round(k: int, throng: Path, work: Path, args, log) -> dict:
         nodes = [Node(throng, work, p + i, sets.url, args.node_threads,
                       "--redis-wait-replicas", str(args.failover_wait_replicas)) for i in range(2)]
         row["node_command"] = nodes[0].cmd
-        for node in nodes:
-            for _ in range(args.failover_subscribers):
-                subs.append(Subscriber(node.port, channel))
-        for s in subs:
-            s.start()
-        warm = Http(nodes[0].port)
-        deadline = time.monotonic() + 15
-        while not all(any(m.get("data", "").startswith("warm") for _, m in s.got) for s in subs):
-            if time.monotonic() > deadline:
-                raise RuntimeError("subscribers not all hearing the channel after 15 s")
-            warm.publish(channel, b"warm")
-            time.sleep(0.1)
-        warm.close()
-        time.sleep(0.2)
-        pub = SchedulePublisher([n.port for n in nodes], channel, args.failover_interval / 1000)
-        pub.start()
-        time.sleep(1.0)
+        start_subscribers(subs, nodes, channel, args.failover_subscribers)
+        pub = warm_then_publish(subs, nodes, channel, args)
         promoted: dict = {}
         switched: dict = {}
         watch_stop = threading.Event()
@@ -1192,17 +1184,7 @@ def sentinel_round(k: int, throng: Path, work: Path, args, log) -> dict:
         t_kill = time.monotonic()
         sets.kill_master()  # SIGKILL, then waits for the process
         log(f"sentinel {k}: killed master 127.0.0.1:{old} (channel {channel})")
-        deadline = t_kill + args.failover_max
-        back_all = None
-        while time.monotonic() < deadline:
-            if back_all is None and all(any(t > t_kill and str(m.get("data", "")).startswith("fo ")
-                                            and pub.records.get(int(m["data"].split()[1]), {}).get("sent", 0) > t_kill
-                                            for t, m in s.got) for s in subs):
-                back_all = time.monotonic()
-            if back_all is not None and time.monotonic() > back_all + args.failover_after:
-                break
-            time.sleep(0.05)
-        pub.stop()
+        wait_for_comeback(pub, subs, t_kill, args)
         watch_stop.set()
         time.sleep(1.5)  # the last deliveries
         row.update(failover_figures(pub, subs, t_kill, promoted.get("promoted_at"), nodes))
@@ -1215,13 +1197,7 @@ def sentinel_round(k: int, throng: Path, work: Path, args, log) -> dict:
         row["error"] = f"{type(e).__name__}: {e}"
         log(f"  error: {row['error']}")
     finally:
-        if pub is not None and not pub.stop_event.is_set():
-            pub.stop()
-        for s in subs:
-            s.stop()
-        for n in nodes:
-            n.stop()
-        row["node_log_tail"] = [n.log_tail(1200) for n in nodes]
+        stop_round(pub, subs, nodes, row)
         if sets:
             sets.close()
     return row

@@ -42,15 +42,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (bench/provenance.py)
+from common import free_port  # noqa: E402  (bench/common.py)
 import throng_server  # noqa: E402  (bench/throng_server.py: DEFAULT_BIN)
 
 PATHS = ("/metrics", "/healthz")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_ns(pid: int) -> int:

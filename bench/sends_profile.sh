@@ -111,8 +111,6 @@ if wantsc echo; then go_build "$BENCH_DIR/clients/wsload" wsload; fi
 
 # ---------------------------------------------------------------- machine, tools
 describe_machine
-NOFILE=$(ulimit -Hn)
-LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 STRACE_VERSION=$(strace -V 2>/dev/null | head -1 || true)
 PERF_VERSION=$(perf --version 2>/dev/null || true)
 

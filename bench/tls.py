@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,30 +42,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from common import free_port, wait_port  # noqa: E402  (bench/common.py)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 THRONG = REPO / "target/release/throng"
 SOURCE_IPS = "127.0.0.2-127.0.0.254"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
-    for _ in range(100):
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited early ({proc.returncode})")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"{what} not listening on {port}")
 
 
 def tree(pid: int) -> list[int]:

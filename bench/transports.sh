@@ -54,7 +54,6 @@ if [ ! -x "$THRONG_BIN" ] && [ "$THRONG_BIN" = "$REPO_DIR/target/release/throng"
 fi
 copy_throng throng "$THRONG_BIN"   # a private copy: the real one may be rebuilt meanwhile
 describe_machine
-NOFILE=$(ulimit -Hn)
 QUIET_BUDGET=30; QUIET_WAIT_MAX=5; QUIET_WAITED=0
 
 server_cmd() {

@@ -43,36 +43,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (bench/provenance.py)
+from common import connectable, free_port, wait_until  # noqa: E402  (bench/common.py)
 import throng_server  # noqa: E402  (bench/throng_server.py: DEFAULT_BIN)
 
 APP = "1:bench-key:bench-secret"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_secs(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_until(cond, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {seconds:.0f} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def connectable(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
 
 
 def metrics(port: int) -> dict:

@@ -62,31 +62,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (bench/provenance.py)
+from common import connectable, free_port, wait_until  # noqa: E402  (bench/common.py)
 import throng_server  # noqa: E402  (bench/throng_server.py: DEFAULT_BIN)
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def connectable(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
-
-
-def wait_until(cond, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {seconds:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:

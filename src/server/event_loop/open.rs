@@ -13,6 +13,7 @@ use super::timers::{next_due, set_deadline};
 use crate::broker::BrokerError;
 use crate::protocol::http::write_error;
 use crate::server::conn::Mode;
+use crate::server::subscribers::Joined;
 use crate::server::timer::{Tick, ticks};
 use crate::stats::{HandshakeFailure, LoopCounters};
 use crate::transport::{After, Change, Deflater, Opening, Replayed, Subscribe};
@@ -97,13 +98,7 @@ impl EventLoop {
     /// replay; false when that already answered or ended the connection (a
     /// long-poll answered from history, a broker refusal, a dead socket).
     fn subscribe(&mut self, key: usize, subscribe: Subscribe, client: u32, head_at: usize) -> bool {
-        let joined = self.subscribers.join(
-            &*self.shared.broker,
-            &self.shared.config.namespaces,
-            key,
-            &subscribe,
-            client,
-        );
+        let joined = self.join(key, &subscribe, client);
         let Some(conn) = self.conns.get_mut(key) else {
             return false;
         };
@@ -173,6 +168,24 @@ impl EventLoop {
         true
     }
 
+    /// Joins connection `key` (of `client`) to the channel `subscribe` names,
+    /// through the broker and by its namespace's rules: the one way in, for a
+    /// transport's own subscription and for a join its client asks for later.
+    fn join(
+        &mut self,
+        key: usize,
+        subscribe: &Subscribe,
+        client: u32,
+    ) -> Result<Joined, BrokerError> {
+        self.subscribers.join(
+            &*self.shared.broker,
+            &self.shared.config.namespaces,
+            key,
+            subscribe,
+            client,
+        )
+    }
+
     /// Carries out the subscriptions connection `key`'s transport asked for
     /// while its input was handled, each answered by the transport.
     pub(super) fn apply_changes(&mut self, key: usize) {
@@ -180,13 +193,7 @@ impl EventLoop {
         for change in changes.drain(..) {
             match change {
                 Change::Join { subscribe, client } => {
-                    let joined = self.subscribers.join(
-                        &*self.shared.broker,
-                        &self.shared.config.namespaces,
-                        key,
-                        &subscribe,
-                        client,
-                    );
+                    let joined = self.join(key, &subscribe, client);
                     let session = self.conns.get_mut(key).and_then(|c| c.mode.session_mut());
                     let Some(transport) = session.map(|s| s.transport_mut()) else {
                         // The connection being served is not closed while its own

@@ -4,7 +4,7 @@
 //! state, and writes one whole answer.
 
 use super::subscribe::pusher_only;
-use super::{Outcome, RouteContext, ok, ok_json, ok_with, request_body};
+use super::{Outcome, RouteContext, ok, ok_json, ok_with, refused, request_body};
 use crate::broker::Outgoing;
 use crate::broker::idempotency::{self, Published};
 use crate::metrics;
@@ -102,25 +102,22 @@ pub(super) fn publish(
     counts: &mut TurnCounts,
 ) -> Outcome {
     if req.method != "POST" {
-        http::write_error(
+        return refused(
             out,
             405,
             "method not allowed: use POST",
             &[("Allow", "POST")],
         );
-        return Outcome::Responded;
     }
     if !authorized(req, ctx, out) {
         return Outcome::Responded;
     }
     if let Err(e) = validate_channel_name(channel) {
-        http::write_error(out, 400, &e.to_string(), &[]);
-        return Outcome::Responded;
+        return refused(out, 400, &e.to_string(), &[]);
     }
     if is_reserved(channel) {
         let reason = "the throng: namespace is the server's own (the dashboard's feed): nobody publishes to it";
-        http::write_error(out, 403, reason, &[]);
-        return Outcome::Responded;
+        return refused(out, 403, reason, &[]);
     }
     let body = match request_body(req, ctx, out, ctx.shared.config.max_message_size) {
         Ok(body) => body,
@@ -132,8 +129,7 @@ pub(super) fn publish(
         .is_some_and(|v| v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"text/"));
     let kind = if is_text {
         if std::str::from_utf8(body).is_err() {
-            http::write_error(out, 400, "text/* body is not valid UTF-8", &[]);
-            return Outcome::Responded;
+            return refused(out, 400, "text/* body is not valid UTF-8", &[]);
         }
         DataKind::Text
     } else {
@@ -146,14 +142,12 @@ pub(super) fn publish(
         None => None,
         Some(Ok(key)) => Some(key),
         Some(Err(e)) => {
-            http::write_error(out, 400, &format!("Idempotency-Key: {e}"), &[]);
-            return Outcome::Responded;
+            return refused(out, 400, &format!("Idempotency-Key: {e}"), &[]);
         }
     };
     let event = query_param(req, "event");
     if let Some(Err(e)) = event.map(validate_event_name) {
-        http::write_error(out, 400, &e.to_string(), &[]);
-        return Outcome::Responded;
+        return refused(out, 400, &e.to_string(), &[]);
     }
     let message = Outgoing {
         payload: body,
@@ -203,10 +197,7 @@ pub(super) fn publish(
                 length,
             )
         }
-        Err(e) => {
-            http::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);
-            Outcome::Responded
-        }
+        Err(e) => refused(out, 503, &e.to_string(), &[("Retry-After", "1")]),
     }
 }
 
@@ -217,8 +208,7 @@ pub(super) fn channel_info(
     out: &mut Vec<u8>,
 ) -> Outcome {
     if let Err(e) = validate_channel_name(channel) {
-        http::write_error(out, 400, &e.to_string(), &[]);
-        return Outcome::Responded;
+        return refused(out, 400, &e.to_string(), &[]);
     }
     // What an app's private channels hold is the Pusher API's to tell, signed
     // (`/apps/ID/channels/NAME`), or this API's to a publisher (the app's server
@@ -231,19 +221,17 @@ pub(super) fn channel_info(
             "{}; its numbers are told to a publisher only (the API key, or from this machine)",
             pusher_only(channel, &app.id, kind)
         );
-        http::write_error(out, 403, &reason, &[]);
-        return Outcome::Responded;
+        return refused(out, 403, &reason, &[]);
     }
     if !ctx.shared.broker.healthy() {
         // Without the broker the channel's place is unknown; zeros would mislead
         // a client that resumes from them (throng.js's `since: "now"`).
-        http::write_error(
+        return refused(
             out,
             503,
             "broker unavailable, retry later",
             &[("Retry-After", "1")],
         );
-        return Outcome::Responded;
     }
     let info = ctx.shared.broker.channel_info(channel);
     let value = serde_json::json!({

@@ -208,6 +208,18 @@ fn page(req: &Request<'_>, path: &str, ctx: RouteContext<'_>, out: &mut Vec<u8>)
     }
 }
 
+/// Writes an error answer (a JSON reason; the connection closes after it): the
+/// step every refusal of the API routes ends in.
+pub(super) fn refused(
+    out: &mut Vec<u8>,
+    status: u16,
+    reason: &str,
+    headers: &[(&str, &str)],
+) -> Outcome {
+    http::write_error(out, status, reason, headers);
+    Outcome::Responded
+}
+
 /// Answers 405 unless the method is GET; true when the caller should answer.
 pub(super) fn only_get(req: &Request<'_>, out: &mut Vec<u8>) -> bool {
     if req.method == "GET" {

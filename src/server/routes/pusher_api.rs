@@ -7,11 +7,11 @@
 
 use serde_json::{Value, json};
 
-use super::{Outcome, RouteContext, ok_json, only_get, request_body};
+use super::{Outcome, RouteContext, ok_json, only_get, refused, request_body};
 use crate::broker::{Outgoing, idempotency};
 use crate::hub::SocketId;
 use crate::protocol::DataKind;
-use crate::protocol::http::{self, Request};
+use crate::protocol::http::Request;
 use crate::pusher::{self, App, ChannelKind, sign};
 use crate::rules::validate_event_name;
 use crate::stats::TurnCounts;
@@ -25,8 +25,7 @@ const MAX_BATCH: usize = 10;
 type Refusal = (u16, String);
 
 fn refuse(out: &mut Vec<u8>, (status, reason): Refusal) -> Outcome {
-    http::write_error(out, status, &reason, &[]);
-    Outcome::Responded
+    refused(out, status, &reason, &[])
 }
 
 /// Routes `/apps/{rest}`.
@@ -98,13 +97,12 @@ fn serve(
     }
     let answer = match action {
         "events" | "batch_events" if req.method != "POST" => {
-            http::write_error(
+            return refused(
                 out,
                 405,
                 "method not allowed: use POST",
                 &[("Allow", "POST")],
             );
-            return Outcome::Responded;
         }
         "events" => events(app, body, ctx, counts),
         "batch_events" => batch_events(app, body, ctx, counts),
@@ -116,13 +114,12 @@ fn serve(
         }
         _ if action.starts_with("users/") => {
             if req.method != "POST" {
-                http::write_error(
+                return refused(
                     out,
                     405,
                     "method not allowed: use POST",
                     &[("Allow", "POST")],
                 );
-                return Outcome::Responded;
             }
             terminate(app, action, ctx)
         }

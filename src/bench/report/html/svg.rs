@@ -65,6 +65,40 @@ fn legend(out: &mut String, series: &[(&str, &str)]) -> fmt::Result {
     Ok(())
 }
 
+/// A grid line across the plot (`pw` wide) at height `y`, `label` left of it.
+fn y_grid(out: &mut String, y: f64, pw: f64, label: &str) -> fmt::Result {
+    write!(
+        out,
+        "<line class=\"grid\" x1=\"{LEFT:.1}\" x2=\"{:.1}\" y1=\"{y:.1}\" y2=\"{y:.1}\"/><text class=\"ytick\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+        LEFT + pw,
+        LEFT - 8.0,
+        y + 4.0,
+        Esc(label)
+    )
+}
+
+/// A tick at `x` below the plot's bottom edge (`bottom`), `label` under it.
+fn x_tick(out: &mut String, x: f64, bottom: f64, label: &str) -> fmt::Result {
+    write!(
+        out,
+        "<line class=\"tick\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{bottom:.1}\" y2=\"{:.1}\"/><text class=\"xtick\" x=\"{x:.1}\" y=\"{:.1}\">{}</text>",
+        bottom + 5.0,
+        bottom + 18.0,
+        Esc(label)
+    )
+}
+
+/// The x axis along the plot's bottom edge, `caption` (markup as it is) centred
+/// under it at `caption_y`.
+fn x_axis(out: &mut String, bottom: f64, pw: f64, caption_y: f64, caption: &str) -> fmt::Result {
+    write!(
+        out,
+        "<line class=\"axis\" x1=\"{LEFT:.1}\" x2=\"{:.1}\" y1=\"{bottom:.1}\" y2=\"{bottom:.1}\"/><text class=\"xlabel\" x=\"{:.1}\" y=\"{caption_y:.1}\">{caption}</text>",
+        LEFT + pw,
+        LEFT + pw / 2.0,
+    )
+}
+
 /// A line chart, its legend above it.
 pub(super) fn line_chart(out: &mut String, c: &LineChart<'_>) -> fmt::Result {
     let h = c.height;
@@ -108,36 +142,12 @@ pub(super) fn line_chart(out: &mut String, c: &LineChart<'_>) -> fmt::Result {
         }
     }
     for t in ya.ticks() {
-        let yy = y(t);
-        write!(
-            out,
-            "<line class=\"grid\" x1=\"{LEFT:.1}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\"/><text class=\"ytick\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-            LEFT + pw,
-            LEFT - 8.0,
-            yy + 4.0,
-            Esc(&(c.y_label)(t))
-        )?;
+        y_grid(out, y(t), pw, &(c.y_label)(t))?;
     }
     for t in xa.ticks() {
-        let xx = x(t);
-        write!(
-            out,
-            "<line class=\"tick\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text class=\"xtick\" x=\"{xx:.1}\" y=\"{:.1}\">{}</text>",
-            TOP + ph,
-            TOP + ph + 5.0,
-            TOP + ph + 18.0,
-            Esc(&si(t))
-        )?;
+        x_tick(out, x(t), TOP + ph, &si(t))?;
     }
-    write!(
-        out,
-        "<line class=\"axis\" x1=\"{LEFT:.1}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text class=\"xlabel\" x=\"{:.1}\" y=\"{:.1}\">seconds since the load started</text>",
-        LEFT + pw,
-        TOP + ph,
-        TOP + ph,
-        LEFT + pw / 2.0,
-        h - 4.0
-    )?;
+    x_axis(out, TOP + ph, pw, h - 4.0, "seconds since the load started")?;
     for s in &c.series {
         if s.points.is_empty() {
             continue;
@@ -196,15 +206,7 @@ pub(super) fn histogram_chart(
         "<svg class=\"chart\" data-chart=\"histogram\" viewBox=\"0 0 {W} {h}\" role=\"img\" aria-label=\"latency histogram, log scale\">"
     )?;
     for t in ya.ticks() {
-        let yy = y(t);
-        write!(
-            out,
-            "<line class=\"grid\" x1=\"{LEFT:.1}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\"/><text class=\"ytick\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-            LEFT + pw,
-            LEFT - 8.0,
-            yy + 4.0,
-            Esc(&si(t))
-        )?;
+        y_grid(out, y(t), pw, &si(t))?;
     }
     for b in buckets.iter().filter(|b| b.count > 0) {
         let (x0, x1) = (x(b.from), x(b.to));
@@ -222,25 +224,9 @@ pub(super) fn histogram_chart(
         )?;
     }
     for t in axis.ticks() {
-        let xx = x(t);
-        write!(
-            out,
-            "<line class=\"tick\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text class=\"xtick\" x=\"{xx:.1}\" y=\"{:.1}\">{}</text>",
-            top_y + ph,
-            top_y + ph + 5.0,
-            top_y + ph + 18.0,
-            Esc(&duration_label(t))
-        )?;
+        x_tick(out, x(t), top_y + ph, &duration_label(t))?;
     }
-    write!(
-        out,
-        "<line class=\"axis\" x1=\"{LEFT:.1}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text class=\"xlabel\" x=\"{:.1}\" y=\"{:.1}\">latency (log scale)</text>",
-        LEFT + pw,
-        top_y + ph,
-        top_y + ph,
-        LEFT + pw / 2.0,
-        h - 4.0
-    )?;
+    x_axis(out, top_y + ph, pw, h - 4.0, "latency (log scale)")?;
     // Percentile markers, their labels in rows so that close ones do not overlap.
     let mut last_x = f64::NEG_INFINITY;
     let mut row = 0;
