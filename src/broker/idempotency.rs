@@ -121,7 +121,10 @@ mod tests {
         let mut r = Remembered::default();
         let t0 = Instant::now();
         r.remember("k", 7, t0);
-        assert_eq!(r.seq_of("k", t0 + std::time::Duration::from_secs(299)), Some(7));
+        assert_eq!(
+            r.seq_of("k", t0 + std::time::Duration::from_secs(299)),
+            Some(7)
+        );
         assert_eq!(r.seq_of("other", t0), None);
         assert_eq!(r.seq_of("k", t0 + IDEMPOTENCY_REMEMBERED_FOR), None);
         assert!(r.is_empty(t0 + IDEMPOTENCY_REMEMBERED_FOR));

@@ -198,3 +198,30 @@ fn flags_that_carry_secrets_say_so_and_name_their_variable() {
         );
     }
 }
+
+#[test]
+fn the_test_time_scale_is_hidden_one_by_default_and_refused_out_of_range() {
+    let cmd = ServeArgs::augment_args(Command::new("serve"));
+    let flag = cmd
+        .get_arguments()
+        .find(|a| a.get_id() == "test_time_scale")
+        .expect("the flag exists");
+    assert!(flag.is_hide_set(), "--test-time-scale is testing only");
+    assert_eq!(
+        flag.get_env(),
+        Some(std::ffi::OsStr::new("THRONG_TEST_TIME_SCALE"))
+    );
+    assert_eq!(config_from(&[]).unwrap().test_time_scale, 1.0);
+    assert_eq!(ServeConfig::default().test_time_scale, 1.0);
+    let scaled = config_from(&["--test-time-scale", "0.1"]).unwrap();
+    assert_eq!(scaled.test_time_scale, 0.1);
+    for bad in ["0", "-1", "1.5", "fast"] {
+        let cmd =
+            ServeArgs::augment_args(Command::new("serve")).mut_args(|arg| arg.env(None::<&str>));
+        let refused = cmd
+            .try_get_matches_from(["serve", &format!("--test-time-scale={bad}")])
+            .expect_err(bad)
+            .to_string();
+        assert!(refused.contains("--test-time-scale"), "{refused}");
+    }
+}
