@@ -87,7 +87,8 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// host:port, or host:first-last for one listener per port (repeatable)
+    /// host:port, or host:first-last for one listener per port (repeatable). Port 0:
+    /// the kernel picks a free one, and `serve` prints `listening on ADDR…` on stdout
     #[arg(
         long,
         env = "THRONG_LISTEN",

@@ -25,8 +25,19 @@ from wsutil import recv_json, run, ws_connect
 CHANNELS = [f"room{i}" for i in range(24)]
 
 
+@pytest.fixture(scope="module")
+def shared_cluster():
+    """One Cluster (7 s to start) for the tests of this module that leave its
+    topology alone, each on channels of its own (`prefix`, or a name no other
+    test here uses); they run one at a time on an xdist worker."""
+    c = RedisCluster(masters=3, replicas=1)
+    yield c
+    c.stop()
+
+
 @pytest.fixture
 def redis_cluster():
+    """A Cluster of the test's own: it fails a master over or migrates a slot."""
     c = RedisCluster(masters=3, replicas=1)
     yield c
     c.stop()
@@ -38,13 +49,24 @@ def wait_replicas():
     return "0"
 
 
-@pytest.fixture
-def nodes(start_server, redis_cluster, wait_replicas):
-    a = start_server("--broker", redis_cluster.url, "--redis-wait-replicas", wait_replicas)
-    b = start_server("--broker", redis_cluster.url, "--redis-wait-replicas", wait_replicas)
+def two_nodes(start_server, cluster, wait_replicas):
+    a = start_server("--broker", cluster.url, "--redis-wait-replicas", wait_replicas)
+    b = start_server("--broker", cluster.url, "--redis-wait-replicas", wait_replicas)
     for node in (a, b):
         wait_healthy(node.port, timeout=20)
     return a, b
+
+
+@pytest.fixture
+def nodes(start_server, redis_cluster, wait_replicas):
+    """Two nodes on the test's own Cluster."""
+    return two_nodes(start_server, redis_cluster, wait_replicas)
+
+
+@pytest.fixture
+def shared_nodes(start_server, shared_cluster, wait_replicas):
+    """Two nodes on the module's shared Cluster."""
+    return two_nodes(start_server, shared_cluster, wait_replicas)
 
 
 def publish_retrying(port: int, channel: str, data: str, deadline: float) -> int:
@@ -59,42 +81,46 @@ def publish_retrying(port: int, channel: str, data: str, deadline: float) -> int
 
 
 @pytest.mark.parametrize("wait_replicas", ["0", "1"])
-def test_channels_on_every_master_reach_every_subscriber_once_in_order(nodes, redis_cluster, wait_replicas):
+def test_channels_on_every_master_reach_every_subscriber_once_in_order(shared_nodes, shared_cluster, wait_replicas, prefix):
     # With --redis-wait-replicas 1 each message is held on its master until that
     # master's replica has it (WAIT), then released: the same order, nothing left held.
-    a, b = nodes
-    masters = {redis_cluster.master_of(f"throng:{{{c}}}:seq").port for c in CHANNELS}
+    a, b = shared_nodes
+    redis_cluster = shared_cluster
+    # The Cluster is shared: channels no other test names, and only theirs looked at.
+    channels = [f"{prefix}{c}" for c in CHANNELS]
+    mine_only = f"throng:ch:{{{prefix}*"
+    masters = {redis_cluster.master_of(f"throng:{{{c}}}:seq").port for c in channels}
     assert len(masters) == 3, "the test channels should land on every master"
 
     async def main():
         subs = {}
-        for c in CHANNELS:
+        for c in channels:
             subs[c] = [await ws_connect(n.url(f"/ws/{c}?format=json")) for n in (a, b)]
         try:
-            for c in CHANNELS:
+            for c in channels:
                 wait_until(lambda c=c: channel_info(a.port, c)["subscribers"] == 2, what=f"{c} subscribed")
             # Each master carries only its own channels, as shard channels.
             for m in redis_cluster.masters():
-                shard = set(m.cli("PUBSUB", "SHARDCHANNELS", "throng:ch:*").split())
-                mine = {f"throng:ch:{{{c}}}" for c in CHANNELS if redis_cluster.master_of(c).port == m.port}
+                shard = set(m.cli("PUBSUB", "SHARDCHANNELS", mine_only).split())
+                mine = {f"throng:ch:{{{c}}}" for c in channels if redis_cluster.master_of(c).port == m.port}
                 assert shard == mine, (m.port, shard, mine)
-                assert m.cli("PUBSUB", "CHANNELS", "throng:ch:*") == "", "no classic subscriptions"
+                assert m.cli("PUBSUB", "CHANNELS", f"throng:ch:{prefix}*") == "", "no classic subscriptions"
             for i in range(5):
-                for j, c in enumerate(CHANNELS):
+                for j, c in enumerate(channels):
                     node = (a, b)[(i + j) % 2]
                     resp = publish(node.port, c, f"{c}-{i}")
                     assert resp.status == 200 and resp.json()["seq"] == i + 1, resp
-            for c in CHANNELS:
+            for c in channels:
                 for ws in subs[c]:
                     got = [await recv_json(ws, timeout=10) for _ in range(5)]
                     assert [(m["seq"], m["data"]) for m in got] == [(i + 1, f"{c}-{i}") for i in range(5)], got
             released = set()
             for m in redis_cluster.masters():
-                assert m.cli("KEYS", "throng:*:held") == "", "nothing left held"
-                released |= set(m.cli("KEYS", "throng:*:released").split())
-            assert released == ({f"throng:{{{c}}}:released" for c in CHANNELS} if wait_replicas == "1" else set())
+                assert m.cli("KEYS", f"throng:{{{prefix}*:held") == "", "nothing left held"
+                released |= set(m.cli("KEYS", f"throng:{{{prefix}*:released").split())
+            assert released == ({f"throng:{{{c}}}:released" for c in channels} if wait_replicas == "1" else set())
             # Another program's SPUBLISH on the shard channel: delivered, no seq.
-            c = CHANNELS[0]
+            c = channels[0]
             redis_cluster.master_of(c).cli("SPUBLISH", f"throng:ch:{{{c}}}", "from-outside")
             for ws in subs[c]:
                 got = await recv_json(ws, timeout=10)
@@ -106,14 +132,15 @@ def test_channels_on_every_master_reach_every_subscriber_once_in_order(nodes, re
 
     run(main(), timeout=120)
     # The last subscriber gone, the node leaves the shard channel.
-    wait_until(lambda: all(m.cli("PUBSUB", "SHARDCHANNELS", "throng:ch:*") == "" for m in redis_cluster.masters()),
+    wait_until(lambda: all(m.cli("PUBSUB", "SHARDCHANNELS", mine_only) == "" for m in redis_cluster.masters()),
              timeout=10, what="shard channels left")
 
 
-def test_pusher_presence_and_webhooks_span_nodes_on_a_cluster(start_server, redis_cluster, receiver, clients):
+def test_pusher_presence_and_webhooks_span_nodes_on_a_cluster(start_server, shared_cluster, receiver, clients):
     # Presence users, member_added/removed between nodes (SPUBLISHed on the
     # channel's shard channel) and occupancy webhooks said once for the cluster.
-    flags = ("--broker", redis_cluster.url, "--pusher-app", APP, "--pusher-webhook", receiver.url)
+    # On the shared Cluster: no other test of this module names presence-room.
+    flags = ("--broker", shared_cluster.url, "--pusher-app", APP, "--pusher-webhook", receiver.url)
     a, b = start_server(*flags), start_server(*flags)
     for node in (a, b):
         wait_healthy(node.port, timeout=20)

@@ -44,7 +44,10 @@ class Redis:
             except AssertionError:
                 if attempt == 2 or self.proc is None or self.proc.poll() is None:
                     raise
+                # Another port, and a cluster node that is fresh again.
                 self.bus_port = None
+                if os.path.exists(self.cluster_conf):
+                    os.remove(self.cluster_conf)
 
     def server_args(self) -> list[str]:
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
