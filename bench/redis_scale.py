@@ -1228,6 +1228,16 @@ def ratio(a, b) -> str:
     return f"{a / b:.2f}" if a is not None and b else "n/a"
 
 
+def ratio_table(title: str, new: dict, old: dict, keys, get) -> list[str]:
+    """The Markdown rows of new ÷ old for each (key, label) at max and at paced
+    load; get(row, phase, key) reads one figure of a setup's row."""
+    rows = [f"| {title} | max | paced |", "|---|---:|---:|"]
+    for key, label in keys:
+        rows.append(f"| {label} | {ratio(get(new, 'max', key), get(old, 'max', key))} | "
+                    f"{ratio(get(new, 'paced', key), get(old, 'paced', key))} |")
+    return rows
+
+
 def table(results: dict) -> str:
     prov, args = results["provenance"], results["args"]
     lines = [provenance.md_header("Past one Redis (bench/redis_scale.py)", prov),
@@ -1300,25 +1310,22 @@ def table(results: dict) -> str:
     t = (results.get("throughput") or {}).get("setups", {})
     a, b = t.get("redis-1", {}), t.get("cluster-3", {})
     if a.get("max") and b.get("max"):
-        lines += ["| cluster-3 ÷ redis-1 | max | paced |", "|---|---:|---:|"]
-        for key, label in (("publishes_per_sec", "publishes/s"), ("delivery_p99_ms", "delivery p99"),
-                           ("throng_cpu_us_per_publish", "throng CPU per publish"),
-                           ("redis_cpu_us_per_publish", "Redis CPU per publish (all masters)")):
-            lines.append(f"| {label} | {ratio(b['max'].get(key), a['max'].get(key))} | "
-                         f"{ratio((b.get('paced') or {}).get(key), (a.get('paced') or {}).get(key))} |")
+        lines += ratio_table("cluster-3 ÷ redis-1", b, a,
+                             (("publishes_per_sec", "publishes/s"), ("delivery_p99_ms", "delivery p99"),
+                              ("throng_cpu_us_per_publish", "throng CPU per publish"),
+                              ("redis_cpu_us_per_publish", "Redis CPU per publish (all masters)")),
+                             lambda row, phase, key: (row.get(phase) or {}).get(key))
         lines.append("")
     load_rows("wait", "WAIT: 1 Redis with one replica, --redis-wait-replicas 0 against 1")
     w = (results.get("wait") or {}).get("setups", {})
     w0, w1 = w.get("wait-0", {}), w.get("wait-1", {})
     if w0.get("max") and w1.get("max"):
-        lines += ["| wait-1 ÷ wait-0 | max | paced |", "|---|---:|---:|"]
-        for key, label in (("publishes_per_sec", "publishes/s"), ("rtt_p50_ms", "publish RTT p50"),
-                           ("rtt_p99_ms", "publish RTT p99"), ("delivery_p99_ms", "delivery p99")):
-            def get(row, phase):
-                f = row.get(phase) or {}
-                return f.get(key) if key in f else (f.get("probe") or {}).get(key)
-            lines.append(f"| {label} | {ratio(get(w1, 'max'), get(w0, 'max'))} | "
-                         f"{ratio(get(w1, 'paced'), get(w0, 'paced'))} |")
+        def get(row, phase, key):
+            f = row.get(phase) or {}
+            return f.get(key) if key in f else (f.get("probe") or {}).get(key)
+        lines += ratio_table("wait-1 ÷ wait-0", w1, w0,
+                             (("publishes_per_sec", "publishes/s"), ("rtt_p50_ms", "publish RTT p50"),
+                              ("rtt_p99_ms", "publish RTT p99"), ("delivery_p99_ms", "delivery p99")), get)
         lines.append(f"\nshort waits (WAIT answered with fewer replicas), per node: "
                      f"{w1.get('short_waits')}\n")
     fo = results.get("failover")
