@@ -108,11 +108,7 @@ stop_all() {
   local kids=()
   [ -z "${SERVER_PID:-}" ] || kids=($(pgrep -P "$SERVER_PID" || true))
   stop_server
-  local p
-  for p in "${kids[@]+"${kids[@]}"}"; do
-    for _ in $(seq 1 30); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-  done
+  reap_pids "${kids[@]+"${kids[@]}"}"
 }
 eval "lib_$(declare -f cleanup)"
 cleanup() { stop_all; lib_cleanup; }

@@ -1,13 +1,17 @@
 """What the Python benchmarks in this folder share for their processes: a free
 loopback port, whether a port accepts, waiting for a condition or for a started
-process to listen. Each waiter raises the exception its caller names (`fail`):
+process to listen, a process's descendants, stopping the processes a server is
+made of. Each waiter raises the exception its caller names (`fail`):
 scripts that stop at the first failure pass SystemExit, scripts that record an
 error in their report and go on to the next round pass RuntimeError."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -46,3 +50,41 @@ def wait_port(port: int, proc: subprocess.Popen, what: str, tries: int = 100,
             return
         time.sleep(0.1)
     raise fail(f"{what} not listening on {port}")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is pid (from every /proc/N/stat)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def tree(pid: int) -> list[int]:
+    """pid and its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children(p))
+    return out
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each running one, the last started first; then waits up to 15 s
+    for each, and kills one that is still there."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -75,7 +75,6 @@ import pwd
 import random
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -85,7 +84,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from common import free_port, wait_port  # noqa: E402  (bench/common.py)
+from common import children, free_port, stop_all, tree, wait_port  # noqa: E402  (bench/common.py)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -214,29 +213,6 @@ def payload_stats(lines: list[str]) -> dict:
 # ---------------------------------------------------------------- processes
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
-def tree(pid: int) -> list[int]:
-    """pid and its descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children(p))
-    return out
-
-
 def mem_kb(pids: list[int]) -> tuple[int, int]:
     """(VmRSS, Pss) summed over pids, KiB."""
     rss = pss = 0
@@ -335,15 +311,7 @@ class Server:
         return [p for proc in self.procs for p in tree(proc.pid)]
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(self.procs)
 
 
 def last_json(out: str) -> dict:

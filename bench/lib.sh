@@ -299,6 +299,15 @@ start_server() {
   log "$name not ready on :$PORT after 10 s"; stop_server; return 1
 }
 
+# reap_pids PID...: gives each up to 3 s to exit, then SIGKILL (the nginx
+# workers a stopped master may leave behind).
+reap_pids() {
+  local p
+  for p in "$@"; do
+    for _ in $(seq 1 30); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+  done
+}
 # Stops the server by pid: SIGTERM, up to 5 s, then SIGKILL.
 stop_server() {
   [ -n "${SERVER_PID:-}" ] || return 0

@@ -145,11 +145,7 @@ start() {
 # stop: the master by its pid (SIGTERM; nginx stops its workers), then any worker left.
 stop() {
   stop_server
-  local p
-  for p in "${SERVER_PIDS[@]+"${SERVER_PIDS[@]}"}"; do
-    for _ in $(seq 1 30); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-  done
+  reap_pids "${SERVER_PIDS[@]+"${SERVER_PIDS[@]}"}"
   SERVER_PIDS=()
 }
 

@@ -665,6 +665,28 @@ def slim(report: dict) -> dict:
 # ---------------------------------------------------------------- the parts
 
 
+def record_error(row: dict, e: BaseException, log) -> None:
+    """A failed setup or round: its error in its row and the log; the part goes on."""
+    row["error"] = f"{type(e).__name__}: {e}"
+    log(f"  error: {row['error']}")
+
+
+def max_then_paced(row: dict, name: str, what: str, throng: Path, work: Path, nodes: list[Node],
+                   named: dict[str, tuple[int, int]], args, log) -> None:
+    """A setup's load at full speed, then at --paced-rate: row["max"], row["paced"]."""
+    for phase, rate in (("max", None), ("paced", args.paced_rate)):
+        log(f"{what} {phase}")
+        row[phase] = load_phase(f"{name}-{phase}", throng, work, nodes, named, rate, args)
+        log(f"  {brief(row[phase])}")
+
+
+def stop_nodes(nodes: list[Node], row: dict) -> None:
+    """A load setup's nodes stopped, the first one's log tail kept in its row."""
+    for n in nodes:
+        n.stop()
+    row["node_log_tail"] = nodes[0].log_tail(600) if nodes else ""
+
+
 def part_throughput(throng: Path, work: Path, args, log) -> dict:
     out: dict = {"setups": {}}
     for setup in ("redis-1", "cluster-3"):
@@ -687,17 +709,11 @@ def part_throughput(throng: Path, work: Path, args, log) -> dict:
             p = free_port_pair()
             nodes = [Node(throng, work, p + i, broker, args.node_threads) for i in range(2)]
             row["node_command"] = nodes[0].cmd
-            for phase, rate in (("max", None), ("paced", args.paced_rate)):
-                log(f"throughput {setup} {phase}")
-                row[phase] = load_phase(f"t-{setup}-{phase}", throng, work, nodes, named, rate, args)
-                log(f"  {brief(row[phase])}")
+            max_then_paced(row, f"t-{setup}", f"throughput {setup}", throng, work, nodes, named, args, log)
         except (RuntimeError, subprocess.SubprocessError, AssertionError, OSError) as e:
-            row["error"] = f"{type(e).__name__}: {e}"
-            log(f"  error: {row['error']}")
+            record_error(row, e, log)
         finally:
-            for n in nodes:
-                n.stop()
-            row["node_log_tail"] = nodes[0].log_tail(600) if nodes else ""
+            stop_nodes(nodes, row)
             for r in redis_list:
                 r.stop()
             if cluster:
@@ -724,18 +740,12 @@ def part_wait(throng: Path, work: Path, args, log) -> dict:
             nodes = [Node(throng, work, p + i, master.url, args.node_threads, "--redis-wait-replicas", str(wait))
                      for i in range(2)]
             row["node_command"] = nodes[0].cmd
-            for phase, rate in (("max", None), ("paced", args.paced_rate)):
-                log(f"wait {wait} {phase}")
-                row[phase] = load_phase(f"w{wait}-{phase}", throng, work, nodes, named, rate, args)
-                log(f"  {brief(row[phase])}")
+            max_then_paced(row, f"w{wait}", f"wait {wait}", throng, work, nodes, named, args, log)
             row["short_waits"] = [n.metric("throng_redis_short_waits_total") for n in nodes]
         except (RuntimeError, subprocess.SubprocessError, AssertionError, OSError) as e:
-            row["error"] = f"{type(e).__name__}: {e}"
-            log(f"  error: {row['error']}")
+            record_error(row, e, log)
         finally:
-            for n in nodes:
-                n.stop()
-            row["node_log_tail"] = nodes[0].log_tail(600) if nodes else ""
+            stop_nodes(nodes, row)
             for r in (replica, master):
                 if r:
                     r.stop()
@@ -996,8 +1006,7 @@ def failover_round(k: int, throng: Path, work: Path, args, log) -> dict:
         row["new_epochs"] = [n.metric("throng_redis_new_epochs_total") for n in nodes]
         log(f"  {json.dumps({k2: row[k2] for k2 in ('first_after_kill_ms', 'publishes_503', 'lost_untold', 'lost_told_by_gap', 'promoted_after_ms')})}")
     except (RuntimeError, subprocess.SubprocessError, AssertionError, OSError) as e:
-        row["error"] = f"{type(e).__name__}: {e}"
-        log(f"  error: {row['error']}")
+        record_error(row, e, log)
     finally:
         stop_round(pub, subs, nodes, row)
         if cluster:
@@ -1126,8 +1135,7 @@ def part_memory(throng: Path, work: Path, args, log) -> dict:
                         "sample_channel_memory_usage": sum(v["memory_usage"] or 0 for v in sample.values())})
             log(f"  {row['bytes_per_channel']} B/channel, {row['keys_per_channel']} keys/channel")
         except (RuntimeError, subprocess.SubprocessError, AssertionError, OSError) as e:
-            row["error"] = f"{type(e).__name__}: {e}"
-            log(f"  error: {row['error']}")
+            record_error(row, e, log)
         finally:
             if node:
                 node.stop()
@@ -1194,8 +1202,7 @@ def sentinel_round(k: int, throng: Path, work: Path, args, log) -> dict:
         row["gap_events"] = sum(len(sp["gaps"]) for sp in row["subscribers"])
         log(f"  {json.dumps({k2: row[k2] for k2 in ('first_after_kill_ms', 'publishes_503', 'lost_untold', 'lost_told_by_gap', 'promoted_after_ms', 'sentinel_switched_after_ms', 'gap_events')})}")
     except (RuntimeError, subprocess.SubprocessError, AssertionError, OSError, RespError) as e:
-        row["error"] = f"{type(e).__name__}: {e}"
-        log(f"  error: {row['error']}")
+        record_error(row, e, log)
     finally:
         stop_round(pub, subs, nodes, row)
         if sets:
@@ -1226,6 +1233,16 @@ def fmt(v, digits: int = 1) -> str:
 
 def ratio(a, b) -> str:
     return f"{a / b:.2f}" if a is not None and b else "n/a"
+
+
+def ratio_table(title: str, new: dict, old: dict, keys, get) -> list[str]:
+    """The Markdown rows of new ÷ old for each (key, label) at max and at paced
+    load; get(row, phase, key) reads one figure of a setup's row."""
+    rows = [f"| {title} | max | paced |", "|---|---:|---:|"]
+    for key, label in keys:
+        rows.append(f"| {label} | {ratio(get(new, 'max', key), get(old, 'max', key))} | "
+                    f"{ratio(get(new, 'paced', key), get(old, 'paced', key))} |")
+    return rows
 
 
 def table(results: dict) -> str:
@@ -1300,25 +1317,22 @@ def table(results: dict) -> str:
     t = (results.get("throughput") or {}).get("setups", {})
     a, b = t.get("redis-1", {}), t.get("cluster-3", {})
     if a.get("max") and b.get("max"):
-        lines += ["| cluster-3 ÷ redis-1 | max | paced |", "|---|---:|---:|"]
-        for key, label in (("publishes_per_sec", "publishes/s"), ("delivery_p99_ms", "delivery p99"),
-                           ("throng_cpu_us_per_publish", "throng CPU per publish"),
-                           ("redis_cpu_us_per_publish", "Redis CPU per publish (all masters)")):
-            lines.append(f"| {label} | {ratio(b['max'].get(key), a['max'].get(key))} | "
-                         f"{ratio((b.get('paced') or {}).get(key), (a.get('paced') or {}).get(key))} |")
+        lines += ratio_table("cluster-3 ÷ redis-1", b, a,
+                             (("publishes_per_sec", "publishes/s"), ("delivery_p99_ms", "delivery p99"),
+                              ("throng_cpu_us_per_publish", "throng CPU per publish"),
+                              ("redis_cpu_us_per_publish", "Redis CPU per publish (all masters)")),
+                             lambda row, phase, key: (row.get(phase) or {}).get(key))
         lines.append("")
     load_rows("wait", "WAIT: 1 Redis with one replica, --redis-wait-replicas 0 against 1")
     w = (results.get("wait") or {}).get("setups", {})
     w0, w1 = w.get("wait-0", {}), w.get("wait-1", {})
     if w0.get("max") and w1.get("max"):
-        lines += ["| wait-1 ÷ wait-0 | max | paced |", "|---|---:|---:|"]
-        for key, label in (("publishes_per_sec", "publishes/s"), ("rtt_p50_ms", "publish RTT p50"),
-                           ("rtt_p99_ms", "publish RTT p99"), ("delivery_p99_ms", "delivery p99")):
-            def get(row, phase):
-                f = row.get(phase) or {}
-                return f.get(key) if key in f else (f.get("probe") or {}).get(key)
-            lines.append(f"| {label} | {ratio(get(w1, 'max'), get(w0, 'max'))} | "
-                         f"{ratio(get(w1, 'paced'), get(w0, 'paced'))} |")
+        def get(row, phase, key):
+            f = row.get(phase) or {}
+            return f.get(key) if key in f else (f.get("probe") or {}).get(key)
+        lines += ratio_table("wait-1 ÷ wait-0", w1, w0,
+                             (("publishes_per_sec", "publishes/s"), ("rtt_p50_ms", "publish RTT p50"),
+                              ("rtt_p99_ms", "publish RTT p99"), ("delivery_p99_ms", "delivery p99")), get)
         lines.append(f"\nshort waits (WAIT answered with fewer replicas), per node: "
                      f"{w1.get('short_waits')}\n")
     fo = results.get("failover")

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,30 +41,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from common import free_port, wait_port  # noqa: E402  (bench/common.py)
+from common import free_port, stop_all, tree, wait_port  # noqa: E402  (bench/common.py)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 THRONG = REPO / "target/release/throng"
 SOURCE_IPS = "127.0.0.2-127.0.0.254"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def tree(pid: int) -> list[int]:
-    """pid and its descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if int(fields[1]) == p:
-                    todo.append(int(entry))
-    return out
 
 
 def rss_kb(pids: list[int], field: str = "VmRSS") -> int:
@@ -187,15 +169,7 @@ class Server:
         return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}{path}"
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(self.procs)
 
 
 def run_json(cmd: list[str], timeout: float) -> dict:

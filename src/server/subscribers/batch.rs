@@ -246,7 +246,9 @@ mod tests {
 
     use slab::Slab;
 
-    use super::super::tests::{assert_got, broker, connect, deliver_all, far, text, ws_subscribe};
+    use super::super::tests::{
+        assert_all_got, broker, connect, deliver_all, far, text, ws_subscribe,
+    };
     use super::super::{Follow, LocalSubscribers};
     use crate::broker::Broker;
     use crate::server::conn::Conn;
@@ -293,13 +295,7 @@ mod tests {
             broker.publish("r", text("m3")).unwrap();
             deliver(&mut subscribers, &mut conns, &mut counts, &mut failed);
             assert!(failed.is_empty(), "{failed:?}");
-            for (key, client) in &mut clients {
-                assert_got(
-                    client,
-                    b"\x81\x02m1\x81\x02m2\x81\x02m3",
-                    &format!("subscriber {key}"),
-                );
-            }
+            assert_all_got(&mut clients, b"\x81\x02m1\x81\x02m2\x81\x02m3");
             let (sends, enters) = subscribers.ring_sends();
             assert_eq!(
                 sends, 42,

@@ -151,15 +151,34 @@ fn deliver_once(
     counts: &mut TurnCounts,
     failed: &mut Vec<Follow>,
 ) {
+    deliver_once_within(subscribers, hub, conns, 1 << 20, counts, failed);
+}
+
+/// [`deliver_once`] with `max_queue` bytes allowed behind each socket.
+fn deliver_once_within(
+    subscribers: &mut LocalSubscribers,
+    hub: &Hub,
+    conns: &mut Slab<Conn>,
+    max_queue: usize,
+    counts: &mut TurnCounts,
+    failed: &mut Vec<Follow>,
+) {
     subscribers.deliver(
         hub.inbox(0),
         conns,
         &mut TlsConns::default(),
-        1 << 20,
+        max_queue,
         counts,
         failed,
         far(),
     );
+}
+
+/// Every one of `clients` has read exactly `want`.
+pub(super) fn assert_all_got(clients: &mut [(usize, TcpStream)], want: &[u8]) {
+    for (key, client) in clients {
+        assert_got(client, want, &format!("subscriber {key}"));
+    }
 }
 
 /// Delivers until nothing waits in `inbox` and no fan-out is part done, each
@@ -235,13 +254,7 @@ fn a_fan_out_whose_deadline_passed_writes_a_few_and_keeps_its_place() {
     );
     assert_eq!(calls, n.div_ceil(DEADLINE_CHECK_EVERY));
     assert!(failed.is_empty(), "{failed:?}");
-    for (key, client) in &mut clients {
-        assert_got(
-            client,
-            b"\x81\x02m1\x81\x02m2",
-            &format!("subscriber {key}"),
-        );
-    }
+    assert_all_got(&mut clients, b"\x81\x02m1\x81\x02m2");
     assert_eq!(counts.delivered, 2 * n as u64);
     assert_eq!(counts.latency.count(), 2);
 }
@@ -282,9 +295,7 @@ fn a_fan_out_deadline_is_spent_by_work_not_by_waiting() {
         "the slice was cut by time spent asleep"
     );
     assert!(!subscribers.has_pending());
-    for (key, client) in &mut clients {
-        assert_got(client, b"\x81\x02m1", &format!("subscriber {key}"));
-    }
+    assert_all_got(&mut clients, b"\x81\x02m1");
 }
 
 #[test]
@@ -346,13 +357,7 @@ fn a_fan_out_larger_than_a_turn_goes_on_over_turns_exactly_once() {
         far,
     );
     assert!(failed.is_empty(), "{failed:?}");
-    for (key, client) in &mut clients {
-        assert_got(
-            client,
-            b"\x81\x02m1\x81\x02m2\x81\x02m3",
-            &format!("subscriber {key}"),
-        );
-    }
+    assert_all_got(&mut clients, b"\x81\x02m1\x81\x02m2\x81\x02m3");
     // The newcomer joined while m1 and m2 were being fanned out (under the key
     // of the one that left): it starts at the next message, as a subscriber
     // does; the one that came back got m1 and m2 from history only.
@@ -393,15 +398,7 @@ fn a_long_poll_gets_one_answer_however_many_messages_wait() {
     }
     let mut counts = TurnCounts::default();
     let mut follow = Vec::new();
-    subscribers.deliver(
-        hub.inbox(0),
-        &mut conns,
-        &mut TlsConns::default(),
-        1 << 20,
-        &mut counts,
-        &mut follow,
-        far(),
-    );
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut follow);
     assert_eq!(follow, vec![Follow::Answered(key)]);
     let answer = String::from_utf8(received(&mut client)).unwrap();
     assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 1, "{answer}");
@@ -549,14 +546,13 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
     assert!(conn.out.queued_bytes() > max_queue);
     let (mut counts, mut follow) = (TurnCounts::default(), Vec::new());
     broker.publish("big", text(&"a".repeat(3000))).unwrap();
-    subscribers.deliver(
-        hub.inbox(0),
+    deliver_once_within(
+        &mut subscribers,
+        &hub,
         &mut conns,
-        &mut TlsConns::default(),
         max_queue,
         &mut counts,
         &mut follow,
-        far(),
     );
     assert_eq!(
         follow,
@@ -564,14 +560,13 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
         "live bytes within --max-queue on top of a replay"
     );
     broker.publish("big", text(&"b".repeat(3000))).unwrap();
-    subscribers.deliver(
-        hub.inbox(0),
+    deliver_once_within(
+        &mut subscribers,
+        &hub,
         &mut conns,
-        &mut TlsConns::default(),
         max_queue,
         &mut counts,
         &mut follow,
-        far(),
     );
     assert_eq!(
         follow,
