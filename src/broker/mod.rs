@@ -9,7 +9,7 @@
 //! loops. The in-memory broker is the whole story on one process; the Redis broker
 //! shares seq, history, epoch and presence between nodes. This module holds the
 //! trait and the types both share; it must not touch sockets, connections or wire
-//! formats.
+//! formats. `contract` (tests only) is the one suite every broker is run through.
 
 use std::sync::Arc;
 
@@ -19,6 +19,8 @@ use crate::ids::SocketId;
 pub(crate) use crate::ids::new_epoch;
 use crate::protocol::DataKind;
 
+#[cfg(test)]
+mod contract;
 pub mod idempotency;
 mod memory;
 mod redis;
