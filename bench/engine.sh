@@ -3,7 +3,8 @@
 #
 # For each server (fresh process per measurement, random free port, loopback):
 #   (a) idle: server VmRSS (median of 5 samples) after start + settle, open
-#       N WebSockets (paced), wait, VmRSS again (median of 5)
+#       N WebSockets (paced), wait, VmRSS again (median of 5); RssAnon beside it
+#       (VmRSS also counts code pages the first connections fault in)
 #       -> (RSS delta) / opened  = userspace bytes per idle connection
 #   (b) echo: 100 and 1000 connections, 32-byte text, one message in flight per
 #       connection, 1 s warmup + measured window; the server's utime+stime
@@ -163,7 +164,7 @@ for name in "${RAN[@]+"${RAN[@]}"}"; do
   else
     echo '{"error":"server did not start"}' >"$WORK/$name-idle.json"
   fi
-  log "$name: idle -> $(jq -c '{opened,failed,server_rss_before_kb,server_rss_after_kb,server_rss_bytes_per_conn,pings_seen,closed_by_peer_during_hold,error}' "$WORK/$name-idle.json")"
+  log "$name: idle -> $(jq -c '{opened,failed,server_rss_before_kb,server_rss_after_kb,server_rss_bytes_per_conn,server_rss_anon_bytes_per_conn,pings_seen,closed_by_peer_during_hold,error}' "$WORK/$name-idle.json")"
 done
 
 # (b) echo: ROUNDS rounds, servers interleaved (order reversed on even
@@ -311,12 +312,12 @@ render() {
     "",
     "Details: idle validity; echo medians over valid rounds, with the min–max of msgs/s and server CPU µs/msg across rounds:",
     "",
-    "| server | idle opened/failed | RSS before→after KiB | pings seen / dropped | conns | valid rounds | msgs/s min–max | server CPU µs/msg min–max | p50 / p99 µs | client CPU µs/msg | other load (cores) |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "| server | idle opened/failed | RSS before→after KiB | RssAnon B/conn | pings seen / dropped | conns | valid rounds | msgs/s min–max | server CPU µs/msg min–max | p50 / p99 µs | client CPU µs/msg | other load (cores) |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     (.servers[] | . as $s | ($s.echo | keys_unsorted[]) as $k | $s.echo[$k] as $e |
       (if $k == ($s.echo | keys_unsorted | .[0]) then
-         "| \($s.name) | \($s.idle.opened // "n/a")/\($s.idle.failed // "n/a") | \($s.idle.server_rss_before_kb // "n/a")→\($s.idle.server_rss_after_kb // "n/a") | \($s.idle.pings_seen // "n/a") / \($s.idle.closed_by_peer_during_hold // "n/a")"
-       else "| | | | " end) +
+         "| \($s.name) | \($s.idle.opened // "n/a")/\($s.idle.failed // "n/a") | \($s.idle.server_rss_before_kb // "n/a")→\($s.idle.server_rss_after_kb // "n/a") | \(if $s.idle.server_rss_anon_bytes_per_conn then ($s.idle.server_rss_anon_bytes_per_conn | f0) else "n/a" end) | \($s.idle.pings_seen // "n/a") / \($s.idle.closed_by_peer_during_hold // "n/a")"
+       else "| | | | | " end) +
       " | \($k) | \($e.valid_rounds)/\($e.rounds | length) | \($e.msgs_per_sec_range[0] | f0)–\($e.msgs_per_sec_range[1] | f0) | \($e.server_cpu_us_per_msg_range[0] | f2)–\($e.server_cpu_us_per_msg_range[1] | f2) | \($e.latency_us.p50 | f0) / \($e.latency_us.p99 | f0) | \($e.client_cpu_us_per_msg | f2) | \($e.other_cores | f2) |")
   ' "$OUT_JSON"
   echo

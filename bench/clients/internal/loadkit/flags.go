@@ -67,8 +67,8 @@ func (c *Common) Check(prog string) []net.IP {
 }
 
 // RSSDelta is the server's VmRSS (-rss-samples, 200 ms apart, median used)
-// before the first connection and after all are open: the JSON fields both
-// clients report.
+// before the first connection and after all are open, and its RssAnon the
+// same way: the JSON fields both clients report.
 type RSSDelta struct {
 	ServerPID        int     `json:"server_pid,omitempty"`
 	RSSBeforeSamples []int64 `json:"server_rss_before_kb_samples,omitempty"`
@@ -76,13 +76,17 @@ type RSSDelta struct {
 	RSSBeforeKB      int64   `json:"server_rss_before_kb,omitempty"`
 	RSSAfterKB       int64   `json:"server_rss_after_kb,omitempty"`
 	RSSBytesPerConn  float64 `json:"server_rss_bytes_per_conn,omitempty"`
+	// RssAnon alone (the memory the server made, without its code pages).
+	AnonBeforeKB     int64   `json:"server_rss_anon_before_kb,omitempty"`
+	AnonAfterKB      int64   `json:"server_rss_anon_after_kb,omitempty"`
+	AnonBytesPerConn float64 `json:"server_rss_anon_bytes_per_conn,omitempty"`
 }
 
 // RSSBefore samples the server's RSS (with -server-pid) before any connection.
 func (c *Common) RSSBefore() RSSDelta {
 	d := RSSDelta{ServerPID: c.ServerPID}
 	if c.ServerPID > 0 {
-		d.RSSBeforeSamples, d.RSSBeforeKB = SampleRSS(c.ServerPID, c.RSSSamples, 200*time.Millisecond)
+		d.RSSBeforeSamples, d.RSSBeforeKB, d.AnonBeforeKB = SampleRSS(c.ServerPID, c.RSSSamples, 200*time.Millisecond)
 	}
 	return d
 }
@@ -94,8 +98,11 @@ func (c *Common) RSSAfter(d *RSSDelta, opened int64) {
 	if c.ServerPID <= 0 {
 		return
 	}
-	d.RSSAfterSamples, d.RSSAfterKB = SampleRSS(c.ServerPID, c.RSSSamples, 200*time.Millisecond)
+	d.RSSAfterSamples, d.RSSAfterKB, d.AnonAfterKB = SampleRSS(c.ServerPID, c.RSSSamples, 200*time.Millisecond)
 	if opened > 0 && d.RSSBeforeKB > 0 && d.RSSAfterKB > 0 {
 		d.RSSBytesPerConn = float64(d.RSSAfterKB-d.RSSBeforeKB) * 1024 / float64(opened)
+	}
+	if opened > 0 && d.AnonBeforeKB > 0 && d.AnonAfterKB > 0 {
+		d.AnonBytesPerConn = float64(d.AnonAfterKB-d.AnonBeforeKB) * 1024 / float64(opened)
 	}
 }

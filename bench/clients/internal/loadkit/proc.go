@@ -101,24 +101,31 @@ func ServerCPUTicksSplit(pid int) (int64, int64, error) {
 
 // ProcRSSKB returns VmRSS of pid in KiB.
 func ProcRSSKB(pid int) (int64, error) {
+	return procStatusKB(pid, "VmRSS:")
+}
+
+// procStatusKB returns one KiB field of /proc/PID/status (e.g. "RssAnon:").
+func procStatusKB(pid int, field string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
+		if strings.HasPrefix(line, field) {
 			if f := strings.Fields(line); len(f) >= 2 {
 				return strconv.ParseInt(f[1], 10, 64)
 			}
 		}
 	}
-	return 0, errors.New("no VmRSS")
+	return 0, errors.New("no " + strings.TrimSuffix(field, ":"))
 }
 
-// SampleRSS takes n VmRSS samples of pid spaced by gap and returns them plus
-// their median (-1 if none could be read).
-func SampleRSS(pid, n int, gap time.Duration) ([]int64, int64) {
-	var out []int64
+// SampleRSS takes n samples of pid's VmRSS and RssAnon spaced by gap and
+// returns the VmRSS samples, their median and the median RssAnon (-1 where
+// none could be read). VmRSS counts the binary's code pages too, which the
+// first connections may fault in; RssAnon is the memory the process made.
+func SampleRSS(pid, n int, gap time.Duration) ([]int64, int64, int64) {
+	var out, anon []int64
 	for i := 0; i < n; i++ {
 		if i > 0 {
 			time.Sleep(gap)
@@ -126,13 +133,20 @@ func SampleRSS(pid, n int, gap time.Duration) ([]int64, int64) {
 		if v, err := ProcRSSKB(pid); err == nil {
 			out = append(out, v)
 		}
+		if v, err := procStatusKB(pid, "RssAnon:"); err == nil {
+			anon = append(anon, v)
+		}
 	}
-	if len(out) == 0 {
-		return nil, -1
+	return out, median(out), median(anon)
+}
+
+func median(samples []int64) int64 {
+	if len(samples) == 0 {
+		return -1
 	}
-	s := append([]int64(nil), out...)
+	s := append([]int64(nil), samples...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return out, s[len(s)/2]
+	return s[len(s)/2]
 }
 
 // MachineTicks is the first line of /proc/stat (all CPUs) in ticks of USER_HZ.
