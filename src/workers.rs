@@ -64,7 +64,6 @@ pub struct ReservedPorts {
 /// Binds each port-0 address of `listen` once, so every worker gets the same
 /// port; other addresses pass through untouched.
 pub fn reserve_ports(listen: &[SocketAddr]) -> Result<ReservedPorts, WorkersError> {
-    use socket2::{Domain, Protocol, Socket, Type};
     let mut addrs = Vec::with_capacity(listen.len());
     let mut held = Vec::new();
     for &addr in listen {
@@ -72,15 +71,8 @@ pub fn reserve_ports(listen: &[SocketAddr]) -> Result<ReservedPorts, WorkersErro
             addrs.push(addr);
             continue;
         }
-        let reserve = || -> std::io::Result<(Socket, SocketAddr)> {
-            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-            // The same options the workers' listeners set, or they could not join.
-            socket.set_reuse_address(true)?;
-            socket.set_reuse_port(true)?;
-            if addr.is_ipv6() {
-                socket.set_only_v6(true)?;
-            }
-            socket.bind(&addr.into())?;
+        let reserve = || -> std::io::Result<(socket2::Socket, SocketAddr)> {
+            let socket = crate::server::bind_shared_port(addr)?;
             let bound = socket.local_addr()?.as_socket().ok_or_else(|| {
                 std::io::Error::new(std::io::ErrorKind::InvalidData, "not an IP address")
             })?;

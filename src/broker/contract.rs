@@ -346,6 +346,20 @@ impl Under {
     }
 }
 
+/// Subscribes as a returning subscriber with `resume`: the seqs it is given
+/// from history and the gap it is told of.
+fn returning(u: &mut Under, channel: &str, resume: Resume) -> (Vec<u64>, Option<Gap>) {
+    let subscribed = u
+        .broker
+        .subscribe(channel, plain(1), Some(resume))
+        .expect("subscribed");
+    let (given, gap) = subscribed
+        .replay
+        .expect("a returning subscriber gets a replay")
+        .for_resume(resume);
+    (given.messages.iter().map(|m| m.seq).collect(), gap)
+}
+
 fn text(payload: &str) -> Outgoing<'_> {
     Outgoing {
         payload: payload.as_bytes(),
@@ -422,18 +436,8 @@ fn a_replay_gives_exactly_what_came_after_since(u: &mut Under) {
         since: 4,
         epoch: Some(history.epoch),
     };
-    let subscribed = u
-        .broker
-        .subscribe(channel, plain(1), Some(resume))
-        .expect("subscribed");
-    let (given, gap) = subscribed
-        .replay
-        .expect("a returning subscriber gets a replay")
-        .for_resume(resume);
-    assert_eq!(
-        given.messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
-        vec![5]
-    );
+    let (given, gap) = returning(u, channel, resume);
+    assert_eq!(given, vec![5]);
     assert_eq!(gap, None);
 }
 
@@ -447,18 +451,8 @@ fn a_since_older_than_history_is_told_as_a_gap(u: &mut Under) {
         since: 1,
         epoch: Some(epoch),
     };
-    let subscribed = u
-        .broker
-        .subscribe(channel, plain(1), Some(resume))
-        .expect("subscribed");
-    let (given, gap) = subscribed
-        .replay
-        .expect("a returning subscriber gets a replay")
-        .for_resume(resume);
-    assert_eq!(
-        given.messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
-        vec![3, 4, 5]
-    );
+    let (given, gap) = returning(u, channel, resume);
+    assert_eq!(given, vec![3, 4, 5]);
     assert_eq!(
         gap,
         Some(Gap {

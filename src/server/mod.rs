@@ -170,7 +170,11 @@ pub fn check_ports_free(addrs: &[SocketAddr]) -> Result<(), ServerError> {
     Ok(())
 }
 
-fn bind_listener(addr: SocketAddr) -> io::Result<mio::net::TcpListener> {
+/// A TCP socket bound to `addr` with the options every listener of a port
+/// shares (SO_REUSEADDR, SO_REUSEPORT, IPv6 only on an IPv6 address): the I/O
+/// threads' listeners, the workers', and the port-0 reservation of `--workers`'
+/// master (`workers::reserve_ports`), which could not share the port otherwise.
+pub fn bind_shared_port(addr: SocketAddr) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
@@ -178,6 +182,11 @@ fn bind_listener(addr: SocketAddr) -> io::Result<mio::net::TcpListener> {
         socket.set_only_v6(true)?;
     }
     socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+fn bind_listener(addr: SocketAddr) -> io::Result<mio::net::TcpListener> {
+    let socket = bind_shared_port(addr)?;
     // Not fatal: without it a connection is accepted at once, as before.
     if let Err(e) =
         crate::os::defer_accept(std::os::fd::AsRawFd::as_raw_fd(&socket), DEFER_ACCEPT_SECS)
