@@ -71,6 +71,10 @@ pub const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// message: a live copy of a replayed message later than this was held up far
 /// longer than any delivery path takes.
 pub const FRESH_LIFE: Duration = Duration::from_secs(30);
+/// How long a chat member waits for its own join's announcement to come back
+/// through Redis before channel events reach it again anyway (the announcement
+/// was lost): longer than a Redis round trip under any load that still serves.
+pub const JOIN_ECHO_LIFE: Duration = Duration::from_secs(5);
 /// io_uring: the window in which a loop counts events to decide whether it is
 /// busy enough to wait for batches (`uring::COALESCE_FROM` events in it, 20,000
 /// a second): short, so a burst of handshakes gets there too.

@@ -13,6 +13,7 @@
 
 mod batch;
 mod gathered;
+mod joining;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -30,10 +31,11 @@ use crate::hub::{Channel, ConnRef, Delivery, Inbox, SocketId};
 use crate::os;
 use crate::rules::{self, Namespaces};
 use crate::stats::TurnCounts;
-use crate::timing::FRESH_LIFE;
+use crate::timing::{FRESH_LIFE, JOIN_ECHO_LIFE};
 use crate::transport::{Compression, Format, Subscribe, Subscription};
 use batch::Batch;
 use gathered::{Gathered, WINDOWS, gathered_slot};
+use joining::{Fresh, Joiner, UNTIL_NEWER};
 
 /// Deliveries of one channel gathered into one write per subscriber.
 const MAX_FRAMES_PER_WRITE: usize = 64;
@@ -84,26 +86,6 @@ pub enum Follow {
     /// Its channel's subscribers are to be closed (`Body::CloseAll`).
     Terminated(usize),
 }
-
-/// A returning subscriber that joined since the last inbox batch was taken:
-/// history gave it every message up to `live_after`, so older deliveries still
-/// waiting in the inbox (or in the batch being delivered) must not reach it a
-/// second time.
-#[derive(Debug, Clone, Copy)]
-struct Fresh {
-    key: usize,
-    channel: usize,
-    live_after: u64,
-    /// Kept until batch number `until` (the next one taken after the join) is
-    /// delivered: everything published before the join is in it or before it.
-    /// [`UNTIL_NEWER`] with a broker whose deliveries come later (Redis's
-    /// listener): then until a message newer than `live_after` arrives, or `expires`.
-    until: u64,
-    expires: Instant,
-}
-
-/// A filter kept until the channel's next newer message (see [`Fresh::until`]).
-const UNTIL_NEWER: u64 = u64::MAX;
 
 /// A fan-out larger than one turn's share, part done: the subscribers it had
 /// when it began, and the next one to write to.
@@ -156,6 +138,8 @@ pub struct LocalSubscribers {
     lists: HashMap<usize, LocalChannel>,
     /// Returning subscribers until the next inbox batch has been delivered.
     fresh: Vec<Fresh>,
+    /// Chat members waiting for their own join's announcement (see [`Joiner`]).
+    joiners: Vec<Joiner>,
     /// The inbox batch being delivered (a reused buffer): from `start` on, the
     /// groups not yet delivered; `cursor` is the fan-out of the first of them, if
     /// it is part done.
@@ -187,6 +171,7 @@ impl LocalSubscribers {
             loop_index,
             lists: HashMap::new(),
             fresh: Vec::new(),
+            joiners: Vec::new(),
             batch: Vec::new(),
             start: 0,
             cursor: None,
@@ -278,6 +263,13 @@ impl LocalSubscribers {
                 expires: Instant::now() + FRESH_LIFE,
             });
         }
+        if name.is_some() && format.listens() && !broker.delivers_before_subscribe_returns() {
+            self.joiners.push(Joiner {
+                key,
+                channel: channel_key(&joined.channel),
+                expires: Instant::now() + JOIN_ECHO_LIFE,
+            });
+        }
         // A fan-out part done started before this subscriber: it starts at the
         // next message of that channel.
         let fanning_out = self.batch.get(self.start).map(|d| &d.channel);
@@ -349,6 +341,7 @@ impl LocalSubscribers {
     /// Takes connection `key` out of every channel it is in.
     pub fn leave(&mut self, broker: &dyn Broker, key: usize, conns: &mut Slab<Conn>) {
         self.fresh.retain(|f| f.key != key);
+        self.joiners.retain(|j| j.key != key);
         let chosen = self.names.remove(&key);
         while let Some(sub) = conns
             .get_mut(key)
@@ -375,6 +368,8 @@ impl LocalSubscribers {
         };
         let ckey = channel_key(&sub.channel);
         self.fresh.retain(|f| !(f.key == key && f.channel == ckey));
+        self.joiners
+            .retain(|j| !(j.key == key && j.channel == ckey));
         let chosen = self.names.get(&key).cloned();
         self.end(broker, key, sub, chosen.as_deref(), conns);
         true
@@ -522,6 +517,7 @@ impl LocalSubscribers {
             // Everything published before these subscribers joined was in it.
             let now = Instant::now();
             self.fresh.retain(|f| f.until > done && f.expires > now);
+            self.joiners.retain(|j| j.expires > now);
         }
     }
 
@@ -596,6 +592,12 @@ impl LocalSubscribers {
             }
             let key = key as usize;
             if Some(key) == exclude {
+                // Its own join's announcement (the only kind that names one to
+                // leave out): what comes after it is newer than its welcome.
+                if !self.joiners.is_empty() {
+                    self.joiners
+                        .retain(|j| !(j.key == key && j.channel == ckey));
+                }
                 continue;
             }
             let Some(conn) = conns.get_mut(key) else {
@@ -623,7 +625,13 @@ impl LocalSubscribers {
                 .iter()
                 .find(|f| f.key == key && f.channel == ckey)
                 .map(|f| f.live_after);
-            if fresh.is_none()
+            let joining = !self.joiners.is_empty()
+                && self
+                    .joiners
+                    .iter()
+                    .any(|j| j.key == key && j.channel == ckey);
+            let filtered = fresh.is_some() || joining;
+            if !filtered
                 && self.sends.has_ring()
                 && !format.one_shot()
                 && conn.phase == Phase::Active
@@ -661,7 +669,7 @@ impl LocalSubscribers {
                 }
                 continue;
             }
-            if fresh.is_none()
+            if !filtered
                 && self.sends.has_ring()
                 && !format.one_shot()
                 && conn.phase == Phase::Active
@@ -701,26 +709,21 @@ impl LocalSubscribers {
                 }
             }
             let only_new: Gathered<'_>;
-            let gathered = match fresh {
-                // History already gave it these: only what is newer goes out.
-                Some(after) => {
-                    let newer = group
-                        .iter()
-                        .any(|m| matches!(m.body, Body::Data { seq, .. } if seq > after));
-                    if newer {
-                        // Every live copy of what history gave it came before this.
-                        passed.push((key, ckey));
-                    }
-                    let unseen = group.iter().filter(|m| {
-                        // Seq 0 was never sequenced, so never replayed.
-                        !matches!(m.body, Body::Data { seq, .. } if seq != 0 && seq <= after)
-                    });
-                    only_new = Gathered::of(unseen, format, window_bits, compression);
-                    &only_new
+            let gathered = if filtered {
+                if let Some(after) = fresh
+                    && group.iter().any(|m| joining::newer_than(&m.body, after))
+                {
+                    passed.push((key, ckey));
                 }
-                None => by_format[gathered_slot(format, window_bits)].get_or_insert_with(|| {
+                let unseen = group
+                    .iter()
+                    .filter(|m| joining::passes(&m.body, fresh, joining));
+                only_new = Gathered::of(unseen, format, window_bits, compression);
+                &only_new
+            } else {
+                by_format[gathered_slot(format, window_bits)].get_or_insert_with(|| {
                     Gathered::of(group.iter(), format, window_bits, compression)
-                }),
+                })
             };
             let frames = &gathered.frames;
             if frames.is_empty() || conn.phase != Phase::Active {

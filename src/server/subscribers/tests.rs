@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::broker::{Broker, MemoryBroker, Outgoing, Resume};
 use crate::history::Limits;
-use crate::hub::Hub;
+use crate::hub::{Audience, Hub};
 use crate::os;
 use crate::protocol::DataKind;
 use crate::server::conn::Mode;
@@ -577,9 +577,42 @@ fn a_replay_waiting_for_the_socket_does_not_make_a_slow_consumer() {
 
 /// A memory broker that says its deliveries come later, through another
 /// thread (as Redis's listener does), so returning subscribers keep their
-/// filters until a newer message comes.
+/// filters until a newer message comes. Given the hub, it also delivers a
+/// member's join announcement as that listener may: after a join announced
+/// elsewhere just before, still on its way when the member subscribed.
 #[derive(Debug)]
-struct LaterBroker(MemoryBroker);
+struct LaterBroker(MemoryBroker, Option<Arc<Hub>>);
+
+impl LaterBroker {
+    fn lagging_join(
+        &self,
+        hub: &Hub,
+        channel: &str,
+        member: crate::broker::Member<'_>,
+        name: &str,
+    ) -> Result<crate::broker::Subscribed, BrokerError> {
+        let conn = member.conn;
+        let quiet = crate::broker::Member {
+            announce: None,
+            ..member
+        };
+        let joined = self.0.subscribe(channel, quiet, None)?;
+        let count = joined.count + 1;
+        let join = |client: &str, count: u64| Body::Event {
+            event: "join",
+            client: client.into(),
+            count,
+        };
+        let earlier = hub.deliver(&joined.channel, Audience::Listeners, None, || {
+            join("earlier", count - 1)
+        });
+        let own = hub.deliver(&joined.channel, Audience::Listeners, Some(conn), || {
+            join(name, count)
+        });
+        assert!(earlier.unwrap() && own.unwrap());
+        Ok(crate::broker::Subscribed { count, ..joined })
+    }
+}
 
 impl Broker for LaterBroker {
     fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
@@ -599,7 +632,10 @@ impl Broker for LaterBroker {
         member: crate::broker::Member<'_>,
         resume: Option<Resume>,
     ) -> Result<crate::broker::Subscribed, BrokerError> {
-        self.0.subscribe(channel, member, resume)
+        match (&self.1, member.announce) {
+            (Some(hub), Some(name)) => self.lagging_join(hub, channel, member, name),
+            _ => self.0.subscribe(channel, member, resume),
+        }
     }
     fn unsubscribe(&self, channel: &Arc<crate::hub::Channel>, member: crate::broker::Member<'_>) {
         self.0.unsubscribe(channel, member)
@@ -637,7 +673,7 @@ impl Broker for LaterBroker {
 #[test]
 fn a_live_copy_of_a_replayed_message_that_comes_late_is_still_filtered() {
     let (_poll, hub, memory) = broker(10);
-    let broker = LaterBroker(memory);
+    let broker = LaterBroker(memory, None);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let mut conns: Slab<Conn> = Slab::new();
     let mut subscribers = LocalSubscribers::new(0);
@@ -729,4 +765,54 @@ fn compressed_subscribers_share_one_frame_per_window_and_plain_ones_get_it_plain
     let wire = (got[0].len() + got[1].len() + got[2].len() - 3 * short_frame.len()) as u64;
     assert_eq!(counts.deflate_wire, wire);
     assert_eq!(counts.deflate_plain, 3 * (4 + long.len() as u64));
+}
+
+#[test]
+fn a_chat_member_gets_no_event_announced_before_its_own_join_when_deliveries_come_later() {
+    let (_poll, hub, memory) = broker(10);
+    let broker = LaterBroker(memory, Some(Arc::clone(&hub)));
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut conns: Slab<Conn> = Slab::new();
+    let mut subscribers = LocalSubscribers::new(0);
+    let (key, mut client) = connect(&listener, &mut conns);
+    let subscribe = Subscribe {
+        channel: "chat:room".into(),
+        format: Format::WsJson,
+        resume: None,
+        name: Some("ann".into()),
+        expires: None,
+        presence: None,
+    };
+    let joined = subscribers
+        .join(&broker, &Namespaces::default(), key, &subscribe, key as u32)
+        .unwrap();
+    assert_eq!(joined.count, 2, "welcomed with the count after its join");
+    conns[key].mode = websocket(joined.sub);
+    let mut counts = TurnCounts::default();
+    let mut failed = Vec::new();
+    // The earlier join and its own announcement wait in the inbox, in that
+    // order; a leave announced after its own join follows.
+    let channel = hub.find("chat:room").unwrap();
+    let leave = hub.deliver(&channel, Audience::Listeners, None, || Body::Event {
+        event: "leave",
+        client: "earlier".into(),
+        count: 1,
+    });
+    assert!(leave.unwrap());
+    deliver_once(&mut subscribers, &hub, &mut conns, &mut counts, &mut failed);
+    assert!(failed.is_empty());
+    let got = received(&mut client);
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        !text.contains("join"),
+        "an event older than its welcome: {text}"
+    );
+    assert!(
+        text.contains(r#""event":"leave""#) && text.contains(r#""count":1"#),
+        "what came after its own join: {text}"
+    );
+    assert!(
+        subscribers.joiners.is_empty(),
+        "its own announcement ends the wait"
+    );
 }

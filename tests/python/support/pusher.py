@@ -46,6 +46,7 @@ class PusherJs:
         )
         self.seen: queue.Queue = queue.Queue()
         self.log: list[dict] = []
+        self.unclaimed: list[dict] = []
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -62,13 +63,21 @@ class PusherJs:
         self.proc.stdin.flush()
 
     def expect(self, want, timeout: float = 10.0) -> dict:
-        """The next report for which want(report) holds; earlier ones are kept in log."""
+        """The oldest report not yet returned for which want(report) holds.
+
+        Reports passed over while waiting stay unclaimed for a later expect: the
+        two sides of one step may report in either order (an event published
+        through the HTTP API can reach the socket before the trigger's response
+        is reported), so waiting for one must not lose the other. Every report
+        is also kept in log."""
+        for i, report in enumerate(self.unclaimed):
+            if want(report):
+                return self.unclaimed.pop(i)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                stderr = ""
-                raise AssertionError(f"pusher-js did not report what was expected in {timeout}s; saw {self.log}{stderr}")
+                raise AssertionError(f"pusher-js did not report what was expected in {timeout}s; saw {self.log}")
             try:
                 report = self.seen.get(timeout=left)
             except queue.Empty:
@@ -76,6 +85,7 @@ class PusherJs:
             self.log.append(report)
             if want(report):
                 return report
+            self.unclaimed.append(report)
 
     def connected(self) -> str:
         report = self.expect(lambda r: r["type"] == "state" and r["current"] == "connected")
