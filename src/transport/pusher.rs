@@ -167,7 +167,7 @@ fn open(req: &Request<'_>, key: &str, gate: &dyn Gate) -> Result<Opening, Refuse
     let app = if !protocol.is_some_and(|p| pusher::PROTOCOLS.contains(&p)) {
         Err(Refusal::Protocol)
     } else {
-        gate.pusher_app(key).ok_or(Refusal::UnknownApp)
+        gate.app_by_key(key).ok_or(Refusal::UnknownApp)
     };
     Ok(Opening {
         handover: Handover::Pusher {

@@ -49,8 +49,11 @@ pub trait Gate {
     /// it. `Ok(None)`: no token is asked for. (A page's `Origin` was checked by
     /// the router before any transport is asked.)
     fn admit(&self, req: &Request<'_>, channel: &str) -> Result<Option<Grant>, AuthError>;
-    /// The place among `--pusher-app`s of the app with this key.
-    fn pusher_app(&self, key: &str) -> Option<u16>;
+    /// The place among the server's configured applications (tenants with keys
+    /// of their own) of the one whose public key is `key`, for a protocol whose
+    /// clients name their application when they connect (Pusher's `/app/KEY`).
+    /// Which protocol's apps they are is the server's business, not the seam's.
+    fn app_by_key(&self, key: &str) -> Option<u16>;
 }
 
 /// Why a request for a transport is not opened.

@@ -78,7 +78,7 @@ impl Gate for Rules<'_> {
             .map(Some)
     }
 
-    fn pusher_app(&self, key: &str) -> Option<u16> {
+    fn app_by_key(&self, key: &str) -> Option<u16> {
         crate::pusher::app_by_key(&self.shared.config.pusher_apps, key).map(|(i, _)| i)
     }
 }
