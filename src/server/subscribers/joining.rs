@@ -63,3 +63,6 @@ pub(super) fn passes(body: &Body, live_after: Option<u64>, joining: bool) -> boo
 pub(super) fn newer_than(body: &Body, live_after: u64) -> bool {
     matches!(*body, Body::Data { seq, .. } if seq > live_after)
 }
+
+#[cfg(test)]
+mod tests;
