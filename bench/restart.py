@@ -14,17 +14,21 @@ stopped by its pid. While the load runs, one scenario:
            (on its append-only file). Publishes get 503 while it is away.
 
 The subscribers are the bench's own: let go with a "come back" signal, they come
-back through nginx after a full-jitter backoff (--backoff) and resume (WebSocket:
-since= and epoch=, SSE: Last-Event-ID, poll: since=). Each bench then checks every
-seq its publisher was acknowledged: lost, duplicated, out of order, and the
-reconnect curve (lost / connect attempts / back per 100 ms). Also printed: publish
-failures by reason, and each node's RSS before the load and after.
+back through nginx after a full-jitter backoff (--backoff, doubling per failed try
+up to --backoff-cap) and resume (WebSocket: since= and epoch=, SSE: Last-Event-ID,
+poll: since=). The load goes on for --backoff-cap plus a few seconds after the
+fault is over (a subscriber refused all through it may be in its longest wait
+when it ends), then each bench is stopped (SIGINT, which ends its load as its
+--duration would). Each bench then checks every seq its publisher was
+acknowledged: lost, duplicated, out of order, and the reconnect curve (lost /
+connect attempts / back per 100 ms). Also printed: publish failures by reason,
+and each node's RSS before the load and after.
 
 Usage (needs redis-server and nginx; scripts/test.sh installs both):
   tests/python/.venv/bin/python bench/restart.py [--scenario rolling,sigkill,redis]
       [--ws 400] [--sse 100] [--poll 30] [--rate 200] [--gap 6] [--backoff 500ms]
-      [--history 2000]
-      [--bin target/release/throng] [--json FILE]
+      [--backoff-cap 15s] [--history 2000]
+      [--bin target/release/throng] [--server-arg ARG ...] [--json FILE]
 Writes every figure (and the reconnect curves), the settings and the run's provenance
 (bench/provenance.py: commit, dirty tree, machine, command line) to --json, by default
 bench/results/restart-STAMP.json, with the printed table beside it as .md.
@@ -56,6 +60,31 @@ sys.path.insert(0, str(ROOT / "bench"))
 import provenance  # noqa: E402  (bench/provenance.py)
 
 TRANSPORTS = ("ws", "sse", "poll")
+# Steady load before the first fault, so that it strikes a run in full flow.
+LEAD_SECS = 3.0
+# After the fault is over and the longest backoff wait (--backoff-cap) has passed,
+# this long for the last subscribers back to catch up from history.
+CATCH_UP_SECS = 5.0
+# The benches' own --duration is only a backstop: they are stopped with SIGINT
+# once the tail after the fault is over. It allows this long for the faults'
+# own steps (a drain, a restart, the nodes finding Redis again).
+FAULT_STEPS_ALLOWANCE_SECS = 120.0
+
+
+def duration_secs(text: str) -> float:
+    """A duration as the bench takes one (`500ms`, `15s`, `1m`, `0`), in seconds."""
+    m = re.fullmatch(r"(\d+)(ms|s|m)", text.strip())
+    if text.strip() == "0":
+        return 0.0
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 500ms, 15s or 1m")
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[m.group(2)]
+
+
+def duration_text(text: str) -> str:
+    """argparse type: checks a duration, keeps it as written (the bench parses it)."""
+    duration_secs(text)
+    return text
 
 
 class Redis:
@@ -94,8 +123,10 @@ class Redis:
 class Node:
     """One throng node on a fixed port, so it can be restarted where nginx looks."""
 
-    def __init__(self, binary: str, broker: str, name: str, history: int) -> None:
+    def __init__(self, binary: str, broker: str, name: str, history: int,
+                 extra: tuple[str, ...] = ()) -> None:
         self.binary, self.broker, self.name, self.history = binary, broker, name, history
+        self.extra = extra
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.start()
@@ -104,7 +135,7 @@ class Node:
         self.proc = subprocess.Popen(
             [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--broker", self.broker,
              "--stats-interval", "0", "--drain-timeout", "5s", "--threads", "1",
-             "--history-size", str(self.history)],
+             "--history-size", str(self.history), *self.extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_until(self.healthy, 10, f"node {self.name} healthy")
@@ -163,6 +194,7 @@ def start_bench(args, proxy_port: int, transport: str, conns: int, rate: float, 
            "--conns", str(conns), "--channels", "1", "--channel-prefix", channel,
            "--publish-rate", f"{rate:g}", "--publish-url", f"http://127.0.0.1:{proxy_port}",
            "--duration", f"{duration:g}s", "--rate", "2000", "--backoff", args.backoff,
+           "--backoff-cap", args.backoff_cap,
            "--threads", "1", "--json", "--allow-failures",
            # Redis fsyncs every write (appendfsync always), so one publish takes a
            # disk flush: one request at a time would cap a channel near 30/s.
@@ -172,7 +204,8 @@ def start_bench(args, proxy_port: int, transport: str, conns: int, rate: float, 
 
 def run_scenario(args, scenario: str) -> dict:
     redis = Redis()
-    nodes = [Node(args.bin, redis.url, name, args.history) for name in ("A", "B")]
+    nodes = [Node(args.bin, redis.url, name, args.history, tuple(args.server_args))
+             for name in ("A", "B")]
     counts = {"ws": args.ws, "sse": args.sse, "poll": args.poll}
     total_conns = sum(counts.values())
     # Two nginx connections per subscriber (client and upstream), and room for the
@@ -185,9 +218,11 @@ def run_scenario(args, scenario: str) -> dict:
         active = [t for t in TRANSPORTS if counts[t] > 0]
         # The fault plays out within the load; it then runs on long enough for
         # everyone to come back and catch up: a subscriber refused all through the
-        # fault may be in its longest backoff wait (at most 15 s) when it ends.
+        # fault may be in its longest backoff wait (--backoff-cap) when it ends.
+        # That tail is timed from the fault's end (below); --duration only bounds it.
         faults = 2 if scenario == "rolling" else 1
-        duration = 3 + faults * args.gap + 20
+        tail = duration_secs(args.backoff_cap) + CATCH_UP_SECS
+        duration = LEAD_SECS + faults * args.gap + tail + FAULT_STEPS_ALLOWANCE_SECS
         for t in active:
             benches[t] = start_bench(args, proxy.port, t, counts[t], args.rate / len(active), duration,
                                      scenario)
@@ -208,20 +243,21 @@ def run_scenario(args, scenario: str) -> dict:
         for t, ev in loaded.items():
             if not ev.wait(60):
                 raise RuntimeError(f"bench {t} did not open its subscribers: {''.join(stderr_text[t])[-2000:]}")
-        time.sleep(3)
+        time.sleep(LEAD_SECS)
 
         def mark(what: str) -> None:
             events.append((time.time(), what))
             print(f"  {time.strftime('%H:%M:%S')} {what}", file=sys.stderr)
 
         if scenario == "rolling":
-            for node in nodes:
+            for i, node in enumerate(nodes):
+                if i:
+                    time.sleep(args.gap)
                 mark(f"SIGTERM node {node.name}")
                 took = node.stop(signal.SIGTERM)
                 mark(f"node {node.name} exited after {took:.2f} s")
                 node.start()
                 mark(f"node {node.name} healthy again")
-                time.sleep(args.gap)
         elif scenario == "sigkill":
             node = nodes[0]
             mark(f"SIGKILL node {node.name}")
@@ -237,6 +273,13 @@ def run_scenario(args, scenario: str) -> dict:
             mark("redis-server listening again")
             wait_until(lambda: all(n.healthy() for n in nodes), 30, "both nodes healthy on Redis")
             mark("both nodes healthy again")
+
+        # The fault is over: the longest backoff wait, the catch-up, then the end.
+        time.sleep(tail)
+        for proc in benches.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        mark(f"load ended, {tail:g} s after the fault")
 
         results = {}
         for t, proc in benches.items():
@@ -261,6 +304,7 @@ def run_scenario(args, scenario: str) -> dict:
             "rate": args.rate,
             "gap_secs": args.gap,
             "backoff": args.backoff,
+            "backoff_cap": args.backoff_cap,
             "events": [[round(t * 1000), what] for t, what in events],
             "rss_kib_before": rss_before,
             "rss_kib_after": rss_after,
@@ -312,12 +356,21 @@ def main() -> int:
     ap.add_argument("--poll", type=int, default=30)
     ap.add_argument("--rate", type=float, default=200, help="publishes per second, all channels together")
     ap.add_argument("--gap", type=float, default=6, help="seconds between faults / before a restart")
-    ap.add_argument("--backoff", default="500ms")
+    ap.add_argument("--backoff", default="500ms", type=duration_text,
+                    help="a subscriber let go comes back after a random wait in [0, BACKOFF * 2^tries)")
+    ap.add_argument("--backoff-cap", default="15s", type=duration_text,
+                    help="the longest that wait grows to (the bench's --backoff-cap); the load runs "
+                    f"on for it plus {CATCH_UP_SECS:g} s after the fault")
+    ap.add_argument("--server-arg", dest="server_args", action="append", default=[], metavar="ARG",
+                    help="one more argument for each node's `throng serve`, repeated for more "
+                    "(written --server-arg=--flag when it starts with --)")
     ap.add_argument("--history", type=int, default=2000,
                     help="--history-size of the nodes: it must cover the longest time a subscriber is away")
     ap.add_argument("--json", help="write every figure (and the reconnect curves) here "
                     "(default bench/results/restart-STAMP.json, UTC)")
     args = ap.parse_args()
+    if duration_secs(args.backoff) > 0 and duration_secs(args.backoff_cap) < duration_secs(args.backoff):
+        ap.error(f"--backoff-cap {args.backoff_cap} must be at least --backoff {args.backoff}")
     prov = provenance.provenance()   # taken as the run starts
     out_path = Path(args.json) if args.json else provenance.raw_path("restart")
     scenarios = [s for s in args.scenario.split(",") if s]

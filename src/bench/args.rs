@@ -477,9 +477,14 @@ pub struct BenchArgs {
     /// push: a subscriber the server lets go with a "come back" signal (close
     /// 1001, 1011, 1012, 1013 or 1008 "slow consumer", a reset, a refused connect,
     /// an ended stream, a 5xx) comes back after a random delay in
-    /// [0, DURATION * 2^tries) (at most 15 s) and resumes; 0: it is dropped
+    /// [0, DURATION * 2^tries) (at most --backoff-cap) and resumes; 0: it is dropped
     #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
     pub backoff: Duration,
+
+    /// push: the longest a subscriber let go waits before trying to come back
+    /// (the ceiling of --backoff's doubling); at least --backoff
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub backoff_cap: Duration,
 
     /// chat: members per room (room i holds connections i*size ..)
     #[arg(long, value_name = "N", default_value_t = 10)]

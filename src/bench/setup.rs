@@ -159,6 +159,13 @@ impl BenchArgs {
                         self.reconnect
                     ));
                 }
+                if !self.backoff.is_zero() && self.backoff_cap < self.backoff {
+                    return bad(format!(
+                        "--backoff-cap {} must be at least --backoff {}: the cap is the longest a backoff grows to",
+                        humantime::format_duration(self.backoff_cap),
+                        humantime::format_duration(self.backoff)
+                    ));
+                }
                 if self.reconnect > 0.0 && self.reconnect_interval.is_zero() {
                     return bad("--reconnect-interval must be more than 0".into());
                 }
@@ -347,6 +354,7 @@ impl BenchArgs {
             reconnect: self.reconnect,
             reconnect_interval: self.reconnect_interval,
             comeback_backoff: self.backoff,
+            comeback_backoff_cap: self.backoff_cap,
             conn_offset: self.conn_offset,
             conns: self.conns,
             threads: self.threads(),
@@ -428,6 +436,8 @@ impl BenchArgs {
             ms(self.reconnect_interval),
             "--backoff".into(),
             ms(self.backoff),
+            "--backoff-cap".into(),
+            ms(self.backoff_cap),
             "--child-index".into(),
             index.to_string(),
             "--conn-offset".into(),
@@ -535,7 +545,11 @@ impl BenchArgs {
                     if self.backoff.is_zero() {
                         "no: a subscriber let go is dropped".into()
                     } else {
-                        format!("full-jitter backoff from {}", d(self.backoff))
+                        format!(
+                            "full-jitter backoff from {}, at most {}",
+                            d(self.backoff),
+                            d(self.backoff_cap)
+                        )
                     },
                 ));
             }

@@ -89,6 +89,33 @@ fn bad_flags_are_errors_not_panics() {
 }
 
 #[test]
+fn backoff_cap_defaults_to_the_constant_and_is_at_least_the_base() {
+    let a = parse(&["push"]).unwrap();
+    assert_eq!(a.backoff_cap, crate::bench::client::BACKOFF_CAP);
+    let a = parse(&["push", "--backoff", "500ms", "--backoff-cap", "2s"]).unwrap();
+    assert!(a.validate().is_ok());
+    let plan = a.plan(&WsUrl::parse(&a.url).unwrap()).unwrap();
+    assert_eq!(plan.comeback_backoff_cap, Duration::from_secs(2));
+    // Equal is fine: every wait is then within the first window.
+    let a = parse(&["push", "--backoff", "2s", "--backoff-cap", "2s"]).unwrap();
+    assert!(a.validate().is_ok());
+    let a = parse(&["push", "--backoff", "2s", "--backoff-cap", "1s"]).unwrap();
+    match a.validate() {
+        Err(BenchError::BadArgs(m)) => {
+            assert!(
+                m.contains("--backoff-cap 1s must be at least --backoff 2s"),
+                "{m}"
+            )
+        }
+        other => panic!("a cap below the base must be refused, got {other:?}"),
+    }
+    // Without come-backs (--backoff 0) there is nothing to cap.
+    let a = parse(&["push", "--backoff", "0", "--backoff-cap", "1s"]).unwrap();
+    assert!(a.validate().is_ok());
+    assert!(parse(&["push", "--backoff-cap", "soon"]).is_err());
+}
+
+#[test]
 fn urls() {
     let u = WsUrl::parse("ws://127.0.0.1:9000/echo?x=1").unwrap();
     assert_eq!(
@@ -108,10 +135,22 @@ fn urls() {
 #[test]
 fn procs_split_connections_and_children_get_their_share() {
     assert_eq!(split_conns(10, 3), vec![(0, 4), (4, 3), (7, 3)]);
-    let a = parse(&["push", "--conns", "10", "--procs", "2", "--rate", "100"]).unwrap();
+    let a = parse(&[
+        "push",
+        "--conns",
+        "10",
+        "--procs",
+        "2",
+        "--rate",
+        "100",
+        "--backoff-cap",
+        "3s",
+    ])
+    .unwrap();
     let args = a.child_args(1, 5, 5, None);
     let child = parse(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     assert_eq!(child.child_index, Some(1));
+    assert_eq!(child.backoff_cap, Duration::from_secs(3));
     assert_eq!(child.conn_offset, 5);
     assert_eq!(child.conns, 5);
     assert_eq!(child.rate, 50.0);

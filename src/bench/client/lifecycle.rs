@@ -22,15 +22,14 @@ use crate::bench::{Mode, Transport};
 use crate::outbound::Outbound;
 use crate::protocol::{close_code, encode_client_frame, opcode};
 
-/// The longest a subscriber waits before trying to come back.
-pub(super) const BACKOFF_CAP: Duration = Duration::from_secs(15);
+/// The longest a subscriber waits before trying to come back, unless
+/// `--backoff-cap` says otherwise (its default is this).
+pub const BACKOFF_CAP: Duration = Duration::from_secs(15);
 
 /// Full jitter: a uniform delay in [0, min(cap, base * 2^retries)), so clients
 /// let go together come back spread out, not as a storm.
-pub(super) fn backoff_delay(base: Duration, retries: u8, rng: &mut u64) -> Duration {
-    let ceiling = base
-        .saturating_mul(1u32 << retries.min(20))
-        .min(BACKOFF_CAP);
+pub(super) fn backoff_delay(base: Duration, cap: Duration, retries: u8, rng: &mut u64) -> Duration {
+    let ceiling = base.saturating_mul(1u32 << retries.min(20)).min(cap);
     let unit = f64::from(u32::from_ne_bytes(next_mask(rng))) / (f64::from(u32::MAX) + 1.0);
     ceiling.mul_f64(unit)
 }
@@ -179,7 +178,12 @@ impl ClientLoop {
         conn.read = None;
         conn.out = Outbound::default();
         conn.tls = None;
-        let delay = backoff_delay(base, conn.retries, &mut self.rng);
+        let delay = backoff_delay(
+            base,
+            self.plan.comeback_backoff_cap,
+            conn.retries,
+            &mut self.rng,
+        );
         conn.retries = conn.retries.saturating_add(1);
         self.comebacks
             .push(Reverse((Instant::now() + delay, key, conn.attempt)));

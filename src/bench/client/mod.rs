@@ -58,6 +58,7 @@ use conn::{Conn, ReadState, State, flush, io_reason};
 
 pub use control::{Control, Live, phase};
 pub use delivery::unix_nanos;
+pub use lifecycle::BACKOFF_CAP;
 pub use plan::Plan;
 
 const WAKER: Token = Token(usize::MAX);

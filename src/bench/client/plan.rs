@@ -49,6 +49,8 @@ pub struct Plan {
     /// Push: the first backoff of a subscriber the server lets go with a "come
     /// back" signal; it doubles per failed try (zero: such a subscriber is dropped).
     pub comeback_backoff: Duration,
+    /// Push: the longest that backoff grows to (`--backoff-cap`).
+    pub comeback_backoff_cap: Duration,
     /// Global index of this process's first connection (children get a slice).
     pub conn_offset: u64,
     /// Connections this process opens.

@@ -38,6 +38,7 @@ fn plan(mode: Mode) -> Plan {
         reconnect: 0.0,
         reconnect_interval: Duration::from_secs(2),
         comeback_backoff: Duration::from_millis(500),
+        comeback_backoff_cap: BACKOFF_CAP,
         conn_offset: 0,
         conns: 100,
         threads: 2,
@@ -53,7 +54,7 @@ fn backoff_is_full_jitter_doubling_up_to_the_cap() {
     for retries in 0..12u8 {
         let ceiling = (base * (1u32 << retries)).min(BACKOFF_CAP);
         let delays: Vec<Duration> = (0..2000)
-            .map(|_| backoff_delay(base, retries, &mut rng))
+            .map(|_| backoff_delay(base, BACKOFF_CAP, retries, &mut rng))
             .collect();
         assert!(delays.iter().all(|d| *d < ceiling), "retries {retries}");
         // Spread over the whole window, not bunched: both ends are reached.
@@ -66,8 +67,39 @@ fn backoff_is_full_jitter_doubling_up_to_the_cap() {
             "retries {retries}"
         );
     }
-    assert!(backoff_delay(base, 255, &mut rng) < BACKOFF_CAP);
-    assert_eq!(backoff_delay(Duration::ZERO, 3, &mut rng), Duration::ZERO);
+    assert!(backoff_delay(base, BACKOFF_CAP, 255, &mut rng) < BACKOFF_CAP);
+    assert_eq!(
+        backoff_delay(Duration::ZERO, BACKOFF_CAP, 3, &mut rng),
+        Duration::ZERO
+    );
+}
+
+#[test]
+fn backoff_stops_doubling_at_the_cap_given() {
+    let base = Duration::from_millis(500);
+    let cap = Duration::from_secs(2);
+    let mut rng = 0x0fed_cba9_8765_4321;
+    // 500 ms, 1 s, 2 s, then held at the 2 s cap however many tries failed.
+    for (retries, ceiling) in [
+        (0u8, 500),
+        (1, 1000),
+        (2, 2000),
+        (3, 2000),
+        (9, 2000),
+        (255, 2000),
+    ] {
+        let ceiling = Duration::from_millis(ceiling);
+        let delays: Vec<Duration> = (0..2000)
+            .map(|_| backoff_delay(base, cap, retries, &mut rng))
+            .collect();
+        assert!(delays.iter().all(|d| *d < ceiling), "retries {retries}");
+        assert!(
+            delays.iter().any(|d| *d > ceiling * 9 / 10),
+            "retries {retries}: the whole window up to the cap is used"
+        );
+    }
+    // A cap equal to the base: every wait is within the first window.
+    assert!((0..200).all(|r| backoff_delay(base, base, r, &mut rng) < base));
 }
 
 #[test]
