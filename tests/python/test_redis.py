@@ -10,6 +10,7 @@ message), and a node cut off from Redis fills in what it missed once it is back.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 import threading
@@ -408,3 +409,67 @@ def test_a_bad_broker_is_refused_at_start():
     )
     assert out.returncode != 0
     assert b"memory, redis://" in out.stderr, out.stderr
+
+
+def test_redis_prefixes_keep_deployments_on_one_redis_apart(start_server, shared_redis, redis_prefix):
+    """Two nodes under one --redis-prefix and one under another, on one Redis:
+    the same channel name is two channels (seqs, messages, counts, Pusher's
+    channel list), and every key is under one of the prefixes."""
+    from support.pusher import APP, APP_ID, sdk
+
+    mine, theirs = f"{redis_prefix}-a", f"{redis_prefix}-b"
+    a1, a2, b = (start_server("--broker", shared_redis.url, "--redis-prefix", p, "--pusher-app", APP)
+                 for p in (mine, mine, theirs))
+    for node in (a1, a2, b):
+        wait_healthy(node.port)
+    stats = http_request(b.port, "GET", "/api/stats").json()
+    assert stats["broker"] == f"{shared_redis.url} (prefix {theirs})", stats
+    app_channel = f"{APP_ID}:room"
+
+    async def main():
+        socks = {}
+        for name, node in (("a1", a1), ("a2", a2), ("b", b)):
+            socks[name] = await ws_connect(node.url("/ws/news?format=json"))
+        b_room = await ws_connect(b.url(f"/ws/{app_channel}"))
+        try:
+            wait_until(lambda: channel_info(a1.port, "news")["subscribers"] == 2, what="a's two subscribers")
+            assert channel_info(b.port, "news")["subscribers"] == 1
+            assert publish_ok(a1.port, "news", "from a") == 1
+            assert publish_ok(b.port, "news", "from b") == 1, "b's channel has its own seqs"
+            assert publish_ok(a2.port, "news", "a again") == 2
+            for name, expected in (("a1", ["from a", "a again"]), ("a2", ["from a", "a again"]), ("b", ["from b"])):
+                got = [(await recv_json(socks[name]))["data"] for _ in expected]
+                assert got == expected, (name, got)
+            publish_ok(b.port, "news", "b marker")
+            assert (await recv_json(socks["b"]))["data"] == "b marker", "nothing of a's came to b"
+            # Pusher's channel list (the members' hashes SCANned) is each prefix's own.
+            listed = lambda node: sorted(sdk(node.port).channels_info()["channels"])  # noqa: E731
+            wait_until(lambda: listed(b) == ["room"], what="b lists its room")
+            assert listed(a1) == [], listed(a1)
+            assert channel_info(a2.port, app_channel)["subscribers"] == 0
+            subscribed = sorted(shared_redis.cli("PUBSUB", "CHANNELS", f"{theirs}:ch:*").split())
+            assert subscribed == [f"{theirs}:ch:{app_channel}", f"{theirs}:ch:news"], subscribed
+        finally:
+            for ws in (*socks.values(), b_room):
+                await ws.close()
+
+    run(main())
+    # Every key on the Redis is under a prefix; this test's under its two.
+    keys = shared_redis.cli("KEYS", "*").split()
+    assert all(re.match(r"[A-Za-z0-9_.-]+:", k) for k in keys), keys
+    ours = [k for k in keys if "{news}" in k or f"{{{app_channel}}}" in k or k.startswith(redis_prefix)]
+    assert any(k.startswith(f"{mine}:") for k in ours) and any(k.startswith(f"{theirs}:") for k in ours), ours
+    assert all(k.startswith((f"{mine}:", f"{theirs}:")) for k in ours), ours
+    nodes = lambda p: int(shared_redis.cli("ZCARD", f"{p}:nodes"))  # noqa: E731
+    assert (nodes(mine), nodes(theirs)) == (2, 1)
+
+
+def test_a_bad_redis_prefix_is_refused_at_start():
+    from conftest import throng_bin
+
+    out = subprocess.run(
+        [str(throng_bin()), "serve", "--listen", f"127.0.0.1:{free_port()}", "--redis-prefix", "a{b}"],
+        capture_output=True, timeout=10,
+    )
+    assert out.returncode != 0
+    assert b"--redis-prefix" in out.stderr and b"only letters, digits" in out.stderr, out.stderr
