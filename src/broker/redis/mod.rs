@@ -15,7 +15,10 @@
 //! unless it provably has every acknowledged write, and the listener tells live
 //! subscribers of an epoch change as a gap.
 //!
-//! Keys of channel `NAME` (the braces keep them in one Redis Cluster slot):
+//! Every name below starts with `--redis-prefix` (`throng` by default, as
+//! shown), made in `keys` (`Names`): deployments under different prefixes
+//! share a Redis and nothing else. Keys of channel `NAME` (the braces keep them
+//! in one Redis Cluster slot):
 //! `throng:{NAME}:seq`, `throng:{NAME}:epoch`, `throng:{NAME}:hist` (a stream, one
 //! entry per kept message, id `SEQ-1`) and `throng:{NAME}:members` (a hash, node ->
 //! its subscribers); the rest are in `keys`. Every Lua script touches only keys it
@@ -39,7 +42,8 @@
 //! This file holds the broker ([`RedisBroker`] and its [`Broker`] impl), the state
 //! it shares with its threads ([`Shared`]) and the start. The parts:
 //! - `wire`: the bytes kept and published, and reading back what pubsub brings;
-//! - `keys`: the Redis keys and how long they live;
+//! - `keys`: the Redis names under the prefix (keys, pubsub and wake channels)
+//!   and how long keys live;
 //! - `connection`: the connection pool and the circuit breaker (fail fast while
 //!   Redis is down; the heartbeat probes);
 //! - `sentinel`: where connections go (the Redis, or the master Sentinel names),
