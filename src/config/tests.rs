@@ -263,3 +263,41 @@ fn the_redis_prefix_is_throng_by_default_settable_and_checked() {
         );
     }
 }
+
+#[test]
+fn the_redis_prefix_comes_from_the_config_file_too() {
+    let dir = std::env::temp_dir().join(format!("throng-redis-prefix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("throng.toml");
+    std::fs::write(&path, "redis-prefix = \"from-file\"\n").unwrap();
+    let prefix_with = |flags: &[&str]| {
+        let serve =
+            ServeArgs::augment_args(Command::new("serve")).mut_args(|arg| arg.env(None::<&str>));
+        let cmd = apply_config_file(Command::new("throng").subcommand(serve), &path).unwrap();
+        let matches = cmd
+            .try_get_matches_from(["throng", "serve"].iter().chain(flags))
+            .expect("the flags parse");
+        let serve = matches.subcommand_matches("serve").expect("serve");
+        ServeArgs::from_arg_matches(serve)
+            .expect("the flags are ServeArgs")
+            .into_config()
+            .expect("a valid config")
+            .redis_prefix
+    };
+    assert_eq!(prefix_with(&[]), "from-file");
+    assert_eq!(
+        prefix_with(&["--redis-prefix", "flag"]),
+        "flag",
+        "the command line wins over the file"
+    );
+    std::fs::write(&path, "redis-prefix = \"a:b\"\n").unwrap();
+    let serve =
+        ServeArgs::augment_args(Command::new("serve")).mut_args(|arg| arg.env(None::<&str>));
+    let cmd = apply_config_file(Command::new("throng").subcommand(serve), &path).unwrap();
+    let refused = cmd
+        .try_get_matches_from(["throng", "serve"])
+        .expect_err("a bad prefix from the file")
+        .to_string();
+    assert!(refused.contains("':'"), "{refused}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
