@@ -10,7 +10,9 @@
 //! than history is told as a gap; a presence user is said once (joined with its
 //! first connection, left with its last, to subscribers and to the
 //! [`ChannelWatch`]); a publish with an idempotency key seen before stores
-//! nothing again. A Redis broker delivers through its listener thread, so a case
+//! nothing again. On one Redis, brokers with different `--redis-prefix`es share
+//! nothing (messages, seqs, member counts, presence users, channel lists, the
+//! nodes' set) and brokers with the same one share all of it. A Redis broker delivers through its listener thread, so a case
 //! waits for deliveries, and "nothing else came" is known by publishing a marker
 //! after and waiting for it: one channel's deliveries keep their order.
 //!
@@ -237,19 +239,26 @@ impl Under {
     fn on_redis(cluster: bool) -> Option<Under> {
         let server = RedisServer::start(cluster)?;
         let url = server.url(if cluster { "redis-cluster" } else { "redis" });
+        Some(Under::on(&url, RedisBroker::DEFAULT_PREFIX, Some(server)))
+    }
+
+    /// A Redis broker on `url` whose names start with `prefix`; `server` is
+    /// kept until it is dropped.
+    fn on(url: &str, prefix: &str, server: Option<RedisServer>) -> Under {
         let (hub, polls) = one_loop_hub();
         let broker = RedisBroker::start(
             Arc::clone(&hub),
-            &url,
+            url,
             Subscribe::Channels,
             0,
             limits(),
             Namespaces::default(),
+            prefix,
         )
         .expect("the redis broker starts");
-        let under = Under::with(Box::new(broker), hub, polls, Some(server));
+        let under = Under::with(Box::new(broker), hub, polls, server);
         wait_until("the redis broker is healthy", || under.broker.healthy());
-        Some(under)
+        under
     }
 
     fn with(
@@ -572,3 +581,104 @@ contract!(
         a_key_seen_before_publishes_nothing_again,
     ]
 );
+
+/// Two brokers with prefix `a` and one with `b` on one Redis (or one-node
+/// cluster): `a`'s see each other's messages, members and channels, `b` sees
+/// none of theirs nor they its, and every key is under one of the prefixes.
+fn prefixes_part_deployments_on_one_redis(cluster: bool) {
+    let Some(server) = RedisServer::start(cluster) else {
+        return;
+    };
+    let url = server.url(if cluster { "redis-cluster" } else { "redis" });
+    let plain_url = server.url("redis");
+    // Declared first, dropped last: it holds the Redis.
+    let a1 = Under::on(&url, "a", Some(server));
+    let mut a2 = Under::on(&url, "a", None);
+    let mut b = Under::on(&url, "b", None);
+    for u in [&a1, &a2, &b] {
+        u.broker
+            .subscribe("news", plain(1), None)
+            .expect("subscribed");
+    }
+    b.broker
+        .subscribe("b-only", plain(2), None)
+        .expect("subscribed");
+    assert_eq!(a1.broker.publish("news", text("from a")), Ok(1));
+    assert_eq!(
+        b.broker.publish("news", text("from b")),
+        Ok(1),
+        "b's own seq"
+    );
+    assert_eq!(a2.wait_for_data("news", 1), vec![(1, b"from a".to_vec())]);
+    a2.sync("news");
+    b.sync("news");
+    let payloads =
+        |u: &mut Under| -> Vec<Vec<u8>> { u.data("news").into_iter().map(|(_, p)| p).collect() };
+    assert_eq!(payloads(&mut a2), [&b"from a"[..], b"marker 1"]);
+    assert_eq!(payloads(&mut b), [&b"from b"[..], b"marker 1"]);
+
+    let ann = a1
+        .broker
+        .subscribe("presence-x", presence_member(3, "ann"), None)
+        .expect("ann joins");
+    assert_eq!(
+        a2.broker.presence_members("presence-x").map(|m| m.len()),
+        Ok(1)
+    );
+    assert_eq!(b.broker.presence_members("presence-x"), Ok(Vec::new()));
+    // Member counts are written by each node's keeper, once a second.
+    wait_until("a's nodes count each other's subscribers", || {
+        a2.broker.channel_info("news").subscribers == 2
+    });
+    assert_eq!(b.broker.channel_info("news").subscribers, 1);
+    let names = |u: &Under| -> Vec<String> {
+        let mut found: Vec<String> = u
+            .broker
+            .occupied("")
+            .expect("the channel list")
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        found.sort();
+        found
+    };
+    wait_until("a's channel list has ann's channel", || {
+        names(&a2) == ["news", "presence-x"]
+    });
+    assert_eq!(names(&b), ["b-only", "news"]);
+
+    let mut con = ::redis::Client::open(plain_url)
+        .and_then(|c| c.get_connection())
+        .expect("a connection to the Redis");
+    let nodes = |prefix: &str, con: &mut ::redis::Connection| {
+        ::redis::cmd("ZCARD")
+            .arg(format!("{prefix}:nodes"))
+            .query::<u64>(con)
+            .expect("ZCARD")
+    };
+    assert_eq!((nodes("a", &mut con), nodes("b", &mut con)), (2, 1));
+    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS");
+    assert!(
+        keys.iter().any(|k| k.starts_with("a:")) && keys.iter().any(|k| k.starts_with("b:")),
+        "{keys:?}"
+    );
+    let stray: Vec<&String> = keys
+        .iter()
+        .filter(|k| !k.starts_with("a:") && !k.starts_with("b:"))
+        .collect();
+    assert!(stray.is_empty(), "keys under neither prefix: {stray:?}");
+    a1.broker
+        .unsubscribe(&ann.channel, presence_member(3, "ann"));
+}
+
+mod prefixes {
+    #[test]
+    fn redis() {
+        super::prefixes_part_deployments_on_one_redis(false);
+    }
+
+    #[test]
+    fn redis_cluster() {
+        super::prefixes_part_deployments_on_one_redis(true);
+    }
+}

@@ -44,6 +44,7 @@ pub mod defaults {
     pub const REUSE_PORT: &str = "off";
     pub const REDIS_SUBSCRIBE: &str = "channels";
     pub const REDIS_WAIT_REPLICAS: &str = "0";
+    pub const REDIS_PREFIX: &str = crate::broker::RedisBroker::DEFAULT_PREFIX;
     pub const IO_URING: &str = "auto";
     pub const PERMESSAGE_DEFLATE: &str = "off";
     pub const DEFLATE_MIN_SIZE: &str = "256";
@@ -73,6 +74,10 @@ fn parse_redis_subscribe(s: &str) -> Result<crate::broker::Subscribe, String> {
         "pattern" => Ok(crate::broker::Subscribe::Pattern),
         _ => Err(format!("'{s}' is not channels or pattern")),
     }
+}
+
+fn parse_redis_prefix(s: &str) -> Result<String, String> {
+    crate::broker::RedisBroker::check_prefix(s).map(|()| s.to_string())
 }
 
 fn default_threads() -> usize {
@@ -290,6 +295,13 @@ pub struct ServeArgs {
     #[arg(long, env = "THRONG_REDIS_WAIT_REPLICAS", value_name = "N", default_value = defaults::REDIS_WAIT_REPLICAS)]
     pub redis_wait_replicas: u32,
 
+    /// With a Redis broker: what every Redis key and pubsub channel name starts
+    /// with, so that several deployments (or environments, or tests) share one
+    /// Redis without seeing each other's nodes, channels or messages. Letters,
+    /// digits, '_', '.' and '-', at most 64 bytes
+    #[arg(long, env = "THRONG_REDIS_PREFIX", value_name = "NAME", default_value = defaults::REDIS_PREFIX, value_parser = parse_redis_prefix)]
+    pub redis_prefix: String,
+
     /// Serve TLS (wss://, https://) on every --listen address with this
     /// certificate chain (PEM); needs --tls-key. SIGHUP reads both again
     #[arg(
@@ -466,6 +478,8 @@ pub struct ServeConfig {
     pub redis_subscribe: crate::broker::Subscribe,
     /// Replicas a publish waits for (`--redis-wait-replicas`).
     pub redis_wait_replicas: u32,
+    /// What every Redis name starts with (`--redis-prefix`).
+    pub redis_prefix: String,
     /// Receive through io_uring where the kernel allows it (`auto`, the default):
     /// each loop keeps a multishot receive armed per busy connection (8 reads in a
     /// second; a quiet second moves it back to epoll), into a pool of buffers it
@@ -563,6 +577,7 @@ impl Default for ServeConfig {
                 |s| s.parse().map_err(|e| format!("{e}")),
                 defaults::REDIS_WAIT_REPLICAS,
             ),
+            redis_prefix: defaults::REDIS_PREFIX.into(),
             io_uring: builtin(parse_io_uring, defaults::IO_URING),
             tls: None,
             namespaces: Namespaces::default(),
@@ -745,6 +760,7 @@ impl ServeArgs {
             reuse_port: self.reuse_port,
             redis_subscribe: self.redis_subscribe,
             redis_wait_replicas: self.redis_wait_replicas,
+            redis_prefix: self.redis_prefix,
             io_uring: self.io_uring,
             tls: match (self.tls_cert, self.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles {

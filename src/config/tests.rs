@@ -86,6 +86,7 @@ fn the_command_line_defaults_are_the_config_defaults() {
     assert_eq!(from_flags.stats_interval, built_in.stats_interval);
     assert_eq!(from_flags.history_size, built_in.history_size);
     assert_eq!(from_flags.history_ttl, built_in.history_ttl);
+    assert_eq!(from_flags.redis_prefix, built_in.redis_prefix);
 }
 
 #[test]
@@ -224,4 +225,79 @@ fn the_test_time_scale_is_hidden_one_by_default_and_refused_out_of_range() {
             .to_string();
         assert!(refused.contains("--test-time-scale"), "{refused}");
     }
+}
+
+#[test]
+fn the_redis_prefix_is_throng_by_default_settable_and_checked() {
+    assert_eq!(config_from(&[]).unwrap().redis_prefix, "throng");
+    assert_eq!(ServeConfig::default().redis_prefix, "throng");
+    let set = config_from(&["--redis-prefix", "staging-2"]).unwrap();
+    assert_eq!(set.redis_prefix, "staging-2");
+    let cmd = ServeArgs::augment_args(Command::new("serve"));
+    let flag = cmd
+        .get_arguments()
+        .find(|a| a.get_id() == "redis_prefix")
+        .expect("the flag exists");
+    assert_eq!(
+        flag.get_env(),
+        Some(std::ffi::OsStr::new("THRONG_REDIS_PREFIX"))
+    );
+    let too_long = "x".repeat(65);
+    for (bad, why) in [
+        ("", "empty"),
+        (too_long.as_str(), "longer than 64 bytes"),
+        ("a{b}", "'{'"),
+        ("a:b", "':'"),
+        ("a*", "'*'"),
+        ("a b", "' '"),
+    ] {
+        let cmd =
+            ServeArgs::augment_args(Command::new("serve")).mut_args(|arg| arg.env(None::<&str>));
+        let refused = cmd
+            .try_get_matches_from(["serve", &format!("--redis-prefix={bad}")])
+            .expect_err(bad)
+            .to_string();
+        assert!(
+            refused.contains("--redis-prefix") && refused.contains(why),
+            "{bad}: {refused}"
+        );
+    }
+}
+
+#[test]
+fn the_redis_prefix_comes_from_the_config_file_too() {
+    let dir = std::env::temp_dir().join(format!("throng-redis-prefix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("throng.toml");
+    std::fs::write(&path, "redis-prefix = \"from-file\"\n").unwrap();
+    let prefix_with = |flags: &[&str]| {
+        let serve =
+            ServeArgs::augment_args(Command::new("serve")).mut_args(|arg| arg.env(None::<&str>));
+        let cmd = apply_config_file(Command::new("throng").subcommand(serve), &path).unwrap();
+        let matches = cmd
+            .try_get_matches_from(["throng", "serve"].iter().chain(flags))
+            .expect("the flags parse");
+        let serve = matches.subcommand_matches("serve").expect("serve");
+        ServeArgs::from_arg_matches(serve)
+            .expect("the flags are ServeArgs")
+            .into_config()
+            .expect("a valid config")
+            .redis_prefix
+    };
+    assert_eq!(prefix_with(&[]), "from-file");
+    assert_eq!(
+        prefix_with(&["--redis-prefix", "flag"]),
+        "flag",
+        "the command line wins over the file"
+    );
+    std::fs::write(&path, "redis-prefix = \"a:b\"\n").unwrap();
+    let serve =
+        ServeArgs::augment_args(Command::new("serve")).mut_args(|arg| arg.env(None::<&str>));
+    let cmd = apply_config_file(Command::new("throng").subcommand(serve), &path).unwrap();
+    let refused = cmd
+        .try_get_matches_from(["throng", "serve"])
+        .expect_err("a bad prefix from the file")
+        .to_string();
+    assert!(refused.contains("':'"), "{refused}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -260,6 +260,7 @@ pub fn start(config: ServeConfig) -> Result<ServerHandle, ServerError> {
             config.redis_wait_replicas,
             history,
             config.namespaces.clone(),
+            &config.redis_prefix,
         )?),
     };
     let webhooks = crate::webhooks::Webhooks::start(&config.pusher_apps)

@@ -19,7 +19,6 @@ import pytest
 
 from browser import browser, pages  # noqa: F401 (fixtures)
 from rawws import assert_json_error, http_request, publish_ok
-from support.redis import Redis
 from support.wait import wait_healthy
 from wsutil import expect_closed, received_close_code, recv_json, run, ws_connect
 
@@ -507,15 +506,14 @@ def test_the_channel_list_names_occupied_channels_with_their_counts(app_server, 
 
 
 @pytest.fixture
-def redis_nodes(start_server):
-    r = Redis()
-    a = start_server("--pusher-app", APP, "--broker", r.url, *SCALED)
-    b = start_server("--pusher-app", APP, "--broker", r.url, *SCALED)
+def redis_nodes(start_server, redis_args):
+    """Two nodes on the worker's shared Redis under the test's own
+    --redis-prefix: their node registry and channel list are theirs alone."""
+    a = start_server("--pusher-app", APP, *redis_args, *SCALED)
+    b = start_server("--pusher-app", APP, *redis_args, *SCALED)
     for node in (a, b):
         wait_healthy(node.port)
-    yield a, b
-    r.stop()
-    r.dir.cleanup()
+    return a, b
 
 
 def test_an_event_published_through_node_b_reaches_node_as_pusher_clients(redis_nodes, clients):

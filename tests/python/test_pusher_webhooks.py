@@ -17,7 +17,6 @@ import pytest
 from conftest import throng_bin
 from rawws import http_request
 from support.pusher import APP, APP_ID, eventually, KEY, sdk, SECRET, user
-from support.redis import Redis
 from support.wait import wait_healthy
 from support.webhooks import named, Receiver
 
@@ -137,39 +136,36 @@ def test_bad_app_settings_stop_the_server_with_the_reason(tmp_path, body, says):
     assert proc.returncode != 0 and says in proc.stderr, proc.stderr
 
 
-def test_a_channel_on_two_nodes_is_occupied_and_vacated_once(start_server, receiver, clients):
-    r = Redis()
-    try:
-        flags = ("--pusher-app", APP, "--broker", r.url, "--pusher-webhook", receiver.url, *SCALED)
-        a = start_server(*flags)
-        b = start_server(*flags)
-        for node in (a, b):
-            wait_healthy(node.port)
-        on_a = clients(a.port, user=user("ann"))
-        on_b = clients(b.port, user=user("ann"))
-        on_a.connected()
-        on_b.connected()
-        on_a.subscribe("presence-both")
-        receiver.event(named("channel_occupied", channel="presence-both"))
-        on_b.subscribe("presence-both")
-        # b's keeper writes its share within a tick: nothing more to say.
-        time.sleep(5 * KEEPER_TICK)
-        on_a.close()
-        time.sleep(5 * KEEPER_TICK)
-        on_b.close()
-        receiver.event(named("channel_vacated", channel="presence-both"))
-        # A node that dies holding a channel: the other vacates it for the cluster
-        # once its heartbeat has expired (the node TTL, 3 s here).
-        solo = clients(b.port)
-        solo.connected()
-        solo.subscribe("held-by-b")
-        receiver.event(named("channel_occupied", channel="held-by-b"))
-        b.proc.kill()
-        receiver.event(named("channel_vacated", channel="held-by-b"), timeout=60)
-        events = [e for e in receiver.drain() if e["channel"] == "presence-both"]
-        names = [e["name"] for e in events]
-        assert names.count("channel_occupied") == 1 and names.count("channel_vacated") == 1, events
-        assert names.count("member_added") == 1 and names.count("member_removed") == 1, events
-    finally:
-        r.stop()
-        r.dir.cleanup()
+def test_a_channel_on_two_nodes_is_occupied_and_vacated_once(start_server, receiver, clients, redis_args):
+    # On the shared Redis under the test's own --redis-prefix: the occupiers
+    # list and the node registry the keeper sweeps are this test's alone.
+    flags = ("--pusher-app", APP, *redis_args, "--pusher-webhook", receiver.url, *SCALED)
+    a = start_server(*flags)
+    b = start_server(*flags)
+    for node in (a, b):
+        wait_healthy(node.port)
+    on_a = clients(a.port, user=user("ann"))
+    on_b = clients(b.port, user=user("ann"))
+    on_a.connected()
+    on_b.connected()
+    on_a.subscribe("presence-both")
+    receiver.event(named("channel_occupied", channel="presence-both"))
+    on_b.subscribe("presence-both")
+    # b's keeper writes its share within a tick: nothing more to say.
+    time.sleep(5 * KEEPER_TICK)
+    on_a.close()
+    time.sleep(5 * KEEPER_TICK)
+    on_b.close()
+    receiver.event(named("channel_vacated", channel="presence-both"))
+    # A node that dies holding a channel: the other vacates it for the cluster
+    # once its heartbeat has expired (the node TTL, 3 s here).
+    solo = clients(b.port)
+    solo.connected()
+    solo.subscribe("held-by-b")
+    receiver.event(named("channel_occupied", channel="held-by-b"))
+    b.proc.kill()
+    receiver.event(named("channel_vacated", channel="held-by-b"), timeout=60)
+    events = [e for e in receiver.drain() if e["channel"] == "presence-both"]
+    names = [e["name"] for e in events]
+    assert names.count("channel_occupied") == 1 and names.count("channel_vacated") == 1, events
+    assert names.count("member_added") == 1 and names.count("member_removed") == 1, events

@@ -1,15 +1,18 @@
 """Two throng nodes joined through a real Redis (`--broker redis://…`, Debian's
-redis-server, started here on a free port and stopped by its pid): a message
-published on either node reaches every subscriber on both, over WebSocket, SSE and
-long-poll, with one seq and one epoch everywhere; a subscriber that moves from one
+redis-server: the worker's shared one under a `--redis-prefix` of the test's own,
+or, for a test that stops it or reads it whole, one started here on a free port
+and stopped by its pid): a message published on either node reaches every
+subscriber on both, over WebSocket, SSE and long-poll, with one seq and one epoch everywhere; a subscriber that moves from one
 node to the other with since= gets exactly what it missed; chat presence and
 /api/channels are cluster-wide; what another program PUBLISHes into Redis is
 delivered without a seq; Redis going away gives 503s (never a 200 for a lost
-message), and a node cut off from Redis fills in what it missed once it is back."""
+message), and a node cut off from Redis fills in what it missed once it is back;
+deployments under different prefixes on one Redis see nothing of each other."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 import threading
@@ -26,14 +29,29 @@ from support.streams import poll
 from support.wait import wait_healthy, wait_until
 
 
-@pytest.fixture(params=["channels", "pattern"])
-def cluster(request, start_server, redis):
-    """Two nodes on one Redis, subscribed per channel or by pattern."""
-    a = start_server("--broker", redis.url, "--redis-subscribe", request.param)
-    b = start_server("--broker", redis.url, "--redis-subscribe", request.param)
+def two_nodes(start_server, broker: tuple[str, ...], mode: str):
+    a = start_server(*broker, "--redis-subscribe", mode)
+    b = start_server(*broker, "--redis-subscribe", mode)
     for node in (a, b):
         wait_healthy(node.port)
     return a, b
+
+
+@pytest.fixture(params=["channels", "pattern"])
+def cluster(request, start_server, redis_args):
+    """Two nodes on the worker's shared Redis under the test's own
+    --redis-prefix (its channels, counts and pattern its own), subscribed per
+    channel or by pattern."""
+    return two_nodes(start_server, redis_args, request.param)
+
+
+@pytest.fixture(params=["channels", "pattern"])
+def own_cluster(request, start_server, redis):
+    """Two nodes on a Redis of the test's own, under the default names: for the
+    tests that stop it, PUBLISH into it on `throng:ch:NAME` as another program
+    would, or count every subscription it holds (PUBSUB NUMPAT is the whole
+    Redis')."""
+    return two_nodes(start_server, ("--broker", redis.url), request.param)
 
 
 def test_every_subscriber_on_both_nodes_gets_every_message_once_in_order(cluster):
@@ -172,8 +190,8 @@ def test_channel_info_counts_subscribers_on_every_node(cluster):
     run(main())
 
 
-def test_what_another_program_publishes_into_redis_is_delivered_without_a_seq(cluster, redis):
-    a, b = cluster
+def test_what_another_program_publishes_into_redis_is_delivered_without_a_seq(own_cluster, redis):
+    a, b = own_cluster
 
     async def main():
         ws = await ws_connect(b.url("/ws/outside?format=json"))
@@ -198,8 +216,8 @@ def test_what_another_program_publishes_into_redis_is_delivered_without_a_seq(cl
     run(main())
 
 
-def test_redis_down_gives_503_and_subscribers_stay_then_everything_resumes(cluster, redis, request):
-    a, b = cluster
+def test_redis_down_gives_503_and_subscribers_stay_then_everything_resumes(own_cluster, redis, request):
+    a, b = own_cluster
 
     async def main():
         ws = await ws_connect(b.url("/ws/fault?format=json"))
@@ -219,7 +237,7 @@ def test_redis_down_gives_503_and_subscribers_stay_then_everything_resumes(clust
             # subscriptions: not an empty event stream or a bare EOF). With one
             # pattern subscription a node can take them in and wait.
             paths = ["/api/channels/fault"]
-            if request.node.callspec.params["cluster"] == "channels":
+            if request.node.callspec.params["own_cluster"] == "channels":
                 paths += ["/sse/fault", "/poll/fault?since=1&timeout=1", "/poll/fault?timeout=0"]
             for path in paths:
                 resp = http_request(a.port, "GET", path)
@@ -379,8 +397,8 @@ def test_a_node_starts_without_redis_and_says_so(start_server):
     assert stats["broker"] == f"redis://127.0.0.1:{dead}", stats
 
 
-def test_a_node_subscribes_in_redis_only_to_its_channels(cluster, redis):
-    a, b = cluster
+def test_a_node_subscribes_in_redis_only_to_its_channels(own_cluster, redis):
+    a, b = own_cluster
 
     async def main():
         ws = await ws_connect(b.url("/ws/only-b"))
@@ -408,3 +426,70 @@ def test_a_bad_broker_is_refused_at_start():
     )
     assert out.returncode != 0
     assert b"memory, redis://" in out.stderr, out.stderr
+
+
+def test_redis_prefixes_keep_deployments_on_one_redis_apart(start_server, shared_redis, redis_prefix):
+    """Two nodes under one --redis-prefix and one under another, on one Redis:
+    the same channel name is two channels (seqs, messages, counts, Pusher's
+    channel list), and every key is under one of the prefixes."""
+    from support.pusher import APP, APP_ID, sdk
+
+    mine, theirs = f"{redis_prefix}-a", f"{redis_prefix}-b"
+    a1, a2, b = (start_server("--broker", shared_redis.url, "--redis-prefix", p, "--pusher-app", APP)
+                 for p in (mine, mine, theirs))
+    for node in (a1, a2, b):
+        wait_healthy(node.port)
+    stats = http_request(b.port, "GET", "/api/stats").json()
+    assert stats["broker"] == f"{shared_redis.url} (prefix {theirs})", stats
+    app_channel = f"{APP_ID}:room"
+
+    async def main():
+        socks = {}
+        for name, node in (("a1", a1), ("a2", a2), ("b", b)):
+            socks[name] = await ws_connect(node.url("/ws/news?format=json"))
+        b_room = await ws_connect(b.url(f"/ws/{app_channel}"))
+        try:
+            wait_until(lambda: channel_info(a1.port, "news")["subscribers"] == 2, what="a's two subscribers")
+            assert channel_info(b.port, "news")["subscribers"] == 1
+            assert publish_ok(a1.port, "news", "from a") == 1
+            assert publish_ok(b.port, "news", "from b") == 1, "b's channel has its own seqs"
+            assert publish_ok(a2.port, "news", "a again") == 2
+            for name, expected in (("a1", ["from a", "a again"]), ("a2", ["from a", "a again"]), ("b", ["from b"])):
+                got = [(await recv_json(socks[name]))["data"] for _ in expected]
+                assert got == expected, (name, got)
+            publish_ok(b.port, "news", "b marker")
+            assert (await recv_json(socks["b"]))["data"] == "b marker", "nothing of a's came to b"
+            # Pusher's channel list (the members' hashes SCANned) is each prefix's own.
+            listed = lambda node: sorted(sdk(node.port).channels_info()["channels"])  # noqa: E731
+            wait_until(lambda: listed(b) == ["room"], what="b lists its room")
+            assert listed(a1) == [], listed(a1)
+            assert channel_info(a2.port, app_channel)["subscribers"] == 0
+            subscribed = sorted(shared_redis.cli("PUBSUB", "CHANNELS", f"{theirs}:ch:*").split())
+            assert subscribed == [f"{theirs}:ch:{app_channel}", f"{theirs}:ch:news"], subscribed
+        finally:
+            for ws in (*socks.values(), b_room):
+                await ws.close()
+
+    run(main())
+    # Every key on the Redis is under a prefix; this test's under its two (the
+    # other tests on the default prefix put theirs in front of channel names).
+    keys = shared_redis.cli("KEYS", "*").split()
+    assert all(re.match(r"[A-Za-z0-9_.-]+:", k) for k in keys), keys
+    ours = [k for k in keys if k.startswith(redis_prefix)]
+    assert any(k.startswith(f"{mine}:") for k in ours) and any(k.startswith(f"{theirs}:") for k in ours), ours
+    assert all(k.startswith((f"{mine}:", f"{theirs}:")) for k in ours), ours
+    strays = [k for k in keys if k.startswith(("throng:{news}", f"throng:{{{app_channel}}}"))]
+    assert strays == [], strays
+    nodes = lambda p: int(shared_redis.cli("ZCARD", f"{p}:nodes"))  # noqa: E731
+    assert (nodes(mine), nodes(theirs)) == (2, 1)
+
+
+def test_a_bad_redis_prefix_is_refused_at_start():
+    from conftest import throng_bin
+
+    out = subprocess.run(
+        [str(throng_bin()), "serve", "--listen", f"127.0.0.1:{free_port()}", "--redis-prefix", "a{b}"],
+        capture_output=True, timeout=10,
+    )
+    assert out.returncode != 0
+    assert b"--redis-prefix" in out.stderr and b"only letters, digits" in out.stderr, out.stderr

@@ -226,6 +226,7 @@ mod tests {
                     ttl: std::time::Duration::ZERO,
                 },
                 namespaces: Namespaces::default(),
+                prefix: "throng".into(),
             },
             None,
             None,

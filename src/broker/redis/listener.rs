@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 
 use super::connection::{REDIS_TIMEOUT, unavailable};
-use super::wire::{Decoded, Incoming, PUBSUB_PREFIX, WAKE_PREFIX, parse_incoming, parse_member};
+use super::wire::{Decoded, Incoming, parse_incoming, parse_member};
 use super::{BrokerError, Shared, Subscribe, lock};
 use crate::history::Tags;
 use crate::hub::{Audience, Body, Channel};
@@ -81,7 +81,7 @@ impl Shared {
     }
 
     pub(super) fn wake_listener(&self) -> Result<(), BrokerError> {
-        let wake = format!("{WAKE_PREFIX}{}", self.node);
+        let wake = self.names.wake(&self.node);
         self.with_connection(|con| ::redis::cmd("PUBLISH").arg(&wake).arg("").query::<i64>(con))
             .map(drop)
     }
@@ -153,9 +153,9 @@ impl Listener {
                     }
                 };
                 let channel = msg.get_channel_name();
-                if let Some(name) = channel.strip_prefix(PUBSUB_PREFIX) {
+                if let Some(name) = shared.names.channel_of_pubsub(channel) {
                     self.handle(name, msg.get_payload_bytes());
-                } else if channel.starts_with(WAKE_PREFIX)
+                } else if shared.names.is_wake(channel)
                     && let Err(e) = self.apply_todo(&mut pubsub)
                 {
                     tracing::warn!(error = %e, "redis subscription change failed; reconnecting");
@@ -171,12 +171,12 @@ impl Listener {
     /// pattern); every wanted channel is confirmed.
     fn subscribe_all(&self, pubsub: &mut ::redis::PubSub<'_>) -> ::redis::RedisResult<()> {
         if self.shared.mode == Subscribe::Pattern {
-            return pubsub.psubscribe(format!("{PUBSUB_PREFIX}*"));
+            return pubsub.psubscribe(self.shared.names.pubsub_pattern());
         }
         let mut subs = lock(&self.shared.subs);
         subs.todo.clear();
-        let mut names = vec![format!("{WAKE_PREFIX}{}", self.shared.node)];
-        names.extend(subs.wanted.keys().map(|n| format!("{PUBSUB_PREFIX}{n}")));
+        let mut names = vec![self.shared.names.wake(&self.shared.node)];
+        names.extend(subs.wanted.keys().map(|n| self.shared.names.pubsub(n)));
         // One SUBSCRIBE for all: Redis answers once every channel is subscribed.
         for batch in names.chunks(1024) {
             pubsub.subscribe(batch)?;
@@ -198,7 +198,7 @@ impl Listener {
             let run: Vec<String> = todo[i..]
                 .iter()
                 .take_while(|(_, s)| *s == subscribe)
-                .map(|(n, _)| format!("{PUBSUB_PREFIX}{n}"))
+                .map(|(n, _)| self.shared.names.pubsub(n))
                 .collect();
             i += run.len();
             for batch in run.chunks(1024) {

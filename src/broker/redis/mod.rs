@@ -15,7 +15,10 @@
 //! unless it provably has every acknowledged write, and the listener tells live
 //! subscribers of an epoch change as a gap.
 //!
-//! Keys of channel `NAME` (the braces keep them in one Redis Cluster slot):
+//! Every name below starts with `--redis-prefix` (`throng` by default, as
+//! shown), made in `keys` (`Names`): deployments under different prefixes
+//! share a Redis and nothing else. Keys of channel `NAME` (the braces keep them
+//! in one Redis Cluster slot):
 //! `throng:{NAME}:seq`, `throng:{NAME}:epoch`, `throng:{NAME}:hist` (a stream, one
 //! entry per kept message, id `SEQ-1`) and `throng:{NAME}:members` (a hash, node ->
 //! its subscribers); the rest are in `keys`. Every Lua script touches only keys it
@@ -39,7 +42,8 @@
 //! This file holds the broker ([`RedisBroker`] and its [`Broker`] impl), the state
 //! it shares with its threads ([`Shared`]) and the start. The parts:
 //! - `wire`: the bytes kept and published, and reading back what pubsub brings;
-//! - `keys`: the Redis keys and how long they live;
+//! - `keys`: the Redis names under the prefix (keys, pubsub and wake channels)
+//!   and how long keys live;
 //! - `connection`: the connection pool and the circuit breaker (fail fast while
 //!   Redis is down; the heartbeat probes);
 //! - `sentinel`: where connections go (the Redis, or the master Sentinel names),
@@ -79,11 +83,11 @@ use crate::history::{self, Limits};
 use crate::hub::{Channel, ConnRef, Hub};
 use crate::rules::Namespaces;
 use connection::{REDIS_TIMEOUT, unavailable};
-use keys::{Keys, key_life};
+use keys::{DEFAULT_PREFIX, Names, key_life};
 use listener::{Listener, Subs};
 use presence::MEMBERS_LUA;
 use snapshot::SNAPSHOT_LUA;
-use wire::{MAGIC, PUBSUB_PREFIX, encode_message};
+use wire::{MAGIC, encode_message};
 
 mod cluster;
 mod connection;
@@ -130,6 +134,8 @@ struct Shared {
     /// Where new connections go: one Redis, or the master Sentinel names.
     target: sentinel::Target,
     node: String,
+    /// Every key and pubsub channel name, under `--redis-prefix`.
+    names: Names,
     /// The listener is subscribed and reading.
     listening: AtomicBool,
     /// The last command on the pool's connections went through.
@@ -195,6 +201,8 @@ pub(super) struct Scheme {
     pub(super) wait_replicas: u32,
     pub(super) history: Limits,
     pub(super) namespaces: Namespaces,
+    /// `--redis-prefix`: what every Redis name starts with.
+    pub(super) prefix: String,
 }
 
 impl Shared {
@@ -209,6 +217,7 @@ impl Shared {
             hub,
             target,
             node: format!("{:016x}", new_epoch()),
+            names: Names::new(&scheme.prefix),
             listening: AtomicBool::new(false),
             commands_ok: AtomicBool::new(false),
             pool: Mutex::new(Vec::new()),
@@ -280,8 +289,8 @@ impl Shared {
     /// cluster.
     pub(super) fn pubsub_channel(&self, channel: &str) -> String {
         match self.cluster {
-            Some(_) => shards::shard_channel(channel),
-            None => format!("{PUBSUB_PREFIX}{channel}"),
+            Some(_) => self.names.shard(channel),
+            None => self.names.pubsub(channel),
         }
     }
 
@@ -307,10 +316,20 @@ impl RedisBroker {
             .map_err(|e| format!("'{}': {e}", redact(url)))
     }
 
+    /// The `--redis-prefix` of the names throng always used.
+    pub const DEFAULT_PREFIX: &str = DEFAULT_PREFIX;
+
+    /// Whether `prefix` can start every Redis name (`--redis-prefix`); says
+    /// what is wrong if not.
+    pub fn check_prefix(prefix: &str) -> Result<(), String> {
+        keys::check_prefix(prefix)
+    }
+
     /// Connects to `url` (once, to say at start whether Redis is there) and starts
     /// the listener thread, and with Sentinel the thread following failovers. A
     /// Redis (or every Sentinel) down at start is not an error: the node runs,
-    /// unhealthy, until it comes.
+    /// unhealthy, until it comes. Every name it uses on Redis starts with
+    /// `prefix` ([`Self::DEFAULT_PREFIX`] for the names throng always used).
     pub fn start(
         hub: Arc<Hub>,
         url: &str,
@@ -318,7 +337,9 @@ impl RedisBroker {
         wait_replicas: u32,
         history: Limits,
         namespaces: Namespaces,
+        prefix: &str,
     ) -> Result<RedisBroker, BrokerError> {
+        keys::check_prefix(prefix).map_err(unavailable)?;
         let seeds = cluster::Seeds::parse(url);
         let (target, cluster) = match &seeds {
             Some(seeds) => {
@@ -350,6 +371,7 @@ impl RedisBroker {
                 wait_replicas,
                 history,
                 namespaces,
+                prefix: prefix.to_string(),
             },
             cluster,
             seeds.clone(),
@@ -391,9 +413,13 @@ impl RedisBroker {
             .name("throng-redis-keeper".into())
             .spawn(move || keeper.keep_house())
             .map_err(unavailable)?;
+        let url = match prefix {
+            DEFAULT_PREFIX => redact(url),
+            _ => format!("{} (prefix {prefix})", redact(url)),
+        };
         Ok(RedisBroker {
             shared,
-            url: redact(url),
+            url,
             publish: Script::new(PUBLISH_LUA),
         })
     }
@@ -418,7 +444,7 @@ impl RedisBroker {
         message: Outgoing<'_>,
         key: Option<&str>,
     ) -> Result<Published, BrokerError> {
-        let keys = Keys::of(channel);
+        let keys = self.shared.names.keys(channel);
         let limits = self.shared.limits(channel);
         let size = if limits.enabled() { limits.size } else { 0 };
         let encoded = encode_message(&message);
@@ -609,22 +635,19 @@ impl Broker for RedisBroker {
     }
 
     /// Channels with members' hashes (written by every node with subscribers)
-    /// found by `SCAN`, each counted as `channel_info` counts.
-    fn occupied(&self, prefix: &str) -> Result<Vec<(String, u64)>, BrokerError> {
-        let pattern = format!("throng:{{{prefix}*}}:members");
+    /// found by `SCAN`, each counted as `channel_info` counts. `name_start` is
+    /// the start of a channel name, not the Redis prefix.
+    fn occupied(&self, name_start: &str) -> Result<Vec<(String, u64)>, BrokerError> {
+        let pattern = self.shared.names.members_pattern(name_start);
         let mut names: Vec<String> = self
             .shared
             .scan(&pattern)?
             .iter()
-            .filter_map(|k| {
-                k.strip_prefix("throng:{")?
-                    .strip_suffix("}:members")
-                    .map(str::to_string)
-            })
+            .filter_map(|k| self.shared.names.channel_of_members(k).map(str::to_string))
             .collect();
         // Channels with subscribers here whose count is not written yet.
         for name in lock(&self.shared.written_members).keys() {
-            if name.starts_with(prefix) && !names.iter().any(|n| **n == **name) {
+            if name.starts_with(name_start) && !names.iter().any(|n| **n == **name) {
                 names.push(name.to_string());
             }
         }

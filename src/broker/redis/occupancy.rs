@@ -13,7 +13,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::connection::query_pipeline;
-use super::keys::{Keys, NODES, OCCUPIERS, occupied_by};
 use super::{BrokerError, ChannelWatch, Shared, lock};
 
 pub(super) const OCCUPY_LUA: &str = include_str!("occupy.lua");
@@ -52,11 +51,11 @@ impl Shared {
         if came.is_empty() && went.is_empty() {
             return Ok(());
         }
-        let mine = occupied_by(&self.node);
+        let mine = self.names.occupied_by(&self.node);
         if !came.is_empty() {
             let mut pipe = ::redis::pipe();
             pipe.cmd("SADD")
-                .arg(OCCUPIERS)
+                .arg(self.names.occupiers())
                 .arg(&self.node)
                 .ignore()
                 .cmd("SADD")
@@ -67,7 +66,7 @@ impl Shared {
         }
         let gone = self.gone();
         for name in came {
-            let keys = Keys::of(&name);
+            let keys = self.names.keys(&name);
             let answer: i64 = self.with_connection(|con| {
                 self.occupy
                     .key(&keys.occupants)
@@ -101,7 +100,7 @@ impl Shared {
         channel: &str,
         watch: &Arc<dyn ChannelWatch>,
     ) -> Result<(), BrokerError> {
-        let keys = Keys::of(channel);
+        let keys = self.names.keys(channel);
         let emptied: i64 =
             self.with_connection(|con| self.vacate.key(&keys.occupants).arg(node).invoke(con))?;
         if emptied == 1 {
@@ -119,8 +118,11 @@ impl Shared {
         let Some(watch) = self.watch.get() else {
             return Ok(());
         };
-        let nodes: Vec<String> =
-            self.with_connection(|con| ::redis::cmd("SMEMBERS").arg(OCCUPIERS).query(con))?;
+        let nodes: Vec<String> = self.with_connection(|con| {
+            ::redis::cmd("SMEMBERS")
+                .arg(self.names.occupiers())
+                .query(con)
+        })?;
         let others: Vec<String> = nodes.into_iter().filter(|n| *n != self.node).collect();
         if others.is_empty() {
             return Ok(());
@@ -128,7 +130,7 @@ impl Shared {
         let beats: Vec<Option<String>> = self.with_connection(|con| {
             let mut pipe = ::redis::pipe();
             for node in &others {
-                pipe.cmd("ZSCORE").arg(NODES).arg(node);
+                pipe.cmd("ZSCORE").arg(self.names.nodes()).arg(node);
             }
             query_pipeline(&pipe, con)
         })?;
@@ -137,13 +139,17 @@ impl Shared {
             if beat.is_some() && !gone.contains(&node) {
                 continue;
             }
-            let claimed: i64 = self
-                .with_connection(|con| ::redis::cmd("SREM").arg(OCCUPIERS).arg(&node).query(con))?;
+            let claimed: i64 = self.with_connection(|con| {
+                ::redis::cmd("SREM")
+                    .arg(self.names.occupiers())
+                    .arg(&node)
+                    .query(con)
+            })?;
             if claimed == 0 {
                 // Another node's keeper is sweeping it.
                 continue;
             }
-            let list = occupied_by(&node);
+            let list = self.names.occupied_by(&node);
             let channels: Vec<String> =
                 self.with_connection(|con| ::redis::cmd("SMEMBERS").arg(&list).query(con))?;
             for channel in &channels {

@@ -123,7 +123,7 @@ impl Shared {
 /// A message held by `publish.lua` until replicas have it.
 pub(super) struct Held<'a> {
     pub(super) channel: &'a str,
-    pub(super) keys: &'a super::Keys,
+    pub(super) keys: &'a super::keys::Keys,
     pub(super) seq: u64,
     pub(super) epoch: &'a str,
     pub(super) history_size: usize,

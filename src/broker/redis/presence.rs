@@ -20,7 +20,7 @@ use std::time::Duration;
 use ::redis::{ConnectionLike, RedisResult, Script};
 
 use super::connection::query_pipeline;
-use super::keys::{Keys, NODES, key_life};
+use super::keys::key_life;
 use super::wire::encode_event;
 use super::{BrokerError, ConnRef, RedisBroker, Shared, lock};
 use crate::timing::{keeper_tick, node_forget, node_ttl};
@@ -39,7 +39,7 @@ const BEAT_EVERY: u64 = 5;
 impl Shared {
     /// Adds `delta` to this node's members of `channel`; the cluster-wide count.
     pub(super) fn members(&self, channel: &str, delta: i64) -> Result<u64, BrokerError> {
-        let keys = Keys::of(channel);
+        let keys = self.names.keys(channel);
         let gone = self.gone();
         let total: i64 = self.with_connection(|con| {
             self.members
@@ -61,7 +61,7 @@ impl Shared {
     /// Beats on `con`: this node is alive. Keeps the gone nodes it learns.
     pub(super) fn beat(&self, con: &mut dyn ConnectionLike) -> RedisResult<()> {
         let gone: Vec<String> = HEARTBEAT
-            .key(NODES)
+            .key(self.names.nodes())
             .arg(&self.node)
             .arg(node_ttl().as_millis() as u64)
             .arg(node_forget().as_millis() as u64)
@@ -126,7 +126,7 @@ impl Shared {
         let life = key_life(Duration::ZERO);
         let mut left = Vec::new();
         for (name, count) in written.iter_mut() {
-            let keys = Keys::of(name);
+            let keys = self.names.keys(name);
             match self.hub.find(name) {
                 Some(channel) => {
                     let now = channel.subscribers();

@@ -28,21 +28,13 @@ use ::redis::{Client, Connection, Value};
 use super::cluster::{Seeds, Topology, slot_of};
 use super::connection::REDIS_TIMEOUT;
 use super::listener::Listener;
-use super::wire::{PUBSUB_PREFIX, WAKE_PREFIX};
 use super::{Shared, lock};
 use crate::timing::{SHARD_SILENCE, SHARDS_CHECK_EVERY, SHARDS_RETRY_FIRST, SHARDS_RETRY_MAX};
 
-/// The shard channel of `channel`: in its keys' slot.
-pub(super) fn shard_channel(channel: &str) -> String {
-    format!("{PUBSUB_PREFIX}{{{channel}}}")
-}
-
-/// The channel a shard channel carries.
-fn channel_of(shard_channel: &str) -> Option<&str> {
-    shard_channel
-        .strip_prefix(PUBSUB_PREFIX)?
-        .strip_prefix('{')?
-        .strip_suffix('}')
+/// The slot of `channel`'s shard channel (and of its keys): its name's alone,
+/// whatever the prefix.
+fn slot_of_channel(channel: &str) -> u16 {
+    slot_of(format!("{{{channel}}}").as_bytes())
 }
 
 /// What the shard threads and the supervisor share.
@@ -107,8 +99,7 @@ impl Supervisor {
                 let mine: HashMap<Box<str>, (u64, u64)> = delivered
                     .iter()
                     .filter(|(name, _)| {
-                        topology.master_of(slot_of(shard_channel(name).as_bytes()))
-                            == Some(addr.as_str())
+                        topology.master_of(slot_of_channel(name)) == Some(addr.as_str())
                     })
                     .map(|(n, d)| (n.clone(), *d))
                     .collect();
@@ -163,7 +154,7 @@ impl Supervisor {
     /// command pool, which fails fast exactly when this is needed (a master
     /// down).
     fn wake_shards(&self, topology: &Topology) {
-        let wake = format!("{WAKE_PREFIX}{}", self.shared.node);
+        let wake = self.shared.names.wake(&self.shared.node);
         for master in topology.masters() {
             let published = Client::open(self.seeds.url(&master))
                 .and_then(|c| c.get_connection_with_timeout(REDIS_TIMEOUT))
@@ -254,9 +245,7 @@ impl Shard {
     }
 
     fn mine(&self, channel: &str) -> bool {
-        self.topology
-            .master_of(slot_of(shard_channel(channel).as_bytes()))
-            == Some(self.addr.as_str())
+        self.topology.master_of(slot_of_channel(channel)) == Some(self.addr.as_str())
     }
 
     fn current(&self) -> bool {
@@ -271,11 +260,18 @@ impl Shard {
             .map_err(|e| e.to_string())?;
         con.set_write_timeout(Some(REDIS_TIMEOUT))
             .map_err(|e| e.to_string())?;
-        let wake = format!("{WAKE_PREFIX}{}", self.shared().node);
+        // Its own handle on the names: a channel read back is handed to the
+        // listener, which this borrows mutably.
+        let shared = Arc::clone(&self.listener.shared);
+        let channel_of = |shard: &[u8]| {
+            let shard = std::str::from_utf8(shard).ok()?;
+            shared.names.channel_of_shard(shard).map(str::to_string)
+        };
+        let wake = shared.names.wake(&shared.node);
         let mut out = ::redis::cmd("SUBSCRIBE").arg(&wake).get_packed_command();
         // Every wanted channel of this master's slots; what was asked for before
         // now is in `wanted` too, so the asks are done.
-        let names: Vec<Box<str>> = {
+        let wanted: Vec<Box<str>> = {
             let mut subs = lock(&self.shared().subs);
             let todo = std::mem::take(&mut subs.todo);
             subs.todo = todo.into_iter().filter(|(n, _)| !self.mine(n)).collect();
@@ -285,11 +281,11 @@ impl Shard {
                 .cloned()
                 .collect()
         };
-        for name in &names {
-            ssubscribe(&mut out, name);
+        for name in &wanted {
+            ssubscribe(&mut out, &shared.names.shard(name));
         }
         con.send_packed_command(&out).map_err(|e| e.to_string())?;
-        let mut pending: usize = names.len();
+        let mut pending: usize = wanted.len();
         let mut ready = false;
         loop {
             if !self.current() {
@@ -304,13 +300,13 @@ impl Shard {
             };
             match kind.as_slice() {
                 b"smessage" => {
-                    if let Some(name) = std::str::from_utf8(&channel).ok().and_then(channel_of) {
-                        self.listener.handle(name, &payload);
+                    if let Some(name) = channel_of(&channel) {
+                        self.listener.handle(&name, &payload);
                     }
                 }
                 b"ssubscribe" => {
-                    if let Some(name) = std::str::from_utf8(&channel).ok().and_then(channel_of) {
-                        self.confirm(name);
+                    if let Some(name) = channel_of(&channel) {
+                        self.confirm(&name);
                     }
                     pending = pending.saturating_sub(1);
                     if !ready && pending == 0 {
@@ -318,12 +314,12 @@ impl Shard {
                     }
                 }
                 b"sunsubscribe" => {
-                    let Some(name) = std::str::from_utf8(&channel).ok().and_then(channel_of) else {
+                    let Some(name) = channel_of(&channel) else {
                         continue;
                     };
-                    if !self.leaving.remove(name) {
+                    if !self.leaving.remove(name.as_str()) {
                         // Redis moved the slot away: the new owner must take it.
-                        self.unconfirm(name);
+                        self.unconfirm(&name);
                         return Ok(Stop::Trouble(format!("{name}'s slot moved")));
                     }
                 }
@@ -389,12 +385,12 @@ impl Shard {
         for (name, subscribe) in mine {
             if subscribe {
                 self.leaving.remove(&name);
-                ssubscribe(&mut out, &name);
+                ssubscribe(&mut out, &self.shared().names.shard(&name));
                 subscribes += 1;
             } else {
                 out.extend_from_slice(
                     &::redis::cmd("SUNSUBSCRIBE")
-                        .arg(shard_channel(&name))
+                        .arg(self.shared().names.shard(&name))
                         .get_packed_command(),
                 );
                 self.leaving.insert(name);
@@ -406,10 +402,10 @@ impl Shard {
 }
 
 /// Appends one `SSUBSCRIBE` (one channel: a command's channels must share a slot).
-fn ssubscribe(out: &mut Vec<u8>, channel: &str) {
+fn ssubscribe(out: &mut Vec<u8>, shard_channel: &str) {
     out.extend_from_slice(
         &::redis::cmd("SSUBSCRIBE")
-            .arg(shard_channel(channel))
+            .arg(shard_channel)
             .get_packed_command(),
     );
 }
@@ -445,13 +441,18 @@ mod tests {
 
     #[test]
     fn shard_channels_share_their_keys_slot() {
-        assert_eq!(shard_channel("news"), "throng:ch:{news}");
-        assert_eq!(channel_of("throng:ch:{news}"), Some("news"));
-        assert_eq!(channel_of("throng:ch:news"), None);
-        assert_eq!(
-            slot_of(shard_channel("room:7").as_bytes()),
-            slot_of(b"throng:{room:7}:seq")
-        );
+        let names = super::super::keys::Names::new("throng");
+        assert_eq!(names.shard("news"), "throng:ch:{news}");
+        assert_eq!(names.channel_of_shard("throng:ch:{news}"), Some("news"));
+        assert_eq!(names.channel_of_shard("throng:ch:news"), None);
+        let other = super::super::keys::Names::new("other");
+        for channel in ["room:7", "news"] {
+            let slot = slot_of_channel(channel);
+            assert_eq!(slot, slot_of(names.shard(channel).as_bytes()));
+            assert_eq!(slot, slot_of(names.keys(channel).seq.as_bytes()));
+            assert_eq!(slot, slot_of(other.shard(channel).as_bytes()));
+            assert_eq!(slot, slot_of(other.keys(channel).seq.as_bytes()));
+        }
     }
 
     #[test]

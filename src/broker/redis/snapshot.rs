@@ -9,7 +9,7 @@ use ::redis::Value;
 use bytes::Bytes;
 
 use super::connection::unavailable;
-use super::keys::{Keys, key_life};
+use super::keys::key_life;
 use super::wire::{decode_message, epoch_of};
 use super::{BrokerError, RedisBroker, Replay, Shared, Stored, new_epoch};
 use crate::history::{self, Limits};
@@ -114,7 +114,7 @@ impl Shared {
     /// The channel's seq, epoch and kept messages (starting the channel's epoch if
     /// it has none and `create`).
     pub(super) fn snapshot(&self, channel: &str, create: bool) -> Result<Snapshot, BrokerError> {
-        let keys = Keys::of(channel);
+        let keys = self.names.keys(channel);
         let durable = self.durable_arg();
         let value: Value = self.with_connection(|con| {
             self.snapshot

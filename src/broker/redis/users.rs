@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::connection::query_pipeline;
-use super::keys::{Keys, key_life};
+use super::keys::key_life;
 use super::wire::{encode_presence, member_json, presence_head};
 use super::{BrokerError, Shared, lock};
 use crate::broker::{Members, PresenceMember};
@@ -33,7 +33,7 @@ impl Shared {
         channel: &str,
         member: PresenceMember<'_>,
     ) -> Result<Members, BrokerError> {
-        let keys = Keys::of(channel);
+        let keys = self.names.keys(channel);
         let added = encode_presence(
             true,
             Some(member.socket),
@@ -79,7 +79,7 @@ impl Shared {
                 *n = n.saturating_sub(1);
             }
         }
-        let keys = Keys::of(channel);
+        let keys = self.names.keys(channel);
         let removed = encode_presence(false, None, &member_json(member.user_id, None));
         let result = self.with_connection(|con| {
             self.users_leave
@@ -104,7 +104,7 @@ impl Shared {
 
     /// Every member of `channel`.
     pub(super) fn users(&self, channel: &str) -> Result<Members, BrokerError> {
-        let keys = Keys::of(channel);
+        let keys = self.names.keys(channel);
         let all: Vec<String> =
             self.with_connection(|con| ::redis::cmd("HGETALL").arg(&keys.users).query(con))?;
         Ok(all
@@ -125,7 +125,7 @@ impl Shared {
             let life = key_life(std::time::Duration::ZERO);
             let mut pipe = ::redis::pipe();
             for (channel, _) in local.iter().filter(|(_, n)| *n > 0) {
-                let keys = Keys::of(channel);
+                let keys = self.names.keys(channel);
                 for key in [&keys.users, &keys.user_conns, &keys.node_conns] {
                     pipe.cmd("EXPIRE").arg(key).arg(life).ignore();
                 }
@@ -157,7 +157,7 @@ impl Shared {
         head: &[u8],
         gone: &[String],
     ) -> Result<(), BrokerError> {
-        let keys = Keys::of(channel);
+        let keys = self.names.keys(channel);
         let removed: Vec<String> = self.with_connection(|con| {
             self.users_sweep
                 .key(&keys.users)

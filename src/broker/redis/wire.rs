@@ -13,10 +13,6 @@ use crate::protocol::DataKind;
 /// What a node's own messages start with on the pubsub channel; anything else came
 /// from another program.
 pub(super) const MAGIC: &[u8] = b"\x00throng1";
-/// The pubsub channel of channel `NAME` is this prefix and the name.
-pub(super) const PUBSUB_PREFIX: &str = "throng:ch:";
-/// A node's listener is woken on `throng:wake:NODE` to change its subscriptions.
-pub(super) const WAKE_PREFIX: &str = "throng:wake:";
 
 /// The kind byte's flag for a message with an event name.
 const WITH_EVENT: u8 = 0x80;

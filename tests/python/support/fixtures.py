@@ -2,8 +2,10 @@
 (`pytest_plugins`): a module asks for one by name and imports nothing.
 
 - `redis`: a Redis of the test's own (it may stop, restart or FLUSH it);
-- `shared_redis` + `prefix`: one Redis per xdist worker, and a name unique to the
-  test to put in front of its channels (see `shared_redis`);
+- `shared_redis` + `redis_args`: one Redis per xdist worker, and the flags that
+  put a node on it under a `--redis-prefix` of the test's own (see
+  `shared_redis`); `prefix`: a name unique to the test to put in front of its
+  channels;
 - `clients`: pusher-js clients, closed at the end;
 - `receiver`: a Pusher webhook endpoint."""
 
@@ -29,15 +31,16 @@ def redis():
 @pytest.fixture(scope="session")
 def shared_redis():
     """One Redis per xdist worker (a session there is one worker's run), shared by
-    the tests that only need "a Redis". Such a test must not stop, restart or
-    FLUSH it, and puts `prefix` in front of its channel names: throng's keys are
-    `throng:{CHANNEL}:…` and its Pub/Sub channels `throng:ch:CHANNEL`, so
-    distinct channel names are what keeps two tests' servers apart. What is not
-    per channel is shared by every node on that Redis: the node registry
-    (`throng:nodes`), the occupancy keeper's `throng:occupiers`, the channel
-    list of /api/channels and Pusher's, and `--redis-subscribe pattern`'s
-    PSUBSCRIBE throng:ch:*; a test that counts nodes, lists channels or kills
-    a node keeps a Redis of its own (`redis`)."""
+    the tests that only need "a Redis". Such a test must not stop, restart,
+    FLUSH, CONFIG SET or fail over it, nor count its commands (MONITOR): those
+    keep a Redis of their own (`redis`). It starts its nodes with `redis_args`
+    (`--broker URL --redis-prefix P`, P unique to the test): every key, the node
+    registry, the occupancy keeper's lists, the channel lists of /api/channels
+    and Pusher's, and the Pub/Sub channels (also `--redis-subscribe pattern`'s
+    PSUBSCRIBE) are then the test's own, and it may count nodes or list
+    channels. A test started with only `--broker URL` (the default prefix
+    `throng`) shares all that with every other such test, and puts `prefix` in
+    front of its channel names to keep its channels apart."""
     r = Redis()
     yield r
     r.close()
@@ -48,6 +51,20 @@ def prefix(request) -> str:
     """A channel-name prefix unique to this test within the run (its node id made
     safe for channel names, and short): `f"{prefix}news"`."""
     return "t" + hashlib.blake2s(request.node.nodeid.encode(), digest_size=5).hexdigest() + "-"
+
+
+@pytest.fixture
+def redis_prefix(prefix) -> str:
+    """A `--redis-prefix` unique to this test within the run (`prefix` without
+    its dash); `f"{redis_prefix}-2"` makes another deployment of the same test."""
+    return prefix.rstrip("-")
+
+
+@pytest.fixture
+def redis_args(shared_redis, redis_prefix) -> tuple[str, ...]:
+    """The flags that put a node on `shared_redis` under the test's own
+    `--redis-prefix`: `start_server(*redis_args)`."""
+    return ("--broker", shared_redis.url, "--redis-prefix", redis_prefix)
 
 
 @pytest.fixture
