@@ -144,9 +144,9 @@ func main() {
 		go func(i int) {
 			defer wg.Done()
 			channel := fmt.Sprintf("bench-%d", i%*channels)
-			pad := strings.Repeat("x", max(0, *size-len(`{"p":,"n":0000000000,"x":""}`)-4))
+			pad := strings.Repeat("x", max(0, *size-len(`{"p":,"n":"0000000000","x":""}`)-4))
 			for n := 0; !stop.Load(); n++ {
-				msg := fmt.Sprintf(`{"p":%d,"n":%010d,"x":"%s"}`, i%10000, n, pad)
+				msg := fmt.Sprintf(`{"p":%d,"n":"%010d","x":"%s"}`, i%10000, n, pad)
 				var req *http.Request
 				var err error
 				if *api == "throng" {
