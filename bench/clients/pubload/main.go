@@ -12,23 +12,22 @@
 //	                 a refusal: such an answer counts as an error)
 //
 // The message is a JSON object padded to -size bytes (both APIs accept JSON).
-// Only the -duration window counts. With -redis-addr it takes Redis's
-// INFO commandstats at the window's start and end and reports the calls and usec
-// each command gained; with -redis-pid, that process's utime+stime over the window
-// (clock ticks: the caller divides by CLK_TCK).
+// Only the -duration window counts. At the window's start and end (window.go) it
+// reads, when asked: INFO commandstats of every Redis in -redis-addr (a list: a
+// Cluster's masters, summed per command), the utime+stime of the -redis-pid,
+// -server-pid and -proxy-pid processes (lists, summed; clock ticks: the caller
+// divides by CLK_TCK), and throng's loop-turn histogram from -metrics-url
+// (throng_loop_turn_seconds buckets, their difference over the window, and
+// throng_loop_turn_slowest_seconds at both edges).
 // Prints one JSON object on stdout.
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,69 +44,25 @@ type cmdStat struct {
 }
 
 type result struct {
-	API           string             `json:"api"`
-	URL           string             `json:"url"`
-	Publishers    int                `json:"publishers"`
-	Channels      int                `json:"channels"`
-	Size          int                `json:"size"`
-	WarmupSecs    float64            `json:"warmup_secs"`
-	WindowSecs    float64            `json:"window_secs"`
-	Published     int64              `json:"published"`
-	PublishesPerS float64            `json:"publishes_per_s"`
-	Errors        int64              `json:"errors"`
-	ErrorCauses   map[string]int     `json:"error_causes,omitempty"`
-	LatencyUs     loadkit.Latency    `json:"latency_us"`
-	RedisCPUTicks *int64             `json:"redis_cpu_ticks,omitempty"`
-	RedisCmdStats map[string]cmdStat `json:"redis_commandstats_delta,omitempty"`
-}
-
-// redisCommandStats asks Redis at addr for INFO commandstats (plain RESP, no client library).
-func redisCommandStats(addr string) (map[string]cmdStat, error) {
-	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(c, "*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n"); err != nil {
-		return nil, err
-	}
-	r := bufio.NewReader(c)
-	head, err := r.ReadString('\n')
-	if err != nil {
-		return nil, err
-	}
-	if !strings.HasPrefix(head, "$") {
-		return nil, fmt.Errorf("INFO answered %q", strings.TrimSpace(head))
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(head[1:]))
-	if err != nil {
-		return nil, err
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		return nil, err
-	}
-	out := map[string]cmdStat{}
-	// cmdstat_evalsha:calls=12,usec=345,usec_per_call=28.75,...
-	for _, line := range strings.Split(string(body), "\r\n") {
-		name, rest, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		var s cmdStat
-		for _, kv := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "calls":
-				s.Calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				s.Usec, _ = strconv.ParseInt(v, 10, 64)
-			}
-		}
-		out[strings.TrimPrefix(name, "cmdstat_")] = s
-	}
-	return out, nil
+	API           string          `json:"api"`
+	URL           string          `json:"url"`
+	Publishers    int             `json:"publishers"`
+	Channels      int             `json:"channels"`
+	Size          int             `json:"size"`
+	WarmupSecs    float64         `json:"warmup_secs"`
+	WindowSecs    float64         `json:"window_secs"`
+	Published     int64           `json:"published"`
+	PublishesPerS float64         `json:"publishes_per_s"`
+	Errors        int64           `json:"errors"`
+	ErrorCauses   map[string]int  `json:"error_causes,omitempty"`
+	LatencyUs     loadkit.Latency `json:"latency_us"`
+	RedisCPUTicks *int64          `json:"redis_cpu_ticks,omitempty"`
+	// How many redis-server processes RedisCPUTicks and RedisCmdStats add up.
+	RedisProcesses int                `json:"redis_processes,omitempty"`
+	RedisCmdStats  map[string]cmdStat `json:"redis_commandstats_delta,omitempty"`
+	ServerCPUTicks *int64             `json:"server_cpu_ticks,omitempty"`
+	ProxyCPUTicks  *int64             `json:"proxy_cpu_ticks,omitempty"`
+	LoopTurns      *loopTurns         `json:"loop_turns,omitempty"`
 }
 
 func main() {
@@ -119,8 +74,11 @@ func main() {
 	size := flag.Int("size", 64, "message size in bytes (a JSON object padded to it)")
 	warmup := flag.Duration("warmup", time.Second, "publishing before the window (not counted)")
 	duration := flag.Duration("duration", 10*time.Second, "the measured window")
-	redisAddr := flag.String("redis-addr", "", "host:port of the server's Redis (INFO commandstats deltas)")
-	redisPID := flag.Int("redis-pid", 0, "redis-server's pid (its CPU over the window)")
+	redisAddr := flag.String("redis-addr", "", "host:port[,host:port...] of the server's Redis (INFO commandstats deltas, summed)")
+	redisPID := flag.String("redis-pid", "", "redis-server pid[,pid...] (their CPU over the window, summed)")
+	serverPID := flag.String("server-pid", "", "the server's pid (its CPU over the window)")
+	proxyPID := flag.String("proxy-pid", "", "the pid of a proxy between the server and Redis (its CPU over the window)")
+	metricsURL := flag.String("metrics-url", "", "throng's /metrics URL (the loop-turn histogram over the window)")
 	flag.Parse()
 	if *api != "throng" && *api != "centrifugo" {
 		loadkit.Fail(prog, "-api must be throng or centrifugo")
@@ -198,42 +156,20 @@ func main() {
 		}(i)
 	}
 
+	watch := watched{redisAddrs: splitList(*redisAddr), redisPIDs: parsePIDs("redis-pid", *redisPID),
+		serverPIDs: parsePIDs("server-pid", *serverPID), proxyPIDs: parsePIDs("proxy-pid", *proxyPID),
+		metricsURL: *metricsURL, client: &http.Client{Timeout: 5 * time.Second}}
 	time.Sleep(*warmup)
-	var statsBefore map[string]cmdStat
-	var ticksBefore int64
-	if *redisAddr != "" {
-		var err error
-		if statsBefore, err = redisCommandStats(*redisAddr); err != nil {
-			fmt.Fprintln(os.Stderr, prog+": INFO commandstats:", err)
-		}
-	}
-	if *redisPID > 0 {
-		ticksBefore, _ = loadkit.ProcCPUTicks(*redisPID)
-	}
+	before := watch.read()
 	windowStart := time.Now()
 	measuring.Store(true)
 	time.Sleep(*duration)
 	measuring.Store(false)
 	window := time.Since(windowStart).Seconds()
+	after := watch.read()
 	res := result{API: *api, URL: base, Publishers: *publishers, Channels: *channels, Size: *size,
 		WarmupSecs: warmup.Seconds(), WindowSecs: window}
-	if *redisPID > 0 {
-		if after, err := loadkit.ProcCPUTicks(*redisPID); err == nil {
-			d := after - ticksBefore
-			res.RedisCPUTicks = &d
-		}
-	}
-	if statsBefore != nil {
-		if after, err := redisCommandStats(*redisAddr); err == nil {
-			res.RedisCmdStats = map[string]cmdStat{}
-			for name, s := range after {
-				d := cmdStat{Calls: s.Calls - statsBefore[name].Calls, Usec: s.Usec - statsBefore[name].Usec}
-				if d.Calls > 0 {
-					res.RedisCmdStats[name] = d
-				}
-			}
-		}
-	}
+	watch.fill(&res, before, after)
 	stop.Store(true)
 	wg.Wait()
 
