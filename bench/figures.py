@@ -383,12 +383,40 @@ def abuse(d) -> list[Measure]:
     return out
 
 
+def publish_redis(d) -> list[Measure]:
+    """One scenario per (topology, added Redis latency); a file from before
+    --latency-ms and --cluster (no `topology`, no `latency_ms`) measured one Redis
+    reached directly: +0 ms, no proxy."""
+    out: list[Measure] = []
+    t = "Publishing through Redis (`bench/publish_redis.sh`)"
+    publishers = dig(d, "settings", "publishers")
+    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for s in d.get("servers") or []:
+        if not isinstance(s, dict) or "name" not in s:
+            continue
+        ms = s.get("latency_ms")
+        groups[(s.get("topology") or "single", ms)][s["name"]] = s
+    for (topology, ms), srv in sorted(groups.items(), key=lambda kv: (kv[0][0] != "single", kv[0][1] or 0)):
+        redis = "one Redis" if topology == "single" else "a 3-master Redis Cluster"
+        added = "+0 ms, no proxy" if ms is None else f"+{ms} ms through Toxiproxy"
+        scenario = f"{publishers} publishers, {redis}, {added}"
+        for fig, unit, get in (
+            ("publishes per second", "/s", lambda v: num(dig(v, "pubload", "publishes_per_s"))),
+            ("publish answer p50", "ms", lambda v: (num(dig(v, "pubload", "latency_us", "p50")) or 0) / 1000 or None),
+            ("publish answer p99", "ms", lambda v: (num(dig(v, "pubload", "latency_us", "p99")) or 0) / 1000 or None),
+            ("Redis CPU per publish", "µs", lambda v: num(v.get("redis_cpu_us_per_publish"))),
+            ("server CPU per publish", "µs", lambda v: num(v.get("server_cpu_us_per_publish"))),
+        ):
+            add(out, t, scenario, fig, unit, {n: get(v) for n, v in srv.items()}, "throng")
+    return out
+
+
 EXTRACTORS = {
     "engine": engine, "fanout": fanout, "tls": tls, "deflate": deflate, "pusher": pusher,
     "redis-scale": redis_scale, "million": million, "workers": workers, "comet-memory": comet_memory,
     "catchup": catchup, "history": history, "feed-cost": feed_cost, "scrape-cost": scrape_cost,
     "webhooks": webhooks, "tls-idle": tls_idle, "abuse": abuse,
-    "memory-pinning": memory_pinning,
+    "memory-pinning": memory_pinning, "publish_redis": publish_redis,
 }
 # Kinds read but not tabulated, and why (a footnote says so).
 NOT_TABULATED = {
@@ -402,7 +430,8 @@ OLDER_KINDS = {
     "nchan-cluster": "§9", "restart": "§8", "transports": "§7",
 }
 # The order of the topics on the page.
-TOPIC_ORDER = ["Engine", "Fan-out", "TLS", "permessage", "A million", "Past one Redis", "Pusher", "One port",
+TOPIC_ORDER = ["Engine", "Fan-out", "TLS", "permessage", "A million", "Past one Redis", "Publishing through Redis",
+               "Pusher", "One port",
                "SSE and", "History", "What one", "Abuse", "What observing"]
 
 
