@@ -7,7 +7,8 @@
 //! channel events); the loops keep their own subscriber lists. A delivered message
 //! is one shared [`Message`] pushed to the [`Inbox`] of every loop concerned; its
 //! encodings (one per transport format) are made once, by the first loop that needs
-//! one, and cached in the message. This module is transport-neutral and local: it
+//! one, and cached in the message. The inbox also carries the broker's answers to
+//! the publishes a loop handed it ([`Hub::answer`]), woken by the same waker. This module is transport-neutral and local: it
 //! must not know wire formats, assign `seq` (the broker does), or touch sockets, and
 //! it holds no lock while anything is written to a client.
 
@@ -20,6 +21,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use mio::Waker;
 
+use crate::broker::asked::Answer;
 pub use crate::ids::{SocketId, this_node};
 use crate::protocol::DataKind;
 
@@ -199,10 +201,15 @@ impl Message {
 /// What a loop's inbox holds: a handle to a shared message.
 pub type Delivery = Arc<Message>;
 
-/// A loop's incoming deliveries. Publishers push; the loop swaps the batch out.
+/// A loop's incoming deliveries, and the broker's answers to its requests.
+/// Publishers push; the loop swaps the batch out.
 #[derive(Debug)]
 pub struct Inbox {
     queue: Mutex<Vec<Delivery>>,
+    /// Answers to publishes its connections handed to the broker.
+    answers: Mutex<Vec<Answer>>,
+    /// Set while answers wait (as `notified` is for deliveries).
+    answered: AtomicBool,
     /// Set while deliveries wait to be taken, so a burst of publishes costs one
     /// wake-up and the loop can check for work without taking the lock.
     notified: AtomicBool,
@@ -244,6 +251,30 @@ impl Inbox {
         }
     }
 
+    /// Whether broker answers are waiting (cheap: no lock).
+    pub fn has_answers(&self) -> bool {
+        self.answered.load(Ordering::Acquire)
+    }
+
+    fn push_answer(&self, answer: Answer) {
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(answer);
+        if !self.answered.swap(true, Ordering::AcqRel)
+            && CURRENT_LOOP.with(|c| c.get()) != self.index
+        {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// Takes every waiting broker answer; `batch` is the loop's reusable vector.
+    pub fn take_answers(&self, batch: &mut Vec<Answer>) {
+        self.answered.store(false, Ordering::Release);
+        let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::swap(&mut *answers, batch);
+    }
+
     /// Takes every pending delivery; `batch` is the loop's reusable vector.
     pub fn take(&self, batch: &mut Vec<Delivery>) {
         self.notified.store(false, Ordering::Release);
@@ -280,6 +311,8 @@ impl Hub {
                 .enumerate()
                 .map(|(index, waker)| Inbox {
                     queue: Mutex::new(Vec::new()),
+                    answers: Mutex::new(Vec::new()),
+                    answered: AtomicBool::new(false),
                     notified: AtomicBool::new(false),
                     waker,
                     index,
@@ -291,6 +324,14 @@ impl Hub {
 
     pub fn inbox(&self, loop_index: usize) -> &Inbox {
         &self.inboxes[loop_index]
+    }
+
+    /// Posts the broker's answer to the loop that asked, and wakes it; an
+    /// answer for a loop this hub does not have is dropped (it cannot be asked).
+    pub fn answer(&self, answer: Answer) {
+        if let Some(inbox) = self.inboxes.get(answer.to.loop_index as usize) {
+            inbox.push_answer(answer);
+        }
     }
 
     fn shard(&self, name: &str) -> MutexGuard<'_, HashMap<Box<str>, Arc<Channel>>> {

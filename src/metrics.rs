@@ -284,6 +284,18 @@ pub fn render(scrape: &Scrape) -> String {
         Kind::Counter,
         Value::Int(s.slow_consumers),
     );
+    e.single(
+        "throng_broker_deadlines_missed_total",
+        "Requests handed to the broker (publishes through Redis) answered 503 because the broker did not answer within its deadline.",
+        Kind::Counter,
+        Value::Int(s.broker_deadlines_missed),
+    );
+    e.single(
+        "throng_broker_answers_late_total",
+        "Broker answers that came for a request no longer waiting (past its deadline, or its client gone).",
+        Kind::Counter,
+        Value::Int(s.broker_answers_late),
+    );
     e.family(
         "throng_handshake_failures_total",
         "Transport requests refused or never completed, by reason.",
@@ -497,6 +509,8 @@ mod tests {
             delivered: 12,
             bytes_sent: 999,
             slow_consumers: 1,
+            broker_deadlines_missed: 3,
+            broker_answers_late: 2,
             latency,
             turns: [5, 1, 0, 0, 0, 1, 0],
             turn_sum_ns: 2_500_000_000,
@@ -557,6 +571,8 @@ mod tests {
             "throng_loop_turn_seconds_sum 2.5",
             "throng_loop_turn_seconds_count 7",
             "throng_loop_turn_slowest_seconds 2",
+            "throng_broker_deadlines_missed_total 3",
+            "throng_broker_answers_late_total 2",
             "throng_channels 5",
             "throng_history_bytes 1234",
             "throng_uptime_seconds 1.5",
@@ -572,7 +588,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 24, "{text}");
+        assert_eq!(types.len(), 26, "{text}");
         assert_eq!(helps, types.len());
         let mut unique = types.clone();
         unique.sort_unstable();

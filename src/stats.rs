@@ -180,6 +180,10 @@ pub struct LoopCounters {
     pub deflate_wire: AtomicU64,
     /// Subscribers closed for passing `--max-queue`.
     pub slow_consumers: AtomicU64,
+    /// Requests handed to the broker that got no answer by their deadline
+    /// (answered 503), and answers that came for a request no longer waiting.
+    pub broker_deadlines_missed: AtomicU64,
+    pub broker_answers_late: AtomicU64,
     /// Refused or unfinished handshakes, by [`HandshakeFailure`].
     pub handshake_failures: [AtomicU64; HandshakeFailure::COUNT],
     /// Delivery latency per bucket (not cumulative), see [`Latencies`].
@@ -225,6 +229,8 @@ pub struct TurnCounts {
     pub deflate_plain: u64,
     pub deflate_wire: u64,
     pub slow_consumers: u64,
+    pub broker_deadlines_missed: u64,
+    pub broker_answers_late: u64,
     pub handshake_failures: [u64; HandshakeFailure::COUNT],
     pub latency: Latencies,
 }
@@ -251,6 +257,8 @@ impl TurnCounts {
         add(&counters.deflate_plain, t.deflate_plain);
         add(&counters.deflate_wire, t.deflate_wire);
         add(&counters.slow_consumers, t.slow_consumers);
+        add(&counters.broker_deadlines_missed, t.broker_deadlines_missed);
+        add(&counters.broker_answers_late, t.broker_answers_late);
         for (counter, n) in counters.handshake_failures.iter().zip(t.handshake_failures) {
             add(counter, n);
         }
@@ -314,6 +322,8 @@ pub struct Snapshot {
     pub deflate_plain: u64,
     pub deflate_wire: u64,
     pub slow_consumers: u64,
+    pub broker_deadlines_missed: u64,
+    pub broker_answers_late: u64,
     pub handshake_failures: [u64; HandshakeFailure::COUNT],
     pub latency: Latencies,
     /// Loop turns per bucket of [`TURN_BOUNDS`] (not cumulative), their total
@@ -365,6 +375,8 @@ impl ServerStats {
             s.deflate_plain += load(&l.deflate_plain);
             s.deflate_wire += load(&l.deflate_wire);
             s.slow_consumers += load(&l.slow_consumers);
+            s.broker_deadlines_missed += load(&l.broker_deadlines_missed);
+            s.broker_answers_late += load(&l.broker_answers_late);
             for (sum, c) in s.handshake_failures.iter_mut().zip(&l.handshake_failures) {
                 *sum += load(c);
             }

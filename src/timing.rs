@@ -93,6 +93,12 @@ pub const IDEMPOTENCY_REMEMBERED_FOR: Duration = Duration::from_secs(300);
 /// Event loops wait this long at most once: after a failure they fail fast while
 /// the keeper thread probes.
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a request handed to the broker (a publish through Redis) waits for
+/// its answer before it is answered 503 (counted), and the longest one waits
+/// queued before the broker gives up on it unsent. Past one Redis timeout, for a
+/// reconnect's round trip and the queue ahead of it.
+pub const BROKER_DEADLINE: Duration = Duration::from_secs(3);
 /// A node whose last beat is older than this is gone (scaled: [`node_ttl`]):
 /// what it holds no longer counts, and is taken out by whoever comes across it.
 /// Six beats ([`KEEPER_TICK`] × 5): a node busy or briefly cut off is not taken

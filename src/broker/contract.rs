@@ -10,7 +10,8 @@
 //! than history is told as a gap; a presence user is said once (joined with its
 //! first connection, left with its last, to subscribers and to the
 //! [`ChannelWatch`]); a publish with an idempotency key seen before stores
-//! nothing again. On one Redis, brokers with different `--redis-prefix`es share
+//! nothing again; publishes handed over ([`Broker::ask`]) are answered each
+//! to its ticket, in the order asked, keys kept. On one Redis, brokers with different `--redis-prefix`es share
 //! nothing (messages, seqs, member counts, presence users, channel lists, the
 //! nodes' set) and brokers with the same one share all of it. A Redis broker delivers through its listener thread, so a case
 //! waits for deliveries, and "nothing else came" is known by publishing a marker
@@ -23,7 +24,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Broker, ChannelWatch, Gap, GapReason, Member, Outgoing, PresenceMember, Resume};
+use super::asked::{Ask, Asked, Asker, Publish, Ticket};
+use super::idempotency::Published;
+use super::{
+    Broker, BrokerError, ChannelWatch, Gap, GapReason, Member, Outgoing, PresenceMember, Resume,
+};
 use super::{MemoryBroker, RedisBroker, Subscribe};
 use crate::history::Limits;
 use crate::hub::{Body, ConnRef, Delivery, Hub, PresenceChange};
@@ -551,6 +556,71 @@ fn a_key_seen_before_publishes_nothing_again(u: &mut Under) {
     );
 }
 
+/// The answers to `asks`, handed over in turn, by ticket serial: at once from
+/// a broker that answers so, else through the hub as a loop takes them.
+fn ask_all(u: &Under, asks: Vec<Vec<Publish>>) -> Vec<Vec<(u64, bool)>> {
+    let mut answers: Vec<Option<Vec<(u64, bool)>>> = vec![None; asks.len()];
+    let read = |outcome: Result<Vec<Published>, BrokerError>| -> Vec<(u64, bool)> {
+        outcome
+            .expect("published")
+            .iter()
+            .map(|p| (p.seq, p.replayed))
+            .collect()
+    };
+    for (serial, publishes) in asks.into_iter().enumerate() {
+        let to = Ticket {
+            loop_index: 0,
+            key: 7,
+            serial: serial as u32,
+            asker: Asker::Request,
+        };
+        if let Asked::Now(outcome) = u.broker.ask(Ask::new(publishes, to)) {
+            answers[serial] = Some(read(outcome));
+        }
+    }
+    let mut batch = Vec::new();
+    wait_until("every handed-over publish is answered", || {
+        u.hub.inbox(0).take_answers(&mut batch);
+        for answer in batch.drain(..) {
+            assert_eq!((answer.to.loop_index, answer.to.key), (0, 7));
+            answers[answer.to.serial as usize] = Some(read(answer.outcome));
+        }
+        answers.iter().all(Option::is_some)
+    });
+    answers.into_iter().flatten().collect()
+}
+
+fn handed_over_publishes_keep_order_and_keys(u: &mut Under) {
+    let channel = "asked";
+    u.broker
+        .subscribe(channel, plain(1), None)
+        .expect("subscribed");
+    let one = |payload: &str, key: Option<&str>| Publish::new(channel, text(payload), key);
+    // Two in one request, a keyed one, its retry, then many more at once: on
+    // Redis they meet in the lanes and go many to a round trip.
+    let mut asks = vec![
+        vec![one("a", None), one("b", None)],
+        vec![one("c", Some("k"))],
+        vec![one("c", Some("k"))],
+    ];
+    asks.extend((0..200).map(|i| vec![one(&format!("m{i}"), None)]));
+    let answers = ask_all(u, asks);
+    assert_eq!(answers[0], vec![(1, false), (2, false)]);
+    assert_eq!(answers[1], vec![(3, false)]);
+    assert_eq!(
+        answers[2],
+        vec![(3, true)],
+        "the key's retry names the first"
+    );
+    let later: Vec<u64> = answers[3..].iter().map(|a| a[0].0).collect();
+    assert_eq!(later, (4..204).collect::<Vec<u64>>(), "in the order asked");
+    let delivered = u.wait_for_data(channel, 203);
+    let seqs: Vec<u64> = delivered.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (1..204).collect::<Vec<u64>>());
+    assert_eq!(delivered[2].1, b"c");
+    assert_eq!(delivered[202].1, b"m199");
+}
+
 /// One test per case and broker, named `broker::contract::BROKER::CASE`.
 macro_rules! contract {
     (brokers: [$($broker:ident),*], cases: $cases:tt) => {
@@ -579,6 +649,7 @@ contract!(
         a_since_older_than_history_is_told_as_a_gap,
         a_presence_user_is_said_once,
         a_key_seen_before_publishes_nothing_again,
+        handed_over_publishes_keep_order_and_keys,
     ]
 );
 

@@ -19,6 +19,7 @@ use crate::ids::SocketId;
 pub(crate) use crate::ids::new_epoch;
 use crate::protocol::DataKind;
 
+pub mod asked;
 #[cfg(test)]
 mod contract;
 pub mod idempotency;
@@ -245,6 +246,32 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
         message: Outgoing<'_>,
         key: &str,
     ) -> Result<idempotency::Published, BrokerError>;
+
+    /// Publishes `ask`'s messages, in order, as [`Broker::publish`] and
+    /// [`Broker::publish_once`] do, without the caller waiting on the broker:
+    /// [`asked::Asked::Now`] with the outcome when it is known at once, or
+    /// [`asked::Asked::Later`], and then the [`Hub`](crate::hub::Hub) posts the
+    /// [`asked::Answer`] to `ask.to`'s loop. This broker answers at once.
+    fn ask(&self, ask: asked::Ask) -> asked::Asked {
+        asked::Asked::Now(ask.publish_each(|p| {
+            match &p.key {
+                Some(key) => self.publish_once(&p.channel, p.outgoing(), key),
+                None => self
+                    .publish(&p.channel, p.outgoing())
+                    .map(|seq| idempotency::Published {
+                        seq,
+                        replayed: false,
+                    }),
+            }
+        }))
+    }
+
+    /// Whether [`Broker::ask`] answers later (through the hub) rather than at
+    /// once: then a caller hands its publishes over instead of publishing on
+    /// its own thread.
+    fn answers_later(&self) -> bool {
+        false
+    }
 
     /// Adds a local subscriber on `member.conn.loop_index`; announces it to the
     /// channel's listeners (itself excluded) when `member.announce` names it. A

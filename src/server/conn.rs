@@ -17,9 +17,12 @@ use std::sync::Arc;
 use mio::net::TcpStream;
 
 use super::http::{self, Next};
+use super::routes::Awaited;
 use super::shared::Shared;
 use super::timer::Tick;
 use super::uring::send_ring::NOT_SENT;
+use crate::broker::asked::Ticket;
+use crate::protocol::http::MAX_REQUEST_HEAD;
 use bytes::Bytes;
 
 use crate::hub::Channel;
@@ -52,6 +55,18 @@ pub enum Mode {
     Http(Vec<u8>),
     /// Handed over to a transport.
     Open(Session),
+    /// Plain HTTP, its request waiting on the broker's answer (a publish
+    /// through Redis); boxed, so that no other connection's record grows.
+    Asking(Box<Asking>),
+}
+
+/// An HTTP request waiting on the broker: what its answer needs, and what the
+/// client sent after it, served once it is answered (at most what one request
+/// may send: a waiting request holds no more than one being received).
+#[derive(Debug)]
+pub struct Asking {
+    pub awaited: Awaited,
+    pub pending: Vec<u8>,
 }
 
 /// What a connection's handler made of its input.
@@ -72,6 +87,7 @@ impl Mode {
         input: &mut [u8],
         peer: IpAddr,
         shared: &Shared,
+        ticket: Ticket,
         out: &mut Vec<u8>,
         counts: &mut TurnCounts,
         chosen_name: Option<&str>,
@@ -80,13 +96,24 @@ impl Mode {
         chat: &mut crate::rate::ChatLimiter,
     ) -> Handled {
         match self {
-            Mode::Http(pending) => {
-                Handled::Http(http::serve(pending, input, shared, peer, out, counts))
+            Mode::Http(pending) => Handled::Http(http::serve(
+                pending, input, shared, ticket, peer, out, counts,
+            )),
+            Mode::Asking(asking) => {
+                let most = shared.config.max_message_size + MAX_REQUEST_HEAD;
+                if asking.pending.len() + input.len() > most {
+                    // Requests sent behind one still waiting, past what one may
+                    // take: not read on, nor answered out of turn.
+                    return Handled::Http(Next::Close);
+                }
+                asking.pending.extend_from_slice(input);
+                Handled::Http(Next::KeepOpen { answered: false })
             }
             Mode::Open(session) => {
                 let mut ctx = Ctx {
                     out,
                     broker: &*shared.broker,
+                    ticket,
                     config: &shared.config,
                     hooks: shared.webhooks.as_deref().map(|h| h as &dyn Hooks),
                     counts,
@@ -103,14 +130,14 @@ impl Mode {
     /// The transport's session, once handed over.
     pub fn session(&self) -> Option<&Session> {
         match self {
-            Mode::Http(_) => None,
+            Mode::Http(_) | Mode::Asking(_) => None,
             Mode::Open(session) => Some(session),
         }
     }
 
     pub fn session_mut(&mut self) -> Option<&mut Session> {
         match self {
-            Mode::Http(_) => None,
+            Mode::Http(_) | Mode::Asking(_) => None,
             Mode::Open(session) => Some(session),
         }
     }
@@ -148,7 +175,7 @@ impl Mode {
     /// Appends a keep-alive for the client, if the transport has one.
     pub fn write_heartbeat(&self, out: &mut Vec<u8>) -> After {
         match self {
-            Mode::Http(_) => After::Nothing,
+            Mode::Http(_) | Mode::Asking(_) => After::Nothing,
             Mode::Open(session) => session.transport().write_heartbeat(out),
         }
     }
@@ -157,6 +184,7 @@ impl Mode {
     pub fn write_close(&mut self, out: &mut Vec<u8>, reason: CloseReason) {
         match self {
             Mode::Http(pending) => *pending = Vec::new(),
+            Mode::Asking(asking) => asking.pending = Vec::new(),
             Mode::Open(session) => session.transport_mut().write_close(out, reason),
         }
     }
@@ -165,6 +193,7 @@ impl Mode {
     pub fn stop_reading(&mut self) {
         match self {
             Mode::Http(pending) => *pending = Vec::new(),
+            Mode::Asking(asking) => asking.pending = Vec::new(),
             Mode::Open(session) => session.transport_mut().stop_reading(),
         }
     }

@@ -10,8 +10,9 @@
 
 use std::net::IpAddr;
 
-use super::routes::{self, Outcome, RouteContext};
+use super::routes::{self, Awaited, Outcome, RouteContext};
 use super::shared::Shared;
+use crate::broker::asked::Ticket;
 use crate::protocol::http::{ParseError, parse_request, write_error};
 use crate::proxy;
 use crate::stats::{HandshakeFailure, TurnCounts};
@@ -33,6 +34,9 @@ pub enum Next {
         leftover: Vec<u8>,
         client: IpAddr,
     },
+    /// A request waits on the broker's answer ([`routes::answer`] writes it);
+    /// `rest` is what the client sent after it, served once it is answered.
+    Wait { awaited: Awaited, rest: Vec<u8> },
 }
 
 /// Serves every whole request in `pending` followed by `input`, appending the
@@ -42,6 +46,7 @@ pub fn serve(
     pending: &mut Vec<u8>,
     input: &[u8],
     shared: &Shared,
+    ticket: Ticket,
     peer: IpAddr,
     out: &mut Vec<u8>,
     counts: &mut TurnCounts,
@@ -83,6 +88,7 @@ pub fn serve(
         let client = proxy::client_address(peer, &request, &shared.config.trusted_proxies);
         let ctx = RouteContext {
             shared,
+            ticket,
             peer: client.addr,
             local: client.is_local(),
             body: &rest[head_len..],
@@ -105,6 +111,17 @@ pub fn serve(
                 if start >= data.len() {
                     return Next::KeepOpen { answered };
                 }
+            }
+            // Whatever a route read of it, the wait takes its whole declared body.
+            Outcome::Wait(awaited) if awaited.consumed < head_len + request.content_length => {
+                return Next::Close;
+            }
+            Outcome::Wait(awaited) => {
+                let rest = match awaited.keeps_alive() {
+                    true => rest[awaited.consumed..].to_vec(),
+                    false => Vec::new(),
+                };
+                return Next::Wait { awaited, rest };
             }
             Outcome::Open(opening) => {
                 return Next::Open {
@@ -146,6 +163,12 @@ mod tests {
     use crate::server::tests_support::test_shared;
 
     const LOCAL: [u8; 4] = [127, 0, 0, 1];
+    const TICKET: Ticket = Ticket {
+        loop_index: 0,
+        key: 0,
+        serial: 0,
+        asker: crate::broker::asked::Asker::Request,
+    };
 
     /// Serves `raw` from loopback in one piece: the next step, and the answers.
     fn serve_once(raw: &[u8]) -> (Next, String) {
@@ -155,6 +178,7 @@ mod tests {
             &mut Vec::new(),
             raw,
             &shared,
+            TICKET,
             LOCAL.into(),
             &mut out,
             &mut TurnCounts::default(),
@@ -208,6 +232,7 @@ mod tests {
             &mut pending,
             b"GET /healthz HT",
             &shared,
+            TICKET,
             LOCAL.into(),
             &mut out,
             &mut TurnCounts::default(),
@@ -218,6 +243,7 @@ mod tests {
             &mut pending,
             b"TP/1.1\r\nHost: x\r\n\r\n",
             &shared,
+            TICKET,
             LOCAL.into(),
             &mut out,
             &mut TurnCounts::default(),
@@ -237,6 +263,7 @@ mod tests {
             &mut pending,
             two,
             &shared,
+            TICKET,
             LOCAL.into(),
             &mut out,
             &mut TurnCounts::default(),
@@ -259,6 +286,7 @@ mod tests {
             &mut pending,
             &raw,
             &shared,
+            TICKET,
             LOCAL.into(),
             &mut out,
             &mut TurnCounts::default(),
@@ -277,6 +305,7 @@ mod tests {
             &mut Vec::new(),
             b"\x16\x03\x01garbage\r\n\r\n",
             &shared,
+            TICKET,
             LOCAL.into(),
             &mut out,
             &mut counts,
@@ -294,6 +323,7 @@ mod tests {
             &mut Vec::new(),
             &big,
             &shared,
+            TICKET,
             LOCAL.into(),
             &mut out,
             &mut TurnCounts::default(),
@@ -309,6 +339,7 @@ mod tests {
             &mut Vec::new(),
             &whole,
             &shared,
+            TICKET,
             LOCAL.into(),
             &mut out,
             &mut TurnCounts::default(),

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::broker::asked::Ticket;
 use crate::broker::{Broker, BrokerError, Members, Replay, Resume};
 use crate::config::ServeConfig;
 use crate::hub::{Channel, Message};
@@ -346,6 +347,9 @@ pub struct Ctx<'a> {
     /// Answers to this connection, written out once the input is handled.
     pub out: &'a mut Vec<u8>,
     pub broker: &'a dyn Broker,
+    /// Who the broker answers about a message handed to it (a chat member's,
+    /// through Redis): this connection.
+    pub ticket: Ticket,
     pub config: &'a ServeConfig,
     /// Who hears of what clients do besides its channel's subscribers (a
     /// Pusher app's webhooks), when anyone does.

@@ -16,6 +16,7 @@ use super::{
     After, CloseReason, Compression, Ctx, Deflater, Format, Handover, Opening, Subscribe,
     Subscription, Transport, json_data,
 };
+use crate::broker::asked::{Ask, Asked, Asker, Publish, Ticket};
 use crate::broker::{GapReason, Outgoing, Replay, Resume, Stored};
 use crate::history::Tags;
 use crate::hub::{Body, Message};
@@ -529,6 +530,7 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
     let out = &mut *ctx.out;
     let counts = &mut *ctx.counts;
     let broker = ctx.broker;
+    let ticket = ctx.ticket;
     let chosen_name = ctx.chosen_name;
     let chat = &mut *ctx.chat;
     let mut after = After::Nothing;
@@ -581,9 +583,25 @@ pub fn feed(state: &mut WsState, data: &mut [u8], ctx: &mut Ctx<'_>) -> After {
                     event: None,
                     skip: None,
                 };
-                match broker.publish(channel, message) {
-                    Ok(_) => {
-                        published += 1;
+                let outcome = if broker.answers_later() {
+                    // Handed over: the loop goes on, and only a refusal comes
+                    // back (it closes this connection then, as below).
+                    let to = Ticket {
+                        serial: client,
+                        asker: Asker::Sender,
+                        ..ticket
+                    };
+                    let publishes = vec![Publish::new(channel, message, None)];
+                    match broker.ask(Ask::new(publishes, to)) {
+                        Asked::Later => Ok(false),
+                        Asked::Now(outcome) => outcome.map(|_| true),
+                    }
+                } else {
+                    broker.publish(channel, message).map(|_| true)
+                };
+                match outcome {
+                    Ok(now) => {
+                        published += u64::from(now);
                         Flow::Continue
                     }
                     Err(e) => {

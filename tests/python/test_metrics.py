@@ -30,6 +30,8 @@ FAMILIES = {
     "throng_deflate_plain_bytes_total": "counter",
     "throng_deflate_wire_bytes_total": "counter",
     "throng_slow_consumer_disconnects_total": "counter",
+    "throng_broker_deadlines_missed_total": "counter",
+    "throng_broker_answers_late_total": "counter",
     "throng_handshake_failures_total": "counter",
     "throng_broker_up": "gauge",
     "throng_io_uring_receivers": "gauge",

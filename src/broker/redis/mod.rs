@@ -32,15 +32,22 @@
 //! another program PUBLISHes on `throng:ch:NAME` is delivered too, without a seq
 //! (seq 0) and without history.
 //!
-//! The event loops call this broker directly, so a publish or a resuming subscribe
-//! waits for one Redis round trip; a plain subscribe waits for none (for the
-//! listener's confirmation only when it is a channel's first here). While Redis is
+//! No event loop waits for a publish it hands over ([`Broker::ask`]: the HTTP
+//! and Pusher APIs): it waits in a publish lane (`lanes`), and many go to Redis
+//! in one round trip, their answers coming back to the loop through the hub. A
+//! publish called on a thread's own time ([`Broker::publish`]: chat members, for
+//! now) and a resuming subscribe still wait for one Redis round trip there; a
+//! plain subscribe waits for none (for the listener's confirmation only when it
+//! is a channel's first here). While Redis is
 //! unreachable publishes fail (the API answers 503), `/healthz` says so, subscribers
 //! stay connected, and once the listener is back it fills in from history what its
 //! local subscribers missed.
 //!
 //! This file holds the broker ([`RedisBroker`] and its [`Broker`] impl), the state
 //! it shares with its threads ([`Shared`]) and the start. The parts:
+//! - `publish`: a publish's script run, one message or many (`publish.lua`,
+//!   `publish_batch.lua`);
+//! - `lanes`: the queues and threads publishes handed over wait in;
 //! - `wire`: the bytes kept and published, and reading back what pubsub brings;
 //! - `keys`: the Redis names under the prefix (keys, pubsub and wake channels)
 //!   and how long keys live;
@@ -74,28 +81,31 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use ::redis::Script;
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 
+use super::asked::{Ask, Asked};
 use super::idempotency::Published;
 use super::{
     Broker, BrokerError, ChannelInfo, ChannelWatch, FailoverCounts, Member, Members, Outgoing,
     Replay, Resume, Stored, Subscribed, new_epoch,
 };
-use crate::history::{self, Limits};
+use crate::history::Limits;
 use crate::hub::{Channel, ConnRef, Hub};
 use crate::rules::Namespaces;
 use connection::{REDIS_TIMEOUT, unavailable};
-use keys::{DEFAULT_PREFIX, Names, key_life};
+use keys::{DEFAULT_PREFIX, Names};
 use listener::{Listener, Subs};
 use presence::MEMBERS_LUA;
 use snapshot::SNAPSHOT_LUA;
-use wire::{MAGIC, encode_message};
+use wire::MAGIC;
 
 mod cluster;
 mod connection;
 mod keys;
+mod lanes;
 mod listener;
 mod occupancy;
 mod origin;
 mod presence;
+mod publish;
 mod sentinel;
 mod shards;
 mod snapshot;
@@ -118,10 +128,6 @@ pub enum Subscribe {
 /// How often a cluster command is tried again after `MOVED`, `ASK`,
 /// `TRYAGAIN` or a failover (each wait 10 to 200 ms, an event loop waiting).
 const CLUSTER_RETRIES: u32 = 3;
-
-/// Next seq, keep, publish: atomic, so every node sees one order. KEYS and ARGV
-/// are in the file's header.
-const PUBLISH_LUA: &str = origin::with_origin!("publish.lua");
 
 /// A lock that a panicked holder left poisoned is still the lock.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -184,7 +190,10 @@ struct Shared {
 pub struct RedisBroker {
     shared: Arc<Shared>,
     url: String,
+    /// `publish.lua`, for publishes on the caller's thread.
     publish: Script,
+    /// Where publishes handed over ([`Broker::ask`]) wait for Redis.
+    lanes: Arc<lanes::Lanes>,
 }
 
 impl std::fmt::Debug for RedisBroker {
@@ -417,10 +426,12 @@ impl RedisBroker {
             DEFAULT_PREFIX => redact(url),
             _ => format!("{} (prefix {prefix})", redact(url)),
         };
+        let lanes = lanes::Lanes::start(&shared)?;
         Ok(RedisBroker {
             shared,
             url,
-            publish: Script::new(PUBLISH_LUA),
+            publish: Script::new(publish::PUBLISH_LUA),
+            lanes,
         })
     }
 }
@@ -435,77 +446,12 @@ fn redact(url: &str) -> String {
     }
 }
 
-impl RedisBroker {
-    /// One publish script run (and with `--redis-wait-replicas`, its WAIT and
-    /// release); with an idempotency key, a key seen before answers for itself.
-    fn publish_keyed(
-        &self,
-        channel: &str,
-        message: Outgoing<'_>,
-        key: Option<&str>,
-    ) -> Result<Published, BrokerError> {
-        let keys = self.shared.names.keys(channel);
-        let limits = self.shared.limits(channel);
-        let size = if limits.enabled() { limits.size } else { 0 };
-        let encoded = encode_message(&message);
-        let waits = self.shared.wait_replicas > 0;
-        let durable = self.shared.durable_arg();
-        let life = key_life(limits.ttl);
-        // Without a key the script never touches its key slot: any key of the
-        // channel's slot fills it, without a name made per publish.
-        let idempotency_key = key.map(|k| keys.idempotency(k));
-        let (seq, _epoch, _stamp, how): (u64, String, String, u8) =
-            self.shared.with_connection(|con| {
-                let answer: (u64, String, String, u8) = self
-                    .publish
-                    .key(&keys.seq)
-                    .key(&keys.epoch)
-                    .key(&keys.hist)
-                    .key(&keys.held)
-                    .key(&keys.released)
-                    .key(idempotency_key.as_deref().unwrap_or(&keys.seq))
-                    .arg(&encoded)
-                    .arg(history::now_secs())
-                    .arg(size)
-                    .arg(life)
-                    .arg(format!("{:016x}", new_epoch()))
-                    .arg(self.shared.pubsub_channel(channel))
-                    .arg(MAGIC)
-                    .arg(&durable)
-                    .arg(if waits { "w" } else { "" })
-                    .arg(self.shared.wait_replicas)
-                    .arg(key.unwrap_or_default())
-                    .arg(crate::timing::IDEMPOTENCY_REMEMBERED_FOR.as_secs())
-                    .invoke(con)?;
-                if waits && answer.3 != REPLAYED {
-                    let held = origin::Held {
-                        channel,
-                        keys: &keys,
-                        seq: answer.0,
-                        epoch: &answer.1,
-                        history_size: size,
-                        life,
-                    };
-                    self.shared.wait_and_release(con, &held)?;
-                }
-                Ok(answer)
-            })?;
-        Ok(Published {
-            seq,
-            replayed: how != NEW,
-        })
-    }
-}
-
-/// `publish.lua`'s how: a new publish, or a key seen before whose message was
-/// published; 2 (neither constant) is a key seen before whose message is still
-/// held, released like a new one.
-const NEW: u8 = 0;
-const REPLAYED: u8 = 1;
-
 impl Broker for RedisBroker {
     fn publish(&self, channel: &str, message: Outgoing<'_>) -> Result<u64, BrokerError> {
-        Ok(self.publish_keyed(channel, message, None)?.seq)
+        Ok(self
+            .shared
+            .publish_keyed(&self.publish, channel, message, None)?
+            .seq)
     }
 
     fn publish_once(
@@ -514,7 +460,27 @@ impl Broker for RedisBroker {
         message: Outgoing<'_>,
         key: &str,
     ) -> Result<Published, BrokerError> {
-        self.publish_keyed(channel, message, Some(key))
+        self.shared
+            .publish_keyed(&self.publish, channel, message, Some(key))
+    }
+
+    /// Into a publish lane (see `lanes`): answered through the hub once Redis
+    /// answers. While Redis is known down it is answered at once, as a
+    /// publish on the caller's thread would be.
+    fn answers_later(&self) -> bool {
+        true
+    }
+
+    fn ask(&self, ask: Ask) -> Asked {
+        if !self.shared.commands_ok.load(Ordering::Relaxed) {
+            return Asked::Now(Err(unavailable("unreachable (retrying every second)")));
+        }
+        match self.lanes.push(ask) {
+            Ok(()) => Asked::Later,
+            Err(_) => Asked::Now(Err(unavailable(
+                "this node's publish queues to Redis are full: try again",
+            ))),
+        }
     }
 
     fn subscribe(

@@ -51,7 +51,9 @@ if keyed then
     -- Its epoch is gone (a failover), or it expired held: published anew.
   end
 end
-local epoch = throng_kept_epoch(redis.call('GET', KEYS[2]), ARGV[8])
+local stored = redis.call('GET', KEYS[2])
+local epoch = throng_kept_epoch(stored, ARGV[8])
+local kept = epoch
 if not epoch then
   epoch = ARGV[5]
   redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
@@ -72,7 +74,11 @@ if held then
 end
 -- Nodes that held messages here no longer do (their flag changed): what they
 -- held was answered as not published, and the seq counts for itself again.
-redis.call('DEL', KEYS[4], KEYS[5])
+-- Only a held publish leaves them, and it stamps the epoch 'w' (a new epoch
+-- deleted them above): otherwise there is nothing to delete.
+if kept and string.sub(stored, -2) == ':w' then
+  redis.call('DEL', KEYS[4], KEYS[5])
+end
 local size = tonumber(ARGV[3])
 if size > 0 then
   redis.call('XADD', KEYS[3], 'MAXLEN', size, seq .. '-1', 'm', ARGV[1], 't', ARGV[2])

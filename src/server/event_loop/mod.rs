@@ -15,6 +15,7 @@
 //! means, or name a transport.
 
 mod accept;
+mod asking;
 mod drain;
 mod open;
 mod replies;
@@ -36,6 +37,7 @@ use super::http::Next;
 use super::shared::Shared;
 use super::subscribers::{Follow, LocalSubscribers};
 use super::timer::ticks;
+use crate::broker::asked::{Answer, Asker, Ticket};
 use crate::hub;
 use crate::os;
 use crate::stats::{LoopCounters, TurnCounts};
@@ -69,6 +71,8 @@ struct Buffers {
     next: Vec<replies::Next>,
     /// Subscriptions the connection being served asked for (a Pusher subscribe).
     changes: Vec<Change>,
+    /// The broker's answers taken from the inbox, being written.
+    answers: Vec<Answer>,
     /// What a TLS connection's read opened to, and what TLS itself must send.
     plain: Vec<u8>,
     sealed: Vec<u8>,
@@ -107,6 +111,9 @@ pub struct EventLoop {
     /// Connections with a replay of history waiting for their socket, watched
     /// for a stall (see `timing::REPLAY_STALL`).
     catch_ups: Vec<timers::CatchUp>,
+    /// The number the next request served gets, for its [`Ticket`] (so that a
+    /// late answer is never taken for a later request's on the same key).
+    serial: u32,
 }
 
 impl EventLoop {
@@ -133,6 +140,7 @@ impl EventLoop {
                 failed: Vec::new(),
                 next: Vec::new(),
                 changes: Vec::new(),
+                answers: Vec::new(),
                 plain: Vec::new(),
                 sealed: Vec::new(),
             },
@@ -151,6 +159,7 @@ impl EventLoop {
             fan_out_until: None,
             chat: crate::rate::ChatLimiter::new(chat_rate),
             catch_ups: Vec::new(),
+            serial: 0,
         })
     }
 
@@ -182,6 +191,7 @@ impl EventLoop {
             // not signalled through the waker, and a large fan-out goes on a slice
             // a turn: deliver now.
             if self.has_deliveries() {
+                self.on_answers();
                 self.drain_inbox();
             }
             self.keep_time();
@@ -204,8 +214,10 @@ impl EventLoop {
     /// before a subscribe returns) returning subscribers' live filters can go once
     /// it is taken, so that a quiet channel's returning subscribers keep none.
     fn has_deliveries(&self) -> bool {
+        let inbox = self.shared.hub.inbox(self.index);
         self.subscribers.has_pending()
-            || self.shared.hub.inbox(self.index).has_work()
+            || inbox.has_work()
+            || inbox.has_answers()
             || (self.subscribers.has_fresh()
                 && self.shared.broker.delivers_before_subscribe_returns())
     }
@@ -227,7 +239,10 @@ impl EventLoop {
     fn dispatch(&mut self, events: &Events) {
         for event in events.iter() {
             match event.token() {
-                WAKER => self.drain_inbox(),
+                WAKER => {
+                    self.on_answers();
+                    self.drain_inbox();
+                }
                 Token(t) if t >= LISTENER_BASE => {
                     if self.accept.is_open() && !self.drain.started() {
                         self.accept_from(t - LISTENER_BASE);
@@ -398,10 +413,18 @@ impl EventLoop {
             Some(held) => held,
             None => &mut self.buf.read[..n],
         };
+        let ticket = Ticket {
+            loop_index: self.index as u32,
+            key: key as u32,
+            serial: self.serial,
+            asker: Asker::Request,
+        };
+        self.serial = self.serial.wrapping_add(1);
         let handled = conn.mode.on_input(
             input,
             conn.peer,
             &self.shared,
+            ticket,
             &mut self.buf.out,
             &mut self.tally.turn,
             self.subscribers.chosen_name(key),
@@ -430,6 +453,7 @@ impl EventLoop {
                 leftover,
                 client,
             }) => self.open_session(key, opening, leftover, client),
+            Handled::Http(Next::Wait { awaited, rest }) => self.wait_on_broker(key, awaited, rest),
             Handled::Transport(after) => self.send_out(key, after),
         }
     }

@@ -7,7 +7,7 @@
 
 use super::EventLoop;
 use crate::config::ServeConfig;
-use crate::server::conn::{Beat, Conn, NEVER, Phase};
+use crate::server::conn::{Beat, Conn, Mode, NEVER, Phase};
 use crate::server::timer::{Tick, TimerWheel, next_in_phase, ticks};
 use crate::stats::HandshakeFailure;
 use crate::timing::{
@@ -175,6 +175,10 @@ impl EventLoop {
             if conn.deadline > now {
                 let due = conn.deadline;
                 set_deadline(&mut self.clock.wheel, key, conn, due);
+                continue;
+            }
+            if conn.phase == Phase::Active && matches!(conn.mode, Mode::Asking(_)) {
+                self.on_broker_late(key);
                 continue;
             }
             // An HTTP request, a close or a linger that ran out of time ends here;

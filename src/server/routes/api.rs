@@ -1,11 +1,13 @@
 //! The HTTP API: `POST /api/publish/{channel}` (with its access rule),
 //! `GET /api/channels/{channel}`, `GET /api/stats` and `GET /metrics`. It must not
 //! open transports or touch connections: it reads the request and the shared
-//! state, and writes one whole answer.
+//! state, and writes one whole answer (a publish handed to the broker, once the
+//! broker's answer comes).
 
 use super::subscribe::pusher_only;
-use super::{Outcome, RouteContext, ok, ok_json, ok_with, refused, request_body};
+use super::{AwaitedAnswer, Outcome, RouteContext, hand_over, ok, ok_json, refused, request_body};
 use crate::broker::Outgoing;
+use crate::broker::asked::{self, Ask, Publish};
 use crate::broker::idempotency::{self, Published};
 use crate::metrics;
 use crate::protocol::DataKind;
@@ -156,49 +158,75 @@ pub(super) fn publish(
         event,
         skip: None,
     };
-    let published = match idempotency_key {
-        Some(key) => ctx.shared.broker.publish_once(channel, message, key),
-        None => ctx
-            .shared
-            .broker
-            .publish(channel, message)
-            .map(|seq| Published {
-                seq,
-                replayed: false,
-            }),
-    };
-    match published {
-        Ok(Published { seq, replayed }) => {
-            if !replayed {
-                counts.published += 1;
-            }
-            // `{"seq":N}` without a JSON value: this answer is on every publish's path.
-            const OPEN: &[u8] = b"{\"seq\":";
-            let mut number = itoa::Buffer::new();
-            let digits = number.format(seq).as_bytes();
-            // 7 + at most 20 digits + 1.
-            let mut body = [0u8; 28];
-            let len = OPEN.len() + digits.len() + 1;
-            body[..OPEN.len()].copy_from_slice(OPEN);
-            body[OPEN.len()..len - 1].copy_from_slice(digits);
-            body[len - 1] = b'}';
-            let replayed: &[(&str, &str)] = if replayed {
-                &[("Idempotent-Replayed", "true")]
-            } else {
-                &[]
-            };
-            ok_with(
-                req,
-                ctx,
-                out,
-                "application/json",
-                replayed,
-                &body[..len],
-                length,
-            )
-        }
-        Err(e) => refused(out, 503, &e.to_string(), &[("Retry-After", "1")]),
+    let consumed = ctx.head_len + length;
+    let broker = &ctx.shared.broker;
+    if broker.answers_later() {
+        let publishes = vec![Publish::new(channel, message, idempotency_key)];
+        let ask = broker.ask(Ask::new(publishes, ctx.ticket));
+        return hand_over(ask, ctx, req, consumed, AwaitedAnswer::Publish, out, counts);
     }
+    // A broker that answers at once is asked on this thread, without copies.
+    let published = match idempotency_key {
+        Some(key) => broker.publish_once(channel, message, key),
+        None => broker.publish(channel, message).map(|seq| Published {
+            seq,
+            replayed: false,
+        }),
+    };
+    let keep_alive = ctx.keep_alive(req);
+    if answer_publish(published.map(|p| vec![p]), keep_alive, out, counts) && keep_alive {
+        Outcome::KeepAlive { consumed }
+    } else {
+        Outcome::Responded
+    }
+}
+
+/// Writes a publish's answer: `{"seq":N}` (with `Idempotent-Replayed: true` for
+/// a key seen before), or 503 with why; whether it was a success.
+pub(super) fn answer_publish(
+    outcome: asked::Outcome,
+    keep_alive: bool,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> bool {
+    let published = match outcome {
+        Ok(published) => published.first().copied(),
+        Err(e) => {
+            http::write_error(out, 503, &e.to_string(), &[("Retry-After", "1")]);
+            return false;
+        }
+    };
+    let Some(Published { seq, replayed }) = published else {
+        http::write_error(out, 500, "the broker answered no publish", &[]);
+        return false;
+    };
+    if !replayed {
+        counts.published += 1;
+    }
+    // `{"seq":N}` without a JSON value: this answer is on every publish's path.
+    const OPEN: &[u8] = b"{\"seq\":";
+    let mut number = itoa::Buffer::new();
+    let digits = number.format(seq).as_bytes();
+    // 7 + at most 20 digits + 1.
+    let mut body = [0u8; 28];
+    let len = OPEN.len() + digits.len() + 1;
+    body[..OPEN.len()].copy_from_slice(OPEN);
+    body[OPEN.len()..len - 1].copy_from_slice(digits);
+    body[len - 1] = b'}';
+    let replayed: &[(&str, &str)] = if replayed {
+        &[("Idempotent-Replayed", "true")]
+    } else {
+        &[]
+    };
+    http::write_response_conn(
+        out,
+        200,
+        "application/json",
+        replayed,
+        &body[..len],
+        keep_alive,
+    );
+    true
 }
 
 pub(super) fn channel_info(

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 
 use super::shared::Shared;
 use crate::auth::{self, AuthError};
+use crate::broker::asked::{self, Ticket};
 use crate::protocol::http::{self, Request};
 use crate::site;
 use crate::stats::{HandshakeFailure, TurnCounts};
@@ -37,12 +38,63 @@ pub enum Outcome {
     /// A complete response is in `out` and the connection stays open (HTTP/1.1
     /// keep-alive); the request took the first `consumed` bytes of the input.
     KeepAlive { consumed: usize },
+    /// The request was handed to the broker (a publish through Redis): its
+    /// answer is written by [`answer`] once the broker's comes.
+    Wait(Awaited),
+}
+
+/// A request whose answer waits on the broker: what that answer needs once
+/// the broker's comes (the request's bytes are gone by then).
+#[derive(Debug)]
+pub struct Awaited {
+    answer: AwaitedAnswer,
+    keep_alive: bool,
+    /// Bytes of the connection's input the request took (its head and body).
+    pub consumed: usize,
+    /// The connection's request it answers (its [`Ticket`]'s serial).
+    pub serial: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum AwaitedAnswer {
+    /// `POST /api/publish/{channel}`: `{"seq":N}`.
+    Publish,
+    /// Pusher's `POST /apps/ID/events` (`{}`), or `batch_events` of this many
+    /// events (`{"batch":[{}, …]}`).
+    PusherEvents { batch: Option<usize> },
+}
+
+impl Awaited {
+    /// Whether the connection stays open after the answer (then the client's
+    /// next request is served).
+    pub fn keeps_alive(&self) -> bool {
+        self.keep_alive
+    }
+}
+
+/// Writes the answer to an awaited request from the broker's `outcome`;
+/// whether the connection stays open for the next request.
+pub fn answer(
+    awaited: &Awaited,
+    outcome: asked::Outcome,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> bool {
+    let written = match awaited.answer {
+        AwaitedAnswer::Publish => api::answer_publish(outcome, awaited.keep_alive, out, counts),
+        AwaitedAnswer::PusherEvents { batch } => {
+            pusher_api::answer_events(outcome, batch, awaited.keep_alive, out, counts)
+        }
+    };
+    written && awaited.keep_alive
 }
 
 /// What the router needs to know about the request's connection and the server.
 #[derive(Clone, Copy)]
 pub struct RouteContext<'a> {
     pub shared: &'a Shared,
+    /// Who the broker answers when a request is handed to it.
+    pub ticket: Ticket,
     /// The client's address (behind a trusted proxy, the one it forwards for).
     pub peer: IpAddr,
     /// The request comes from this machine: a loopback peer, not forwarded.
@@ -227,6 +279,36 @@ pub(super) fn only_get(req: &Request<'_>, out: &mut Vec<u8>) -> bool {
     }
     http::write_error(out, 405, "method not allowed: use GET", &[("Allow", "GET")]);
     false
+}
+
+/// What a route that hands its publishes to the broker returns: the answer at
+/// once (written by `write` from the outcome, `consumed` bytes taken), or the
+/// wait for it.
+pub(super) fn hand_over(
+    asked: asked::Asked,
+    ctx: RouteContext<'_>,
+    req: &Request<'_>,
+    consumed: usize,
+    kind: AwaitedAnswer,
+    out: &mut Vec<u8>,
+    counts: &mut TurnCounts,
+) -> Outcome {
+    let awaited = Awaited {
+        answer: kind,
+        keep_alive: ctx.keep_alive(req),
+        consumed,
+        serial: ctx.ticket.serial,
+    };
+    match asked {
+        asked::Asked::Later => Outcome::Wait(awaited),
+        asked::Asked::Now(outcome) => {
+            if answer(&awaited, outcome, out, counts) {
+                Outcome::KeepAlive { consumed }
+            } else {
+                Outcome::Responded
+            }
+        }
+    }
 }
 
 /// Writes a 200 answer, keeping the connection open when the client may send more.

@@ -7,11 +7,15 @@
 
 use serde_json::{Value, json};
 
-use super::{Outcome, RouteContext, ok_json, only_get, refused, request_body};
-use crate::broker::{Outgoing, idempotency};
+use super::{
+    AwaitedAnswer, Outcome, RouteContext, hand_over, ok_json, only_get, refused, request_body,
+};
+use crate::broker::Outgoing;
+use crate::broker::asked::{self, Ask, Asked, Publish};
+use crate::broker::idempotency::{self, Published};
 use crate::hub::SocketId;
 use crate::protocol::DataKind;
-use crate::protocol::http::Request;
+use crate::protocol::http::{self, Request};
 use crate::pusher::{self, App, ChannelKind, sign};
 use crate::rules::validate_event_name;
 use crate::stats::TurnCounts;
@@ -104,8 +108,8 @@ fn serve(
                 &[("Allow", "POST")],
             );
         }
-        "events" => events(app, body, ctx, counts),
-        "batch_events" => batch_events(app, body, ctx, counts),
+        "events" => return publish_events(app, false, req, body, ctx, out, counts),
+        "batch_events" => return publish_events(app, true, req, body, ctx, out, counts),
         "channels" => {
             if !only_get(req, out) {
                 return Outcome::Responded;
@@ -240,63 +244,107 @@ fn read_event<'a>(value: &'a Value, max_data: usize) -> Result<Event<'a>, Refusa
     })
 }
 
-/// Publishes `event` to each of its channels; 503 when the broker cannot take it.
-fn publish(
+/// `POST /apps/ID/events` (`{}` once published to every channel) and `POST
+/// /apps/ID/batch_events` (`{"batch":[…]}`, every event checked before any is
+/// published): each event to each of its channels, in order; 503 when the
+/// broker cannot take them. A broker that answers later (Redis) gets them all
+/// in one request, and the answer waits for its.
+fn publish_events(
     app: &App,
-    event: &Event<'_>,
+    batch: bool,
+    req: &Request<'_>,
+    body: &[u8],
     ctx: RouteContext<'_>,
+    out: &mut Vec<u8>,
     counts: &mut TurnCounts,
-) -> Result<(), Refusal> {
-    for name in &event.channels {
-        let channel = pusher::throng_channel(&app.id, name);
-        let message = Outgoing {
-            payload: event.data.as_bytes(),
-            kind: DataKind::Text,
-            from: None,
-            event: Some(event.name),
-            skip: event.skip,
-        };
-        let broker = &ctx.shared.broker;
-        let replayed = match event.idempotency_key {
-            Some(key) => broker
-                .publish_once(&channel, message, key)
-                .map(|p| p.replayed),
-            None => broker.publish(&channel, message).map(|_| false),
-        }
-        .map_err(|e| (503, e.to_string()))?;
-        if !replayed {
-            counts.published += 1;
-        }
+) -> Outcome {
+    let value = match parse(body) {
+        Ok(value) => value,
+        Err(refusal) => return refuse(out, refusal),
+    };
+    let events = match read_events(&value, batch, ctx.shared.config.max_message_size) {
+        Ok(events) => events,
+        Err(refusal) => return refuse(out, refusal),
+    };
+    let batch = batch.then_some(events.len());
+    let messages = events.iter().flat_map(|event| {
+        event.channels.iter().map(move |name| {
+            let message = Outgoing {
+                payload: event.data.as_bytes(),
+                kind: DataKind::Text,
+                from: None,
+                event: Some(event.name),
+                skip: event.skip,
+            };
+            (
+                pusher::throng_channel(&app.id, name),
+                message,
+                event.idempotency_key,
+            )
+        })
+    });
+    let broker = &ctx.shared.broker;
+    let consumed = ctx.head_len + body.len();
+    let answer = AwaitedAnswer::PusherEvents { batch };
+    if broker.answers_later() {
+        let publishes = messages
+            .map(|(channel, message, key)| Publish::new(&channel, message, key))
+            .collect();
+        let ask = broker.ask(Ask::new(publishes, ctx.ticket));
+        return hand_over(ask, ctx, req, consumed, answer, out, counts);
     }
-    Ok(())
+    let outcome = messages
+        .map(|(channel, message, key)| match key {
+            Some(key) => broker.publish_once(&channel, message, key),
+            None => broker.publish(&channel, message).map(|seq| Published {
+                seq,
+                replayed: false,
+            }),
+        })
+        .collect();
+    hand_over(Asked::Now(outcome), ctx, req, consumed, answer, out, counts)
 }
 
-fn parse(body: &[u8]) -> Result<Value, Refusal> {
-    serde_json::from_slice(body).map_err(|e| (400, format!("the body is not JSON: {e}")))
-}
-
-/// `POST /apps/ID/events`: `{}` once published to every channel.
-fn events(
-    app: &App,
-    body: &[u8],
-    ctx: RouteContext<'_>,
+/// Writes the answer to published events: `{}`, or `{"batch":[{}, …]}` for a
+/// batch of this many; 503 with why when the broker did not take them.
+/// Whether it was a success.
+pub(super) fn answer_events(
+    outcome: asked::Outcome,
+    batch: Option<usize>,
+    keep_alive: bool,
+    out: &mut Vec<u8>,
     counts: &mut TurnCounts,
-) -> Result<Value, Refusal> {
-    let value = parse(body)?;
-    let event = read_event(&value, ctx.shared.config.max_message_size)?;
-    publish(app, &event, ctx, counts)?;
-    Ok(json!({}))
+) -> bool {
+    let published = match outcome {
+        Ok(published) => published,
+        Err(e) => {
+            http::write_error(out, 503, &e.to_string(), &[]);
+            return false;
+        }
+    };
+    counts.published += published.iter().filter(|p| !p.replayed).count() as u64;
+    let value = match batch {
+        Some(n) => json!({ "batch": vec![json!({}); n] }),
+        None => json!({}),
+    };
+    let text = value.to_string();
+    http::write_response_conn(
+        out,
+        200,
+        "application/json",
+        &[],
+        text.as_bytes(),
+        keep_alive,
+    );
+    true
 }
 
-/// `POST /apps/ID/batch_events`: `{"batch":[…]}`, every event checked before
-/// any is published.
-fn batch_events(
-    app: &App,
-    body: &[u8],
-    ctx: RouteContext<'_>,
-    counts: &mut TurnCounts,
-) -> Result<Value, Refusal> {
-    let value = parse(body)?;
+/// The events of an `events` request (one) or a `batch_events` one (up to
+/// [`MAX_BATCH`], each to one channel), all checked.
+fn read_events(value: &Value, batch: bool, max_data: usize) -> Result<Vec<Event<'_>>, Refusal> {
+    if !batch {
+        return Ok(vec![read_event(value, max_data)?]);
+    }
     let batch = value
         .get("batch")
         .and_then(Value::as_array)
@@ -310,20 +358,18 @@ fn batch_events(
             ),
         ));
     }
-    let max_data = ctx.shared.config.max_message_size;
     let events = batch
         .iter()
         .map(|e| read_event(e, max_data))
         .collect::<Result<Vec<_>, _>>()?;
-    for event in &events {
-        if event.channels.len() != 1 {
-            return Err((400, "a batch event names one \"channel\"".to_string()));
-        }
+    if events.iter().any(|event| event.channels.len() != 1) {
+        return Err((400, "a batch event names one \"channel\"".to_string()));
     }
-    for event in &events {
-        publish(app, event, ctx, counts)?;
-    }
-    Ok(json!({ "batch": events.iter().map(|_| json!({})).collect::<Vec<_>>() }))
+    Ok(events)
+}
+
+fn parse(body: &[u8]) -> Result<Value, Refusal> {
+    serde_json::from_slice(body).map_err(|e| (400, format!("the body is not JSON: {e}")))
 }
 
 /// `GET /apps/ID/channels/NAME[?info=subscription_count]`: whether anyone is

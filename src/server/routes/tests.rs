@@ -13,6 +13,12 @@ fn answer_from(raw: &str, peer: IpAddr, shared: &Shared) -> (Outcome, String) {
     let (req, head) = parse_request(bytes).unwrap().unwrap();
     let mut out = Vec::new();
     let ctx = RouteContext {
+        ticket: crate::broker::asked::Ticket {
+            loop_index: 0,
+            key: 0,
+            serial: 0,
+            asker: crate::broker::asked::Asker::Request,
+        },
         shared,
         peer,
         local: peer.is_loopback(),
@@ -219,6 +225,12 @@ fn failures_of(raw: &str) -> Vec<&'static str> {
     let bytes = raw.as_bytes();
     let (req, head) = parse_request(bytes).unwrap().unwrap();
     let ctx = RouteContext {
+        ticket: crate::broker::asked::Ticket {
+            loop_index: 0,
+            key: 0,
+            serial: 0,
+            asker: crate::broker::asked::Asker::Request,
+        },
         shared: &shared,
         peer: [127, 0, 0, 1].into(),
         local: true,

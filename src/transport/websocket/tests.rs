@@ -37,6 +37,12 @@ fn feed_frames(
     let mut out = Vec::new();
     let mut counts = TurnCounts::default();
     let mut ctx = Ctx {
+        ticket: crate::broker::asked::Ticket {
+            loop_index: 0,
+            key: 0,
+            serial: 0,
+            asker: crate::broker::asked::Asker::Request,
+        },
         out: &mut out,
         broker,
         config,
@@ -207,6 +213,12 @@ fn a_protocol_error_closes_with_its_code() {
     let mut counts = TurnCounts::default();
     let config = ServeConfig::default();
     let mut ctx = Ctx {
+        ticket: crate::broker::asked::Ticket {
+            loop_index: 0,
+            key: 0,
+            serial: 0,
+            asker: crate::broker::asked::Asker::Request,
+        },
         out: &mut out,
         broker: &broker,
         config: &config,
@@ -281,6 +293,12 @@ fn feed_echo(input: &mut [u8], config: &ServeConfig, deflate: u8) -> (Vec<u8>, A
     let mut out = Vec::new();
     let mut counts = TurnCounts::default();
     let mut ctx = Ctx {
+        ticket: crate::broker::asked::Ticket {
+            loop_index: 0,
+            key: 0,
+            serial: 0,
+            asker: crate::broker::asked::Asker::Request,
+        },
         out: &mut out,
         broker: &broker,
         config,
@@ -411,6 +429,12 @@ fn a_chat_member_over_its_rate_is_told_in_the_close_and_not_published() {
         burst: 2,
     });
     let mut ctx = Ctx {
+        ticket: crate::broker::asked::Ticket {
+            loop_index: 0,
+            key: 0,
+            serial: 0,
+            asker: crate::broker::asked::Asker::Request,
+        },
         out: &mut out,
         broker: &broker,
         config: &config,
