@@ -301,14 +301,16 @@ def test_a_half_cut_redis_holds_up_the_publishes_and_nobody_else(start_server, r
 # -- ordering under pipelining -------------------------------------------------
 
 PUBLISHERS, EACH = 8, 200
+PIPELINES, PIPELINED = 4, 100
 
 
-def publish_in_order(port: int, channel: str, publisher: int, start: threading.Barrier) -> list[int]:
-    """One keep-alive client publishing EACH messages one after the other; the seqs it got."""
+def publish_in_order(port: int, channel: str, publisher: int, count: int, start: threading.Barrier) -> list[int]:
+    """One keep-alive httpx client publishing `count` messages one after the other;
+    the seqs it was answered."""
     seqs = []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=ANSWER_BOUND) as http:
         start.wait(timeout=ANSWER_BOUND)
-        for i in range(EACH):
+        for i in range(count):
             resp = http.post(f"/api/publish/{channel}", content=f"p{publisher}-{i}",
                              headers={"Content-Type": "text/plain"})
             assert resp.status_code == 200, resp.text
@@ -316,12 +318,28 @@ def publish_in_order(port: int, channel: str, publisher: int, start: threading.B
     return seqs
 
 
-def test_one_channel_published_from_many_connections_keeps_one_order_on_every_node(start_server, redis_args,
-                                                                                   prefix):
+def publish_pipelined(port: int, channel: str, publisher: int, count: int, start: threading.Barrier) -> list[int]:
+    """One connection writing `count` publishes at once (HTTP/1.1 pipelining), then
+    reading their answers, which must come in the order of the requests."""
+    requests = b"".join(
+        f"POST /api/publish/{channel} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(f'p{publisher}-{i}')}\r\n\r\np{publisher}-{i}".encode() for i in range(count))
+    with RawConn(port, timeout=ANSWER_BOUND) as conn:
+        start.wait(timeout=ANSWER_BOUND)
+        conn.send(requests)
+        answers = [conn.read_http_response(timeout=ANSWER_BOUND) for _ in range(count)]
+    assert all(a.status == 200 for a in answers), [a for a in answers if a.status != 200][:3]
+    return [a.json()["seq"] for a in answers]
+
+
+def publish_from_both_nodes(start_server, redis_args, channel: str, publish, publishers: int, each: int):
+    """Two nodes of one deployment, a json subscriber on each; `publishers` clients
+    running `publish` at once, spread over both nodes. Returns both subscribers'
+    (seq, data) and each publisher's answered seqs."""
     nodes = [start_server(*redis_args), start_server(*redis_args)]
     for node in nodes:
         wait_healthy(node.port)
-    channel, total = f"{prefix}order", PUBLISHERS * EACH
+    total = publishers * each
 
     async def receive_all(ws) -> list[tuple[int, str]]:
         return [(m["seq"], m["data"]) for m in [await recv_json(ws, timeout=ANSWER_BOUND) for _ in range(total)]]
@@ -332,23 +350,44 @@ def test_one_channel_published_from_many_connections_keeps_one_order_on_every_no
             for node in nodes:
                 wait_subscribers(node.port, channel, 2)
             # A thread each (asyncio's default pool may have fewer), started together.
-            start = threading.Barrier(PUBLISHERS)
+            start = threading.Barrier(publishers)
             loop = asyncio.get_running_loop()
-            with ThreadPoolExecutor(PUBLISHERS) as pool:
+            with ThreadPoolExecutor(publishers) as pool:
                 publishing = asyncio.gather(*[
-                    loop.run_in_executor(pool, publish_in_order, nodes[p % 2].port, channel, p, start)
-                    for p in range(PUBLISHERS)])
+                    loop.run_in_executor(pool, publish, nodes[p % 2].port, channel, p, each, start)
+                    for p in range(publishers)])
                 streams = await asyncio.gather(receive_all(ws_a), receive_all(ws_b))
                 return streams, await publishing
 
-    (stream_a, stream_b), answered_seqs = run(main(), timeout=180)
-    assert [seq for seq, _ in stream_a] == list(range(1, total + 1)), stream_a[:20]
+    return run(main(), timeout=180)
+
+
+def assert_one_order(stream_a, stream_b, answered_seqs: list[list[int]], each: int) -> None:
+    """Seqs 1..N with no gap, in order, the same message at each seq on both
+    nodes, each publisher's messages in the order it sent them, at the seqs it
+    was answered."""
+    assert [seq for seq, _ in stream_a] == list(range(1, len(stream_a) + 1)), stream_a[:20]
     assert stream_b == stream_a, [(x, y) for x, y in zip(stream_a, stream_b) if x != y][:10]
-    # The publishers did run at once: their messages are interleaved in the one order.
-    authors = [data.split("-", 1)[0] for _, data in stream_a]
-    assert sum(x != y for x, y in zip(authors, authors[1:])) > PUBLISHERS, "the publishes ran one client at a time"
     seq_of = {data: seq for seq, data in stream_a}
     for p, seqs in enumerate(answered_seqs):
         mine = [data for _, data in stream_a if data.startswith(f"p{p}-")]
-        assert mine == [f"p{p}-{i}" for i in range(EACH)], (p, mine[:20])
-        assert seqs == [seq_of[f"p{p}-{i}"] for i in range(EACH)], (p, seqs[:20])
+        assert mine == [f"p{p}-{i}" for i in range(each)], (p, mine[:20])
+        assert seqs == [seq_of[f"p{p}-{i}"] for i in range(each)], (p, seqs[:20])
+
+
+def test_one_channel_published_from_many_connections_keeps_one_order_on_every_node(start_server, redis_args,
+                                                                                   prefix):
+    (stream_a, stream_b), answered_seqs = publish_from_both_nodes(
+        start_server, redis_args, f"{prefix}order", publish_in_order, PUBLISHERS, EACH)
+    assert_one_order(stream_a, stream_b, answered_seqs, EACH)
+    # The publishers did run at once: their messages are interleaved in the one order.
+    authors = [data.split("-", 1)[0] for _, data in stream_a]
+    assert sum(x != y for x, y in zip(authors, authors[1:])) > PUBLISHERS, "the publishes ran one client at a time"
+
+
+def test_publishes_pipelined_on_one_connection_keep_its_order(start_server, redis_args, prefix):
+    """A connection's pipelined publishes are answered, and published, in the order
+    it wrote them, while other connections on both nodes do the same."""
+    (stream_a, stream_b), answered_seqs = publish_from_both_nodes(
+        start_server, redis_args, f"{prefix}pipe", publish_pipelined, PIPELINES, PIPELINED)
+    assert_one_order(stream_a, stream_b, answered_seqs, PIPELINED)
