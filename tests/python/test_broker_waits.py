@@ -4,7 +4,7 @@ While Redis is slow (a Toxiproxy latency toxic on Redis -> node) or half cut (an
 iptables rule in the network namespace Redis runs in drops what it sends to the
 node), the HTTP publishes to a node wait for it, and nothing else on that node
 does: an echo, an already-subscribed client's ping, /healthz and /api/stats are
-all answered while every publish is still unanswered. Each node runs one event
+all answered while every publish is still unanswered. Those nodes run one event
 loop (`--threads 1`), so the publishes and the echo share the loop: before issue
 46 the loop itself waited on Redis and the echo was answered only after a
 publish. Whether a publish was answered is read from its socket (a peek at the
@@ -12,7 +12,8 @@ bytes the kernel holds), so "before" is the order the node wrote in, not the
 order this process happened to look in.
 
 And one channel published from many keep-alive connections on two nodes at once
-keeps one seq order, seen the same on both nodes."""
+(each request waiting for the last one's answer, or pipelined) keeps one seq
+order, seen the same on both nodes, each connection's messages in its order."""
 
 from __future__ import annotations
 
