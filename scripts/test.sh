@@ -52,6 +52,10 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
 have curl || apt_install curl
 have openssl || apt_install openssl
 have ip || apt_install iproute2   # network namespaces play remote peers in tests
+have iptables || apt_install iptables   # cuts one direction of a namespace's Redis (test_broker_waits.py)
+# Toxiproxy's server (latency between a node and Redis: test_broker_waits.py), built
+# with go install from the Go module proxy; does nothing when it is already built.
+bench/peers/toxiproxy/build.sh >/dev/null
 # Servers the tests start themselves, on free ports: Redis (the Redis broker's
 # tests; redis-cli comes along, and `redis-server --sentinel` is Sentinel: no
 # redis-sentinel package needed) and Nchan (nginx module: a foreign SSE server the

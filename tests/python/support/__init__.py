@@ -14,8 +14,10 @@
 - `deflate.py`: permessage-deflate payloads, zlib and raw frames;
 - `tls.py`: certificates and TLS clients; `nginx.py`: nginx configurations
   (deploy/nginx.conf in front of nodes, the nchan peer);
+- `toxiproxy.py`: Toxiproxy over its HTTP API (`Toxiproxy`: a proxy to a Redis,
+  latency toxics added and removed while a node runs);
 - `fixtures.py`: the shared fixtures (`redis`, `shared_redis`, `prefix`,
-  `clients`, `receiver`), registered by conftest.py's `pytest_plugins`.
+  `clients`, `receiver`, `toxiproxy`), registered by conftest.py's `pytest_plugins`.
 
 The throng server itself is started by conftest.py's `start_server` (on port 0,
 reading the port the server reports); the raw WebSocket/HTTP client is rawws.py,

@@ -7,7 +7,9 @@
   `shared_redis`); `prefix`: a name unique to the test to put in front of its
   channels;
 - `clients`: pusher-js clients, closed at the end;
-- `receiver`: a Pusher webhook endpoint."""
+- `receiver`: a Pusher webhook endpoint;
+- `toxiproxy`: a Toxiproxy server of the test's own (support/toxiproxy.py), to
+  put latency between a node and its Redis."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 
 from support.pusher import PusherJs
 from support.redis import Redis
+from support.toxiproxy import Toxiproxy
 from support.webhooks import Receiver
 
 
@@ -86,3 +89,11 @@ def receiver():
     r = Receiver()
     yield r
     r.close()
+
+
+@pytest.fixture
+def toxiproxy():
+    """A Toxiproxy server of the test's own; its proxies and toxics go with it."""
+    t = Toxiproxy()
+    yield t
+    t.close()
