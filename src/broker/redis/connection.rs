@@ -63,7 +63,7 @@ struct Pooled {
 
 /// The connection is gone, or goes to a Redis that is no master any more: either
 /// way the next command needs a new connection (to wherever the master is now).
-fn is_wire_failure(e: &RedisError) -> bool {
+pub(super) fn is_wire_failure(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()

@@ -3,7 +3,10 @@
 //! so that no loop waits on Redis. A lane takes everything queued (up to
 //! [`MOST_PER_RUN`] messages) and publishes it in one round trip
 //! (`publish_batch.lua`); while Redis works on one run the next queue fills, so
-//! the slower Redis answers the more each round trip carries. Every answer goes
+//! the slower Redis answers the more each round trip carries (on a Redis
+//! Cluster, one run per slot, all of a lane's in one pipeline split by master;
+//! with `--redis-wait-replicas`, one message at a time, each with its WAIT).
+//! Every answer goes
 //! to the loop that asked, through the hub. One channel's publishes always take
 //! the same lane (its name's hash), so a sender's order is kept even for those it
 //! does not wait for. It must not touch connections or what a request means.
@@ -12,13 +15,16 @@
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 
 use ::redis::Script;
 
+use super::pipes::ClusterPipes;
 use super::publish::{PUBLISH_BATCH_LUA, PUBLISH_LUA};
 use super::{BrokerError, Shared, lock, unavailable};
 use crate::broker::asked::{Answer, Ask, Outcome, Publish};
+use crate::broker::idempotency::Published;
 use crate::timing::BROKER_DEADLINE;
 
 /// Lanes per node: each is a thread and one connection (per Redis Cluster, the
@@ -61,6 +67,8 @@ impl Lanes {
                 index,
                 single: Script::new(PUBLISH_LUA),
                 batch: Script::new(PUBLISH_BATCH_LUA),
+                cluster: None,
+                pipes: ClusterPipes::default(),
             };
             std::thread::Builder::new()
                 .name(format!("throng-redis-lane-{index}"))
@@ -92,10 +100,15 @@ struct Worker {
     index: usize,
     single: Script,
     batch: Script,
+    /// On a Redis Cluster: this lane's connection (the cluster client's, one
+    /// link per master).
+    cluster: Option<::redis::cluster::ClusterConnection>,
+    /// On a Redis Cluster: this lane's connections to each master.
+    pipes: ClusterPipes,
 }
 
 impl Worker {
-    fn run(self) {
+    fn run(mut self) {
         let mut run = Vec::new();
         loop {
             self.take(&mut run);
@@ -126,7 +139,7 @@ impl Worker {
     }
 
     /// Publishes `run` and answers each of its requests.
-    fn publish(&self, run: &mut Vec<Ask>) {
+    fn publish(&mut self, run: &mut Vec<Ask>) {
         // One whose requester was answered 503 already is not published now:
         // it was told to try again.
         let (late, live): (Vec<Ask>, Vec<Ask>) = run
@@ -143,8 +156,8 @@ impl Worker {
         if live.is_empty() {
             return;
         }
-        let one_by_one = self.shared.cluster.is_some() || self.shared.wait_replicas > 0;
-        if one_by_one {
+        if self.shared.wait_replicas > 0 {
+            // Each message's WAIT is its own.
             for ask in &live {
                 let outcome = ask.publish_each(|p| {
                     self.shared.publish_keyed(
@@ -159,7 +172,12 @@ impl Worker {
             return;
         }
         let publishes: Vec<&Publish> = live.iter().flat_map(|a| &a.publishes).collect();
-        match self.shared.publish_batch(&self.batch, &publishes) {
+        let shared = Arc::clone(&self.shared);
+        let answers = match &shared.cluster {
+            Some(client) => self.publish_on_cluster(client, &publishes),
+            None => self.shared.publish_batch(&self.batch, &publishes),
+        };
+        match answers {
             Ok(answers) => {
                 let mut answers = answers.into_iter();
                 for ask in &live {
@@ -175,6 +193,37 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// A run on a Redis Cluster, through this lane's own connections to the
+    /// masters; the cluster client's connection runs what must go again.
+    fn publish_on_cluster(
+        &mut self,
+        client: &::redis::cluster::ClusterClient,
+        publishes: &[&Publish],
+    ) -> Result<Vec<Result<Published, BrokerError>>, BrokerError> {
+        if !self.shared.commands_ok.load(Ordering::Relaxed) {
+            return Err(unavailable("unreachable (retrying every second)"));
+        }
+        let mut con = match self.cluster.take() {
+            Some(con) => con,
+            None => client.get_connection().map_err(|e| {
+                self.shared.commands_ok.store(false, Ordering::Relaxed);
+                unavailable(e)
+            })?,
+        };
+        let mut failed = false;
+        let answers = self.shared.publish_batch_on_cluster(
+            &mut self.pipes,
+            &mut con,
+            &mut failed,
+            &self.batch,
+            publishes,
+        );
+        if !failed {
+            self.cluster = Some(con);
+        }
+        Ok(answers)
     }
 
     fn answer(&self, ask: &Ask, outcome: Outcome) {

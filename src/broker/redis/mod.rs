@@ -48,6 +48,7 @@
 //! - `publish`: a publish's script run, one message or many (`publish.lua`,
 //!   `publish_batch.lua`);
 //! - `lanes`: the queues and threads publishes handed over wait in;
+//! - `pipes`: a lane's connections to each master of a cluster, one write each;
 //! - `wire`: the bytes kept and published, and reading back what pubsub brings;
 //! - `keys`: the Redis names under the prefix (keys, pubsub and wake channels)
 //!   and how long keys live;
@@ -104,6 +105,7 @@ mod lanes;
 mod listener;
 mod occupancy;
 mod origin;
+mod pipes;
 mod presence;
 mod publish;
 mod sentinel;

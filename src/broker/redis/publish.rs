@@ -9,6 +9,7 @@
 use ::redis::{ConnectionLike, Script, Value};
 
 use super::keys::{Keys, key_life};
+use super::pipes::{ClusterPipes, run_again};
 use super::wire::{MAGIC, encode_message};
 use super::{BrokerError, Outgoing, Shared, new_epoch, origin};
 use crate::broker::asked::Publish;
@@ -119,40 +120,174 @@ impl Shared {
         script: &Script,
         publishes: &[&Publish],
     ) -> Result<Vec<Result<Published, BrokerError>>, BrokerError> {
-        let prepared: Vec<Prepared<'_>> = publishes
-            .iter()
-            .map(|p| self.prepare(&p.channel, &p.outgoing(), p.key.as_deref()))
-            .collect();
+        let prepared = self.prepare_all(publishes);
+        let all: Vec<&Prepared<'_>> = prepared.iter().collect();
         let durable = self.durable_arg();
         let answer: Value = self.with_connection(|con: &mut dyn ConnectionLike| {
             let mut run = script.prepare_invoke();
-            for p in &prepared {
-                p.add_keys(&mut run);
-            }
-            run.arg(prepared.len());
-            for p in &prepared {
-                p.add_args(&mut run, &durable, false, 0);
-            }
+            fill(&mut run, &all, &durable);
             run.invoke(con)
         })?;
-        let Value::Array(answers) = answer else {
-            return Err(super::unavailable(format!(
-                "publish_batch.lua answered {answer:?}, not one answer per message"
-            )));
-        };
-        if answers.len() != prepared.len() {
-            return Err(super::unavailable(format!(
-                "publish_batch.lua answered {} of {} messages",
-                answers.len(),
-                prepared.len()
-            )));
+        read_batch(answer, prepared.len())
+    }
+
+    /// [`Shared::publish_batch`] on a Redis Cluster: one run per slot (a
+    /// script's keys are in one slot), all of them sent at once through
+    /// `pipes` (one write and one read per master). A run that ran nothing
+    /// where it went (the slot moved, the script not loaded there yet) is run
+    /// again alone through the cluster client `con`, which follows the cluster
+    /// and loads the script; `con_failed` is set when that connection failed on
+    /// the wire (it must be made again: its view of the cluster may be gone).
+    pub(super) fn publish_batch_on_cluster(
+        &self,
+        pipes: &mut ClusterPipes,
+        con: &mut dyn ConnectionLike,
+        con_failed: &mut bool,
+        script: &Script,
+        publishes: &[&Publish],
+    ) -> Vec<Result<Published, BrokerError>> {
+        let prepared = self.prepare_all(publishes);
+        // Grouped by the slot of the keys (the channel's hash tag).
+        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, p) in prepared.iter().enumerate() {
+            let slot = super::cluster::slot_of(p.keys.seq.as_bytes());
+            match slots.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(i),
+                None => slots.push((slot, vec![i])),
+            }
         }
-        Ok(answers.into_iter().map(read_one).collect())
+        let durable = self.durable_arg();
+        let groups: Vec<Vec<&Prepared<'_>>> = slots
+            .iter()
+            .map(|(_, members)| members.iter().map(|&i| &prepared[i]).collect())
+            .collect();
+        let commands: Vec<(u16, ::redis::Cmd)> = slots
+            .iter()
+            .zip(&groups)
+            .map(|((slot, _), group)| {
+                let mut cmd = ::redis::cmd("EVALSHA");
+                cmd.arg(script.get_hash())
+                    .arg(group.len() * KEYS_PER_MESSAGE);
+                fill(&mut cmd, group, &durable);
+                (*slot, cmd)
+            })
+            .collect();
+        let Some(seeds) = &self.seeds else {
+            return publishes
+                .iter()
+                .map(|_| Err(super::unavailable("not a cluster")))
+                .collect();
+        };
+        let replies = pipes.run(seeds, &commands);
+        let mut answers: Vec<Option<Result<Published, BrokerError>>> =
+            (0..publishes.len()).map(|_| None).collect();
+        for (((_, members), group), reply) in slots.iter().zip(&groups).zip(replies) {
+            let reply = match reply {
+                Err(e) if run_again(&e) => {
+                    let mut run = script.prepare_invoke();
+                    fill(&mut run, group, &durable);
+                    let again = run.invoke::<Value>(con);
+                    if again
+                        .as_ref()
+                        .is_err_and(super::connection::is_wire_failure)
+                    {
+                        *con_failed = true;
+                    }
+                    again
+                }
+                other => other,
+            };
+            let group_answers = match reply {
+                Ok(value) => read_batch(value, group.len()),
+                Err(e) => Err(super::unavailable(e)),
+            };
+            match group_answers {
+                Ok(each) => {
+                    for (&i, answer) in members.iter().zip(each) {
+                        answers[i] = Some(answer);
+                    }
+                }
+                Err(e) => {
+                    for &i in members {
+                        answers[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(super::unavailable("no answer for a message"))))
+            .collect()
+    }
+
+    fn prepare_all<'a>(&self, publishes: &[&'a Publish]) -> Vec<Prepared<'a>> {
+        publishes
+            .iter()
+            .map(|p| self.prepare(&p.channel, &p.outgoing(), p.key.as_deref()))
+            .collect()
+    }
+}
+
+/// `publish_batch.lua`'s keys and arguments for `prepared`, in its order.
+fn fill(run: &mut impl Run, prepared: &[&Prepared<'_>], durable: &str) {
+    for p in prepared {
+        p.add_keys(run);
+    }
+    run.arg(prepared.len());
+    for p in prepared {
+        p.add_args(run, durable, false, 0);
+    }
+}
+
+/// `publish_batch.lua`'s answer: one per message of `expected`.
+fn read_batch(
+    answer: Value,
+    expected: usize,
+) -> Result<Vec<Result<Published, BrokerError>>, BrokerError> {
+    let Value::Array(answers) = answer else {
+        return Err(super::unavailable(format!(
+            "publish_batch.lua answered {answer:?}, not one answer per message"
+        )));
+    };
+    if answers.len() != expected {
+        return Err(super::unavailable(format!(
+            "publish_batch.lua answered {} of {expected} messages",
+            answers.len()
+        )));
+    }
+    Ok(answers.into_iter().map(read_one).collect())
+}
+
+/// Where a script run's keys and arguments go: a [`::redis::ScriptInvocation`]
+/// (EVALSHA, loading the script on `NOSCRIPT`), or an `EVALSHA` command built
+/// for a pipeline, where keys are arguments like any other.
+trait Run {
+    fn key(&mut self, key: &str) -> &mut Self;
+    fn arg<T: ::redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self;
+}
+
+impl Run for ::redis::ScriptInvocation<'_> {
+    fn key(&mut self, key: &str) -> &mut Self {
+        ::redis::ScriptInvocation::key(self, key)
+    }
+
+    fn arg<T: ::redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        ::redis::ScriptInvocation::arg(self, arg)
+    }
+}
+
+impl Run for ::redis::Cmd {
+    fn key(&mut self, key: &str) -> &mut Self {
+        ::redis::Cmd::arg(self, key)
+    }
+
+    fn arg<T: ::redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        ::redis::Cmd::arg(self, arg)
     }
 }
 
 impl Prepared<'_> {
-    fn add_keys(&self, run: &mut ::redis::ScriptInvocation<'_>) {
+    fn add_keys(&self, run: &mut impl Run) {
         run.key(&self.keys.seq)
             .key(&self.keys.epoch)
             .key(&self.keys.hist)
@@ -162,13 +297,7 @@ impl Prepared<'_> {
         debug_assert_eq!(KEYS_PER_MESSAGE, 6);
     }
 
-    fn add_args(
-        &self,
-        run: &mut ::redis::ScriptInvocation<'_>,
-        durable: &str,
-        waits: bool,
-        wait_replicas: u32,
-    ) {
+    fn add_args(&self, run: &mut impl Run, durable: &str, waits: bool, wait_replicas: u32) {
         run.arg(&self.encoded)
             .arg(history::now_secs())
             .arg(self.size)
