@@ -27,9 +27,12 @@ use crate::broker::asked::{Answer, Ask, Outcome, Publish};
 use crate::broker::idempotency::Published;
 use crate::timing::BROKER_DEADLINE;
 
-/// Lanes per node: each is a thread and one connection (per Redis Cluster, the
-/// cluster client's), and as many round trips in flight.
-pub(super) const LANES: usize = 4;
+/// Lanes per node: each is a thread and one connection (on a Redis Cluster, one
+/// per master), and as many round trips in flight. Two, measured (BENCHMARKS
+/// §41): Redis runs one script at a time, so more lanes make smaller runs, and
+/// each run costs Redis more than a message in it (on the 2-core bench box one
+/// lane published 13.5k/s, two 14.0k/s, four 11.7k/s through a local Redis).
+pub(super) const LANES: usize = 2;
 
 /// Messages one run publishes at most: a run is one Lua script, and Redis does
 /// nothing else while it runs (about 10 µs a message).

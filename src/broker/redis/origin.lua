@@ -12,10 +12,16 @@ local function throng_replication_info()
   return throng_info
 end
 
--- This Redis' replication ids.
+-- This Redis' replication ids (read once per script run: a batch asks for
+-- them per message).
+local throng_replid1, throng_replid2
 local function throng_replication()
-  local info = throng_replication_info()
-  return string.match(info, 'master_replid:(%w+)'), string.match(info, 'master_replid2:(%w+)') or ''
+  if not throng_replid1 then
+    local info = throng_replication_info()
+    throng_replid1 = string.match(info, 'master_replid:(%w+)')
+    throng_replid2 = string.match(info, 'master_replid2:(%w+)') or ''
+  end
+  return throng_replid1, throng_replid2
 end
 
 -- Replicas linked to this Redis now (state=online).
