@@ -19,7 +19,12 @@ for i = 0, n - 1 do
   local ok, answer = pcall(throng_publish_one, keys, args)
   if not ok then
     if type(answer) == 'table' then answer = answer.err or 'error' end
-    answers[i + 1] = {-1, tostring(answer)}
+    answer = tostring(answer)
+    -- A replica (a demoted master) refuses every write, this message's first:
+    -- nothing of the run was written, and the node must hear it to look for
+    -- the new master.
+    if string.find(answer, 'READONLY', 1, true) then return redis.error_reply(answer) end
+    answers[i + 1] = {-1, answer}
   elseif type(answer) == 'table' and answer.err then
     answers[i + 1] = {-1, answer.err}
   else
