@@ -288,11 +288,18 @@ def test_reloads_under_load_lose_no_connection(tls_server, tmp_path):
     async def reloads():
         for n in range(5):
             await asyncio.sleep(0.1)
-            # The same pair rewritten: every reload reads the files anew.
+            # The same pair rewritten: every reload reads the files anew. Each
+            # rewrite waits until the server has read the last pair (it reloads on
+            # its own time after the signal): rewriting files it is still reading
+            # would hand it half a key, which it refuses, keeping the old pair.
             c, k = make_cert(tmp_path, f"r{n}")
             cert.write_bytes(c.read_bytes())
             key.write_bytes(k.read_bytes())
             srv.signal(signal.SIGHUP)
+            for _ in range(200):
+                if len(re.findall("SIGHUP: TLS", srv.stderr())) > n:
+                    break
+                await asyncio.sleep(0.05)
 
     async def run():
         results = await asyncio.gather(reloads(), *(client(i) for i in range(conns)))
