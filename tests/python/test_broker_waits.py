@@ -34,6 +34,7 @@ import pytest
 from conftest import tcp_connectable
 from procs import stop_process
 from rawws import RawConn, wait_subscribers
+from support import netns
 from support.pusher import APP, APP_ID, signed
 from support.wait import wait_healthy, wait_until
 from wsutil import recv_json, run, ws_connect
@@ -119,6 +120,21 @@ def assert_none_answered(held: list[RawConn], done: list[str]) -> None:
                        f"before {done} were: they waited behind the broker")
 
 
+async def held_behind_redis(node, echo, subscriber, cli, redis_prefix: str, channel: str,
+                            trigger_channel: str) -> list:
+    """Publishes (and a trigger) held up by Redis after the warm-up's seq 1, the
+    node's memory-only answers given while none of them is answered, then their
+    answers once they come."""
+    held = await asyncio.to_thread(hold_publishes, node, cli, redis_prefix, channel, trigger_channel, 1)
+    try:
+        done = await answered_without_redis(node, echo, subscriber)
+        assert_none_answered(held, done)
+        return await asyncio.to_thread(read_answers, held)
+    finally:
+        for conn in held:
+            conn.close()
+
+
 def read_answers(held: list[RawConn]) -> list:
     answers = []
     for conn in held:
@@ -169,15 +185,8 @@ def test_a_slow_redis_holds_up_the_publishes_and_nobody_else(start_server, share
                 ws_connect(node.url("/echo")) as echo:
             wait_subscribers(node.port, quiet, 1)
             proxy.add_latency(LATENCY_MS)
-            held = await asyncio.to_thread(hold_publishes, node, shared_redis.cli, redis_prefix, channel,
-                                           pusher_channel, 1)
-            try:
-                done = await answered_without_redis(node, echo, subscriber)
-                assert_none_answered(held, done)
-                answers = await asyncio.to_thread(read_answers, held)
-            finally:
-                for conn in held:
-                    conn.close()
+            answers = await held_behind_redis(node, echo, subscriber, shared_redis.cli, redis_prefix,
+                                              channel, pusher_channel)
             proxy.remove_toxic()
             # The subscriber subscribed before Redis slowed down is still served.
             seq = await asyncio.to_thread(publish_until_ok, node.port, quiet, "after")
@@ -192,10 +201,6 @@ def test_a_slow_redis_holds_up_the_publishes_and_nobody_else(start_server, share
 
 
 # -- a half-cut Redis ------------------------------------------------------------
-
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, timeout=10)
-
 
 def free_subnet() -> str:
     """A 10.215.X.Y/30 whose addresses this host does not have: "10.215.X.Y" (Y % 4 == 0)."""
@@ -223,14 +228,7 @@ def redis_in_a_namespace():
     proc = None
     rule = ["OUTPUT", "-p", "tcp", "--sport", str(port), "-d", host_ip, "-j", "DROP"]
     try:
-        sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        sh("ip", "link", "set", ns_if, "netns", ns)
-        sh("ip", "addr", "add", f"{host_ip}/30", "dev", host_if)
-        sh("ip", "link", "set", host_if, "up")
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        netns.join(ns, host_if, ns_if, host_ip, ns_ip)
         # `ip netns exec` execs redis-server: proc.pid is Redis' own pid. The node
         # comes from outside the namespace's loopback: protected mode would refuse it.
         proc = subprocess.Popen(
@@ -246,14 +244,13 @@ def redis_in_a_namespace():
             return out.stdout.decode().strip()
 
         def cut(on: bool) -> None:
-            sh("ip", "netns", "exec", ns, "iptables", "-A" if on else "-D", *rule)
+            netns.sh("ip", "netns", "exec", ns, "iptables", "-A" if on else "-D", *rule)
 
         yield f"redis://{ns_ip}:{port}", cli, cut
     finally:
         if proc is not None:
             stop_process(proc)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=10)
+        netns.remove(ns, host_if)
         workdir.cleanup()
 
 
@@ -275,16 +272,10 @@ def test_a_half_cut_redis_holds_up_the_publishes_and_nobody_else(start_server, r
                 ws_connect(node.url("/echo")) as echo:
             wait_subscribers(node.port, quiet, 1)
             cut(True)
-            held = await asyncio.to_thread(hold_publishes, node, cli, redis_prefix, channel, pusher_channel, 1)
-            try:
-                done = await answered_without_redis(node, echo, subscriber)
-                assert_none_answered(held, done)
-                answers = await asyncio.to_thread(read_answers, held)
-            finally:
-                for conn in held:
-                    conn.close()
+            answers = await held_behind_redis(node, echo, subscriber, cli, redis_prefix, channel,
+                                              pusher_channel)
             # Redis ran them, but the node never heard back: none of them may say 200.
-            assert [a.status for a in answers] == [503] * len(held), answers
+            assert [a.status for a in answers] == [503] * (HELD_PUBLISHES + 1), answers
             cut(False)
             seq = await asyncio.to_thread(publish_until_ok, node.port, quiet, "after the cut")
             assert await receive_seq(subscriber, seq) == "after the cut"

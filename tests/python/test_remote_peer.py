@@ -16,16 +16,13 @@ import pytest
 
 from conftest import free_port
 from rawws import http_request
+from support import netns
 
 # Runs alone: it builds network namespaces with fixed names.
 pytestmark = [pytest.mark.serial, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
     reason="needs root and the ip command to build a network namespace",
 )]
-
-
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, timeout=10)
 
 
 @pytest.fixture
@@ -36,14 +33,7 @@ def remote_host():
     third = tag % 250
     host_ip, ns_ip = f"10.213.{third}.1", f"10.213.{third}.2"
     try:
-        sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        sh("ip", "link", "set", ns_if, "netns", ns)
-        sh("ip", "addr", "add", f"{host_ip}/30", "dev", host_if)
-        sh("ip", "link", "set", host_if, "up")
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        netns.join(ns, host_if, ns_if, host_ip, ns_ip)
 
         def run_inside(code: str) -> str:
             p = subprocess.run(
@@ -55,8 +45,7 @@ def remote_host():
 
         yield host_ip, run_inside
     finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=10)
+        netns.remove(ns, host_if)
 
 
 def publish_from_inside(run_inside, host_ip: str, port: int, key: str | None) -> tuple[int, str]:

@@ -14,6 +14,8 @@
 - `deflate.py`: permessage-deflate payloads, zlib and raw frames;
 - `tls.py`: certificates and TLS clients; `nginx.py`: nginx configurations
   (deploy/nginx.conf in front of nodes, the nchan peer);
+- `netns.py`: a network namespace joined to this host by a veth pair (a peer
+  outside loopback: a remote client, a Redis cut one way);
 - `toxiproxy.py`: Toxiproxy over its HTTP API (`Toxiproxy`: a proxy to a Redis,
   latency toxics added and removed while a node runs);
 - `fixtures.py`: the shared fixtures (`redis`, `shared_redis`, `prefix`,
