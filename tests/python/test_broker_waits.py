@@ -3,13 +3,15 @@
 While Redis is slow (a Toxiproxy latency toxic on Redis -> node) or half cut (an
 iptables rule in the network namespace Redis runs in drops what it sends to the
 node), the HTTP publishes to a node wait for it, and nothing else on that node
-does: an echo, an already-subscribed client's ping, /healthz and /api/stats are
-all answered while every publish is still unanswered. Those nodes run one event
+does: an echo and an already-subscribed client's ping are answered while every
+publish is still unanswered, and /healthz and /api/stats are answered. Those nodes
+run one event
 loop (`--threads 1`), so the publishes and the echo share the loop: before issue
 46 the loop itself waited on Redis and the echo was answered only after a
 publish. Whether a publish was answered is read from its socket (readable or not, the
 bytes the kernel holds), so "before" is the order the node wrote in, not the
-order this process happened to look in.
+order this process happened to look in. A drain (SIGTERM) answers a publish
+waiting on Redis before the node exits.
 
 And one channel published from many keep-alive connections on two nodes at once
 (each request waiting for the last one's answer, or pipelined) keeps one seq
@@ -23,6 +25,7 @@ import os
 import secrets
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -94,15 +97,20 @@ def hold_publishes(node, cli, redis_prefix: str, channel: str, trigger_channel: 
     return held
 
 
-async def answered_without_redis(node, echo, subscriber) -> list[str]:
-    """What a node answers from memory: an echo, the pong to an already-subscribed
-    client's ping, /healthz (it may say 503: the broker is failing) and /api/stats."""
+async def answered_without_redis(node, echo, subscriber, held: list[RawConn]) -> list[str]:
+    """What a node answers from memory: an echo and the pong to an
+    already-subscribed client's ping, both before any held publish is answered
+    (the node runs one loop: had it waited on Redis, they would have come after);
+    then /healthz (it may say 503: the broker is failing) and /api/stats, which
+    need only be answered (on a loaded machine they may take longer than Redis's
+    timeout, which answers the publishes 503)."""
     done = []
     await echo.send("still here")
     assert await asyncio.wait_for(echo.recv(), ANSWER_BOUND) == "still here"
     done.append("echo")
     await asyncio.wait_for(await subscriber.ping(), ANSWER_BOUND)
     done.append("subscriber's pong")
+    assert_none_answered(held, done)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.port}", trust_env=False,
                                  timeout=ANSWER_BOUND) as http:
         health = await http.get("/healthz")
@@ -127,8 +135,7 @@ async def held_behind_redis(node, echo, subscriber, cli, redis_prefix: str, chan
     answers once they come."""
     held = await asyncio.to_thread(hold_publishes, node, cli, redis_prefix, channel, trigger_channel, 1)
     try:
-        done = await answered_without_redis(node, echo, subscriber)
-        assert_none_answered(held, done)
+        await answered_without_redis(node, echo, subscriber, held)
         return await asyncio.to_thread(read_answers, held)
     finally:
         for conn in held:
@@ -198,6 +205,28 @@ def test_a_slow_redis_holds_up_the_publishes_and_nobody_else(start_server, share
     # Each held publish got its own seq, after the warm-up's 1.
     api_answers = answers[:HELD_PUBLISHES]
     assert sorted(a.json()["seq"] for a in api_answers) == list(range(2, HELD_PUBLISHES + 2)), answers
+
+
+def test_a_drain_answers_the_publish_waiting_on_redis_before_it_closes(start_server, shared_redis, redis_prefix,
+                                                                       prefix, toxiproxy):
+    """SIGTERM while a publish waits on a slow Redis: the drain closes idle HTTP
+    connections after its grace, but not one waiting on the broker; it gets its
+    answer (200 with its seq, and Connection: close), then the node exits."""
+    proxy = toxiproxy.add_proxy("redis", f"127.0.0.1:{shared_redis.port}")
+    node = start_server("--broker", f"redis://127.0.0.1:{proxy.port}", "--redis-prefix", redis_prefix,
+                        "--threads", "1")
+    wait_healthy(node.port)
+    channel = f"{prefix}drained"
+    assert publish_until_ok(node.port, channel, "warm-up", timeout=10) == 1
+    proxy.add_latency(LATENCY_MS)
+    with send_publish(node.port, channel, "while draining") as conn:
+        wait_until(lambda: seq_in_redis(shared_redis.cli, redis_prefix, channel) > 1, timeout=10,
+                   what="Redis ran the held publish")
+        node.signal(signal.SIGTERM)
+        answer = conn.read_http_response(timeout=ANSWER_BOUND)
+    assert answer.status == 200 and answer.json()["seq"] == 2, answer
+    assert (answer.header("connection") or "").lower() == "close", answer.headers
+    assert node.wait(timeout=30) == 0, node.describe()
 
 
 # -- a half-cut Redis ------------------------------------------------------------

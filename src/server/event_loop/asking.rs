@@ -5,6 +5,8 @@
 //! it; a broker that misses the deadline gets the client a 503, counted. It
 //! must not decide what a request means (`routes` writes the answers).
 
+use std::sync::atomic::Ordering;
+
 use super::super::conn::{Asking, Mode, Phase};
 use super::super::routes::{self, Awaited};
 use super::super::timer::ticks;
@@ -110,9 +112,12 @@ impl EventLoop {
             return;
         };
         let Asking {
-            awaited,
+            mut awaited,
             mut pending,
         } = *asking;
+        if self.shared.shutdown.load(Ordering::Relaxed) {
+            awaited.close_after();
+        }
         self.buf.out.clear();
         if !routes::answer(&awaited, outcome, &mut self.buf.out, &mut self.tally.turn) {
             self.send_out(key, After::Close);

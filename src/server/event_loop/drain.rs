@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::EventLoop;
-use crate::server::conn::Phase;
+use crate::server::conn::{Mode, Phase};
 use crate::timing::DRAIN_GRACE;
 use crate::transport::CloseReason;
 
@@ -86,13 +86,17 @@ impl EventLoop {
     }
 
     /// The drain's grace is over: closes the plain HTTP connections that are idle
-    /// (one answering its last request closes when that is written).
+    /// (one answering its last request closes when that is written; one waiting
+    /// on the broker is answered first, and closes then).
     fn close_idle_http(&mut self) {
         let idle: Vec<usize> = self
             .conns
             .iter()
             .filter(|(k, c)| {
-                c.phase == Phase::Active && !c.mode.is_counted() && c.is_flushed(self.tls.get(*k))
+                c.phase == Phase::Active
+                    && !c.mode.is_counted()
+                    && !matches!(c.mode, Mode::Asking(_))
+                    && c.is_flushed(self.tls.get(*k))
             })
             .map(|(k, _)| k)
             .collect();

@@ -70,6 +70,12 @@ impl Awaited {
     pub fn keeps_alive(&self) -> bool {
         self.keep_alive
     }
+
+    /// The connection closes after the answer (the server began to drain while
+    /// the request waited).
+    pub fn close_after(&mut self) {
+        self.keep_alive = false;
+    }
 }
 
 /// Writes the answer to an awaited request from the broker's `outcome`;
