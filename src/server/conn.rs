@@ -67,6 +67,8 @@ pub enum Mode {
 pub struct Asking {
     pub awaited: Awaited,
     pub pending: Vec<u8>,
+    /// The client is done sending (half-closed): it closes after the answer.
+    pub peer_done: bool,
 }
 
 /// What a connection's handler made of its input.

@@ -26,6 +26,7 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -227,6 +228,24 @@ def test_a_drain_answers_the_publish_waiting_on_redis_before_it_closes(start_ser
     assert answer.status == 200 and answer.json()["seq"] == 2, answer
     assert (answer.header("connection") or "").lower() == "close", answer.headers
     assert node.wait(timeout=30) == 0, node.describe()
+
+
+def test_a_client_that_half_closes_after_its_publish_still_gets_the_answer(start_server, shared_redis,
+                                                                           redis_prefix, prefix, toxiproxy):
+    """A client that sends its publish and shuts down its sending side (as
+    `printf ... | nc` does) while Redis is slow: the node answers it once Redis
+    answers, then closes."""
+    proxy = toxiproxy.add_proxy("redis", f"127.0.0.1:{shared_redis.port}")
+    node = start_server("--broker", f"redis://127.0.0.1:{proxy.port}", "--redis-prefix", redis_prefix,
+                        "--threads", "1")
+    wait_healthy(node.port)
+    channel = f"{prefix}halfclosed"
+    assert publish_until_ok(node.port, channel, "warm-up", timeout=10) == 1
+    proxy.add_latency(LATENCY_MS)
+    with send_publish(node.port, channel, "then done") as conn:
+        conn.sock.shutdown(socket.SHUT_WR)
+        answer = conn.read_http_response(timeout=ANSWER_BOUND)
+    assert answer.status == 200 and answer.json()["seq"] == 2, answer
 
 
 # -- a half-cut Redis ------------------------------------------------------------

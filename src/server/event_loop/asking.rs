@@ -25,6 +25,7 @@ impl EventLoop {
             conn.mode = Mode::Asking(Box::new(Asking {
                 awaited,
                 pending: rest,
+                peer_done: false,
             }));
             let due = self.clock.now + ticks(BROKER_DEADLINE).max(1);
             set_deadline(&mut self.clock.wheel, key, conn, due);
@@ -114,6 +115,7 @@ impl EventLoop {
         let Asking {
             mut awaited,
             mut pending,
+            peer_done,
         } = *asking;
         if self.shared.shutdown.load(Ordering::Relaxed) {
             awaited.close_after();
@@ -121,16 +123,21 @@ impl EventLoop {
         self.buf.out.clear();
         if !routes::answer(&awaited, outcome, &mut self.buf.out, &mut self.tally.turn) {
             self.send_out(key, After::Close);
-            return;
+        } else {
+            let due = self.clock.now + self.clock.handshake_ticks;
+            set_deadline(&mut self.clock.wheel, key, conn, due);
+            if pending.is_empty() {
+                self.send_out(key, After::Nothing);
+            } else {
+                // Served as if just read: answers after this one's, in order.
+                let n = pending.len();
+                self.feed(key, Some(&mut pending), n);
+            }
         }
-        let due = self.clock.now + self.clock.handshake_ticks;
-        set_deadline(&mut self.clock.wheel, key, conn, due);
-        if pending.is_empty() {
-            self.send_out(key, After::Nothing);
-            return;
+        if peer_done {
+            // The client sent all it will: once what it sent is answered, the
+            // connection ends as a half-closed one does.
+            self.on_peer_done(key);
         }
-        // Served as if just read: answers after this one's, in order.
-        let n = pending.len();
-        self.feed(key, Some(&mut pending), n);
     }
 }

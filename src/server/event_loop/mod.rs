@@ -369,17 +369,24 @@ impl EventLoop {
     }
 
     /// The peer is done sending. An answer still on its way to it (a last
-    /// response, our close frame, a kept-alive request's answer) is finished
-    /// first: a half-closed client still reads.
+    /// response, our close frame, a kept-alive request's answer, one the broker
+    /// has yet to give) is finished first: a half-closed client still reads.
     fn on_peer_done(&mut self, key: usize) {
         if self.conns.get(key).is_some_and(|c| !c.out.is_empty()) {
             // Its last replies may be held for the turn's end: they go first,
             // as a `send` made at once would have.
             self.send_replies();
         }
-        let Some(conn) = self.conns.get(key) else {
+        let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        if let Mode::Asking(asking) = &mut conn.mode
+            && conn.phase == Phase::Active
+        {
+            // Its request waits on the broker: answered first, then closed.
+            asking.peer_done = true;
+            return;
+        }
         let flushed = conn.is_flushed(self.tls.get(key));
         if !flushed && conn.phase == Phase::Closing {
             return;
