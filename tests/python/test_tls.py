@@ -277,31 +277,48 @@ def test_reloads_under_load_lose_no_connection(tls_server, tmp_path):
     ctx = client_context(cert)
     conns, rounds = 40, 30
 
-    async def client(i: int):
-        async with websockets.connect(f"wss://127.0.0.1:{srv.port}/echo", ssl=ctx) as ws:
-            for n in range(rounds):
-                await ws.send(f"{i}/{n}")
-                assert await ws.recv() == f"{i}/{n}"
-                await asyncio.sleep(0.02)
-            return True
-
-    async def reloads():
-        for n in range(5):
-            await asyncio.sleep(0.1)
-            # The same pair rewritten: every reload reads the files anew. Each
-            # rewrite waits until the server has read the last pair (it reloads on
-            # its own time after the signal): rewriting files it is still reading
-            # would hand it half a key, which it refuses, keeping the old pair.
-            c, k = make_cert(tmp_path, f"r{n}")
-            cert.write_bytes(c.read_bytes())
-            key.write_bytes(k.read_bytes())
-            srv.signal(signal.SIGHUP)
-            for _ in range(200):
-                if len(re.findall("SIGHUP: TLS", srv.stderr())) > n:
-                    break
-                await asyncio.sleep(0.05)
-
     async def run():
+        # Every client is connected (trusting the first certificate) before the
+        # first reload, and echoes until the last reload is done: a reload serves
+        # another self-signed certificate, which a handshake made after it would
+        # rightly refuse.
+        connected = asyncio.Event()
+        reloaded = asyncio.Event()
+        count = 0
+
+        async def client(i: int):
+            nonlocal count
+            async with websockets.connect(f"wss://127.0.0.1:{srv.port}/echo", ssl=ctx) as ws:
+                count += 1
+                if count == conns:
+                    connected.set()
+                n = 0
+                while n < rounds or not reloaded.is_set():
+                    await ws.send(f"{i}/{n}")
+                    assert await ws.recv() == f"{i}/{n}"
+                    await asyncio.sleep(0.02)
+                    n += 1
+                return True
+
+        async def reloads():
+            await asyncio.wait_for(connected.wait(), 60)
+            for n in range(5):
+                await asyncio.sleep(0.1)
+                # The same pair rewritten: every reload reads the files anew. Each
+                # rewrite waits until the server has read the last pair (it reloads
+                # on its own time after the signal): rewriting files it is still
+                # reading would hand it half a key, which it refuses, keeping the
+                # old pair.
+                c, k = make_cert(tmp_path, f"r{n}")
+                cert.write_bytes(c.read_bytes())
+                key.write_bytes(k.read_bytes())
+                srv.signal(signal.SIGHUP)
+                for _ in range(200):
+                    if len(re.findall("SIGHUP: TLS", srv.stderr())) > n:
+                        break
+                    await asyncio.sleep(0.05)
+            reloaded.set()
+
         results = await asyncio.gather(reloads(), *(client(i) for i in range(conns)))
         return results[1:]
 
