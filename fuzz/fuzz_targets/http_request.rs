@@ -41,7 +41,7 @@ use throng::server::http::{Next, serve};
 use throng::server::routes::{Outcome, RouteContext, route};
 use throng::stats::TurnCounts;
 use throng::transport::{Format, Handover, Opening};
-use throng_fuzz::{ALLOWED_ORIGIN, Options, Response, fresh_shared, peer, single_response};
+use throng_fuzz::{ALLOWED_ORIGIN, Options, Response, TICKET, fresh_shared, peer, single_response};
 
 struct Setup {
     remote: bool,
@@ -172,6 +172,7 @@ fn check_route(raw: &[u8], setup: &Setup) {
     let shared = fresh_shared(setup.options);
     let ctx = RouteContext {
         shared: &shared,
+        ticket: TICKET,
         peer: peer(setup.remote),
         local: !setup.remote,
         body: &raw[head_len..],
@@ -213,6 +214,7 @@ fn check_route(raw: &[u8], setup: &Setup) {
             assert!(out.is_empty(), "an opening writes nothing yet");
             check_opening(&req, opening, setup.options);
         }
+        Outcome::Wait(_) => panic!("the memory broker answers a publish at once"),
         Outcome::NeedBody => {
             assert!(out.is_empty());
             assert_eq!(req.method, "POST");
@@ -287,6 +289,7 @@ fn serve_pieces(raw: &[u8], cuts: &[usize], setup: &Setup) -> (Vec<(u16, bool)>,
             &mut pending,
             input,
             &shared,
+            TICKET,
             peer(setup.remote),
             &mut out,
             &mut TurnCounts::default(),
@@ -301,6 +304,7 @@ fn serve_pieces(raw: &[u8], cuts: &[usize], setup: &Setup) -> (Vec<(u16, bool)>,
                 end = End::Close;
                 break;
             }
+            Next::Wait { .. } => panic!("the memory broker answers a publish at once"),
             Next::Open {
                 opening,
                 mut leftover,

@@ -83,7 +83,8 @@ fuzz_target!(|data: &[u8]| {
                 URL_SAFE_NO_PAD.encode(claims)
             );
             let key = EncodingKey::from_secret(SECRET.as_bytes());
-            let Ok(signature) = jsonwebtoken::crypto::sign(signing_input.as_bytes(), &key, Algorithm::HS256)
+            let Ok(signature) =
+                jsonwebtoken::crypto::sign(signing_input.as_bytes(), &key, Algorithm::HS256)
             else {
                 return;
             };

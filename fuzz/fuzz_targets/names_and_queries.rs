@@ -23,7 +23,7 @@ use throng::rules::{MAX_CHANNEL_NAME, NameError, validate_channel_name, validate
 use throng::server::routes::{Outcome, RouteContext, route};
 use throng::stats::TurnCounts;
 use throng::transport::{Format, Handover, Opening, sse};
-use throng_fuzz::{Options, fresh_shared, peer, single_response};
+use throng_fuzz::{Options, TICKET, fresh_shared, peer, single_response};
 
 const UPGRADE: &str = "Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
 
@@ -168,6 +168,7 @@ fn open_or_400(req: &Request<'_>) -> Option<Opening> {
     let shared = fresh_shared(Options::default());
     let ctx = RouteContext {
         shared: &shared,
+        ticket: TICKET,
         peer: peer(false),
         local: true,
         body: &[],

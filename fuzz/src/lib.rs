@@ -57,6 +57,15 @@ fn config_template() -> &'static ServeConfig {
     })
 }
 
+/// The ticket routes are given: never asked for here, since the memory broker
+/// answers a publish at once.
+pub const TICKET: throng::broker::asked::Ticket = throng::broker::asked::Ticket {
+    loop_index: 0,
+    key: 0,
+    serial: 0,
+    asker: throng::broker::asked::Asker::Request,
+};
+
 /// A fresh server state (an empty memory broker), so every run starts alike.
 pub fn fresh_shared(options: Options) -> Shared {
     let mut config = config_template().clone();
