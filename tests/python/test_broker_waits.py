@@ -87,14 +87,14 @@ def seq_in_redis(cli, redis_prefix: str, channel: str) -> int:
     return int(cli("GET", f"{redis_prefix}:{{{channel}}}:seq") or 0)
 
 
-def hold_publishes(node, cli, redis_prefix: str, channel: str, trigger_channel: str, before: int):
-    """HELD_PUBLISHES publishes and one trigger sent, and (read from Redis itself,
-    not through the node) at least one of them already run by Redis: the node has
-    a publish in Redis' hands when the checks that need no Redis start."""
+def hold_publishes(node, channel: str, trigger_channel: str):
+    """HELD_PUBLISHES publishes and one trigger sent. The checks that need no Redis
+    start at once (on a loaded machine, anything slow here could outlast Redis'
+    delay): the node has one loop, and it reads sockets written before the echo's
+    no later than the echo, so a loop that waited on Redis would answer the echo
+    after a publish. That Redis ran them is checked after."""
     held = [send_publish(node.port, channel, f"held-{i}") for i in range(HELD_PUBLISHES)]
     held.append(send_trigger(node.port, trigger_channel, "held-trigger"))
-    wait_until(lambda: seq_in_redis(cli, redis_prefix, channel) > before, timeout=10,
-               what="Redis ran none of the held publishes")
     return held
 
 
@@ -134,9 +134,12 @@ async def held_behind_redis(node, echo, subscriber, cli, redis_prefix: str, chan
     """Publishes (and a trigger) held up by Redis after the warm-up's seq 1, the
     node's memory-only answers given while none of them is answered, then their
     answers once they come."""
-    held = await asyncio.to_thread(hold_publishes, node, cli, redis_prefix, channel, trigger_channel, 1)
+    held = hold_publishes(node, channel, trigger_channel)
     try:
         await answered_without_redis(node, echo, subscriber, held)
+        # Read from Redis itself, not through the node: they were in its hands.
+        await asyncio.to_thread(wait_until, lambda: seq_in_redis(cli, redis_prefix, channel) > 1,
+                                timeout=10, what="Redis ran none of the held publishes")
         return await asyncio.to_thread(read_answers, held)
     finally:
         for conn in held:
